@@ -1,0 +1,102 @@
+"""The ``ddpdoctor`` command line: parse options, call the engine, map errors to exit codes.
+
+Each command family lives in ``ddpdoctor/commands/<family>.py`` and adds itself to the app through its
+``register`` function. Those modules import nothing heavy at import time: ``ddpdoctor --help``,
+``stacks``, ``explain`` and ``env --no-torch`` must start without importing torch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ddpdoctor import __version__
+from ddpdoctor.commands import bench, check, ckpt, env, explain, stacks, unused, watch
+from ddpdoctor.errors import EXIT_BUG, EXIT_USAGE, DoctorError
+
+# The click exceptions typer raises: from click itself, or from the copy newer typer releases vendor.
+_click_exc = sys.modules[typer.BadParameter.__module__]
+
+app = typer.Typer(
+    name="ddpdoctor",
+    help="Diagnose PyTorch DistributedDataParallel jobs: before training, while running, after a hang or crash.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"ddpdoctor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """ddpdoctor: one-screen diagnoses for DDP training problems, with the fix."""
+
+
+for _family in (check, env, bench, ckpt, stacks, watch, explain, unused):
+    _family.register(app)
+
+
+def bug_report(exc: BaseException) -> str:
+    """Exit-3 text: what broke and the versions a maintainer needs."""
+    import platform
+    import traceback
+
+    torch_version = "not imported"
+    if "torch" in sys.modules:
+        torch_version = getattr(sys.modules["torch"], "__version__", "?")
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return (
+        f"{tb}\nddpdoctor {__version__} hit an internal error: {type(exc).__name__}: {exc}\n"
+        f"python {platform.python_version()}, torch {torch_version}, {platform.platform()}\n"
+        "This is a ddpdoctor bug: please report it with the text above."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: run the app and turn every outcome into an exit code (0/1/2/3)."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        result = app(args=args, prog_name="ddpdoctor", standalone_mode=False)
+    except _click_exc.UsageError as exc:
+        # One line, not click's three-line usage block: the user sees what is wrong at once.
+        hint = f" (see: ddpdoctor {exc.ctx.command_path.split(' ', 1)[1]} --help)" if (
+            exc.ctx is not None and " " in exc.ctx.command_path) else " (see: ddpdoctor --help)"
+        print(f"ddpdoctor: error: {exc.format_message()}{hint}", file=sys.stderr)
+        return EXIT_USAGE
+    except typer.Abort:
+        print("ddpdoctor: aborted", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except DoctorError as exc:
+        print(f"ddpdoctor: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except _click_exc.ClickException as exc:
+        print(f"ddpdoctor: error: {exc.format_message()}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("ddpdoctor: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: exit 3 with versions
+        print(bug_report(exc), file=sys.stderr)
+        return EXIT_BUG
+    return int(result) if isinstance(result, int) else 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

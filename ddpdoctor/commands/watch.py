@@ -1,0 +1,9 @@
+"""`ddpdoctor watch`: not built yet (see the issue that delivers it)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the app; filled in by the issue that builds `watch`."""

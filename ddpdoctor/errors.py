@@ -1,0 +1,21 @@
+"""The one exception type for expected failures, and the exit codes every command shares.
+
+Commands raise :class:`DoctorError` for bad usage or bad input (missing file, corrupt checkpoint, bad
+flag value); ``cli.main`` turns it into one line on stderr and exit code 2. Anything else that escapes is
+a ddpdoctor bug: exit 3 with versions, so the user can file it.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_BUG = 3
+
+
+class DoctorError(Exception):
+    """An expected failure the user can fix; the message says what to do."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,0 +1,54 @@
+"""Shared test helpers: run the real CLI as a subprocess, with a deadline, and find free ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment without any launcher variables, so the CLI does not think it is a rank."""
+    drop_prefixes = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "GROUP_", "ROLE_")
+    drop = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE"}
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(drop_prefixes)}
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_cli(args: Sequence[str], *, timeout: float = 120, env: Mapping[str, str] | None = None,
+            input_text: str | None = None, cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ddpdoctor ARGS`` for real; the timeout turns a hang into a test failure."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", *args],
+        capture_output=True, text=True, timeout=timeout,
+        env=dict(env) if env is not None else clean_env(), input=input_text,
+        cwd=str(cwd) if cwd is not None else None,
+    )
+
+
+def torchrun_cmd() -> list[str]:
+    """torchrun from this interpreter's environment (as a module, so no PATH surprises)."""
+    return [sys.executable, "-m", "torch.distributed.run"]
+
+
+def have_netns() -> bool:
+    """Network-namespace tests need root and iproute2's `ip`, `tc` and `unshare`."""
+    return (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip") is not None
+            and shutil.which("tc") is not None and shutil.which("unshare") is not None)
