@@ -1,0 +1,92 @@
+"""Import user code named as ``MODULE:FACTORY`` (``--model``, ``--batch``) with one-line errors.
+
+The user's factory may fail to import or raise; that is bad input (exit 2), not a ddpdoctor bug, so every
+failure becomes a :class:`DoctorError` that summarises the user's exception in one line. ``MODULE`` may be a
+dotted module name importable from the current directory, or a path to a ``.py`` file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ddpdoctor.errors import DoctorError
+
+
+def _user_frame(exc: BaseException) -> str:
+    """'file:line' of the innermost frame of the user's traceback, to point at their code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {os.path.basename(last.filename)}:{last.lineno})"
+
+
+def _import_module(module_name: str, spec: str) -> Any:
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            raise DoctorError(f"{spec!r}: no such file {module_name!r}")
+        name = f"_ddpdoctor_user_{abs(hash(path))}"
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise DoctorError(f"{spec!r}: cannot import {module_name!r} as Python")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module
+        loader_spec.loader.exec_module(module)
+        return module
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        # Like `python -m`, user modules in the working directory are importable.
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(module_name)
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """The callable named by ``MODULE:NAME``; DoctorError (exit 2) when it cannot be had."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise DoctorError(f"expected MODULE:FACTORY (e.g. mypkg.models:build), got: {spec!r}")
+    try:
+        module = _import_module(module_name, spec)
+    except DoctorError:
+        raise
+    except BaseException as exc:  # the user's code: anything it raises is their error, not ours
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise DoctorError(
+            f"cannot import {module_name!r} for {spec!r}: {type(exc).__name__}: {exc}{_user_frame(exc)}"
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise DoctorError(f"{module_name!r} has no attribute {part!r} (from {spec!r})")
+        target = getattr(target, part)
+    if not callable(target):
+        raise DoctorError(f"{spec!r} is not callable (it is a {type(target).__name__})")
+    return target  # type: ignore[no-any-return]
+
+
+def call_factory(spec: str, *args: Any, **kwargs: Any) -> Any:
+    """Call the factory named by ``spec``; the user's exception becomes one DoctorError line."""
+    factory = load_factory(spec)
+    try:
+        return factory(*args, **kwargs)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise DoctorError(f"{spec!r} raised {type(exc).__name__}: {exc}{_user_frame(exc)}") from None
+
+
+def build_model(spec: str) -> Any:
+    """The ``torch.nn.Module`` the factory ``spec`` returns; DoctorError when it returns something else."""
+    import torch
+
+    model = call_factory(spec)
+    if not isinstance(model, torch.nn.Module):
+        raise DoctorError(f"{spec!r} returned {type(model).__name__}, expected a torch.nn.Module")
+    return model
