@@ -8,6 +8,11 @@ Importing ``ddpdoctor`` is cheap (no torch). The Python API is loaded on first u
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+from importlib.machinery import ModuleSpec
 from typing import Any
 
 __version__ = "0.1.0"
@@ -28,3 +33,31 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'ddpdoctor' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+class _CheckoutChecksFinder(importlib.abc.MetaPathFinder):
+    """Finds ``ddpdoctor.checks`` in a source checkout, where ``checks/`` sits beside the package.
+
+    The wheel maps ``checks/`` to ``ddpdoctor.checks``; but ``python -m ddpdoctor`` (or ``torchrun -m
+    ddpdoctor``) run from the repository root imports this directory instead of the installed package,
+    and there ``checks/`` is a sibling. This finder is consulted last, so an installed copy wins.
+    """
+
+    def __init__(self, init_file: str) -> None:
+        self.init_file = init_file
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if name != "ddpdoctor.checks":
+            return None
+        return importlib.util.spec_from_file_location(
+            name, self.init_file, submodule_search_locations=[os.path.dirname(self.init_file)])
+
+
+def _install_checkout_finder() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    sibling = os.path.join(os.path.dirname(here), "checks", "__init__.py")
+    if not os.path.isdir(os.path.join(here, "checks")) and os.path.isfile(sibling):
+        sys.meta_path.append(_CheckoutChecksFinder(sibling))
+
+
+_install_checkout_finder()

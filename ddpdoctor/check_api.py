@@ -76,6 +76,8 @@ class CheckContext:
     store: Any
     options: CheckOptions
     deadline: float = field(default_factory=lambda: time.monotonic() + 30.0)
+    # Every rank that joined: rank -> host, local rank, pid (to name ranks in findings).
+    peers: Mapping[int, RankInfo] = field(default_factory=dict)
 
     def remaining_s(self) -> float:
         """Seconds left before the runtime abandons this check."""
@@ -104,3 +106,46 @@ class Check:
     needs_process_group: bool = False
     # Runs only on rank 0 (e.g. reading a checkpoint once).
     rank0_only: bool = False
+
+
+def collapse(findings: list[Finding]) -> list[Finding]:
+    """Merge findings that say the same thing (status, summary, remedy) into one listing all their ranks.
+
+    Details that differ between ranks are kept per rank under ``details["per_rank"]``.
+    """
+    merged: dict[tuple[str, str, str, str], list[Finding]] = {}
+    for finding in findings:
+        merged.setdefault((finding.check, finding.status, finding.summary, finding.remedy), []).append(finding)
+    result: list[Finding] = []
+    for (check, status, summary, remedy), group in merged.items():
+        ranks = sorted({r for f in group for r in f.ranks})
+        detail_sets = [f.details for f in group]
+        if all(d == detail_sets[0] for d in detail_sets):
+            details = dict(detail_sets[0])
+        else:
+            details = {"per_rank": {str(r): f.details for f in group for r in f.ranks}}
+        result.append(Finding(check, status, summary, ranks, remedy, details))
+    return result
+
+
+def all_findings(findings_by_rank: Mapping[int, list[Finding]]) -> list[Finding]:
+    """Every rank's findings in rank order: the input most ``combine`` functions start from."""
+    return [f for rank in sorted(findings_by_rank) for f in findings_by_rank[rank]]
+
+
+def format_rank_list(ranks: list[int]) -> str:
+    """0,1,2,3,5 -> '0-3,5'."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = prev = None
+    for rank in ordered:
+        if start is None:
+            start = prev = rank
+        elif prev is not None and rank == prev + 1:
+            prev = rank
+        else:
+            parts.append(f"{start}-{prev}" if start != prev else f"{start}")
+            start = prev = rank
+    if start is not None:
+        parts.append(f"{start}-{prev}" if start != prev else f"{start}")
+    return ",".join(parts)

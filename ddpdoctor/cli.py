@@ -63,9 +63,18 @@ def bug_report(exc: BaseException) -> str:
     )
 
 
+_invocation: list[str] = []
+
+
+def invocation_args() -> list[str]:
+    """The arguments ddpdoctor was started with: self-launched ranks are started with the same ones."""
+    return list(_invocation)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and turn every outcome into an exit code (0/1/2/3)."""
     args = sys.argv[1:] if argv is None else argv
+    _invocation[:] = args
     try:
         result = app(args=args, prog_name="ddpdoctor", standalone_mode=False)
     except _click_exc.UsageError as exc:

@@ -1,9 +1,107 @@
-"""`ddpdoctor check`."""
+"""`ddpdoctor check`: run the checks on every rank; rank 0 prints one report."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
+
+from ddpdoctor.errors import DoctorError
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def _split_ids(values: list[str]) -> list[str]:
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """'4,16' -> (4, 16); DoctorError on anything else."""
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(dim <= 0 for dim in shape):
+        raise DoctorError(f"--input-shape takes positive sizes like 4,16 or 8x3x32x32, got: {text!r}")
+    return shape
+
+
+def select_checks(only: list[str], skip: list[str]) -> list:  # type: ignore[type-arg]
+    """The checks to run, in registry order; DoctorError for an unknown id."""
+    from ddpdoctor.checks import ALL_CHECKS, CHECK_IDS
+
+    wanted, unwanted = _split_ids(only), _split_ids(skip)
+    for check_id in wanted + unwanted:
+        if check_id not in CHECK_IDS:
+            raise DoctorError(f"unknown check id {check_id!r}; known: {', '.join(CHECK_IDS)}")
+    return [c for c in ALL_CHECKS if (not wanted or c.id in wanted) and c.id not in unwanted]
 
 
 def register(app: typer.Typer) -> None:
-    """Add the command to the app."""
+    """Add ``check``."""
+
+    @app.command("check")
+    def check(
+        nproc: int | None = typer.Option(None, "--nproc", help="Local ranks to self-launch when no launcher "
+                                         "is present (default: one per GPU, or 2 without GPUs)."),
+        backend: str = typer.Option("auto", "--backend", help="auto (NCCL with CUDA, else gloo), gloo or nccl."),
+        timeout: float = typer.Option(30.0, "--timeout", help="Seconds allowed for rendezvous, for each check "
+                                      "and for collecting the results."),
+        only: list[str] = typer.Option([], "--only", help="Run only these check ids (repeat or comma-separate)."),
+        skip: list[str] = typer.Option([], "--skip", help="Skip these check ids (repeat or comma-separate)."),
+        json_path: str | None = typer.Option(None, "--json", help="Also write the report as JSON to this path."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every finding's details."),
+        master_port: int | None = typer.Option(None, "--master-port", help="Port for self-launch "
+                                               "(default: $MASTER_PORT, else a free one)."),
+        checkpoint: str | None = typer.Option(None, "--checkpoint", help="state_dict check: a checkpoint file."),
+        model: str | None = typer.Option(None, "--model", help="MODULE:FACTORY building the model "
+                                         "(unused_params, state_dict)."),
+        batch: str | None = typer.Option(None, "--batch", help="MODULE:FN returning an input batch (unused_params)."),
+        input_shape: str | None = typer.Option(None, "--input-shape", help="Random input batch shape, e.g. 4,16."),
+        min_busbw: float | None = typer.Option(None, "--min-busbw", help="bandwidth check: fail below this GB/s."),
+    ) -> None:
+        """Check connectivity, ports, env consistency and more on every rank; one report from rank 0."""
+        from ddpdoctor.check_api import CheckOptions
+        from ddpdoctor.runtime import launcher
+
+        if nproc is not None and nproc < 1:
+            raise DoctorError(f"--nproc must be at least 1, got: {nproc}")
+        if not timeout > 0:
+            raise DoctorError(f"--timeout must be a positive number of seconds, got: {timeout}")
+        if backend not in BACKENDS:
+            raise DoctorError(f"--backend must be one of {', '.join(BACKENDS)}, got: {backend!r}")
+        if master_port is not None and not 0 < master_port < 65536:
+            raise DoctorError(f"--master-port must be in 1-65535, got: {master_port}")
+        if checkpoint is not None and not os.path.exists(checkpoint):
+            raise DoctorError(f"--checkpoint {checkpoint!r}: no such file")
+        checks = select_checks(only, skip)
+        if not checks:
+            raise DoctorError("--only/--skip leave no check to run")
+        options = CheckOptions(timeout_s=timeout, checkpoint=checkpoint, model=model, batch=batch,
+                               input_shape=parse_shape(input_shape), min_busbw_gbps=min_busbw, verbose=verbose)
+        info = launcher.detect()
+
+        from ddpdoctor.runtime.rank import RunConfig, run_rank
+
+        config = RunConfig(checks=checks, backend=backend, options=options, json_path=json_path)
+        if info.is_launched:
+            code = run_rank(info, config)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # A check thread abandoned inside a C++ collective must not keep the rank alive.
+            os._exit(code)
+
+        import torch
+
+        from ddpdoctor.cli import invocation_args
+        from ddpdoctor.runtime.selflaunch import default_nproc, self_launch
+
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise DoctorError("--backend nccl needs a CUDA GPU and none is visible; use --backend gloo")
+        env_port = os.environ.get("MASTER_PORT")
+        requested = master_port if master_port is not None else (int(env_port) if env_port else None)
+        code = self_launch(invocation_args(), nproc or default_nproc(), requested, timeout)
+        raise typer.Exit(code)

@@ -1,0 +1,27 @@
+"""The registry of checks: a plain explicit tuple, in the order they run.
+
+Every file in this folder defines ``CHECK``; ``tests/test_registry.py`` asserts each one is listed here
+and ids are unique. Order matters: cheap local checks first, then the ones that need the process group,
+rank-0-only checks last (so the other ranks do not wait in a collective while rank 0 reads a file).
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.check_api import Check
+
+from . import barrier, connectivity, env, port
+
+ALL_CHECKS: tuple[Check, ...] = (
+    env.CHECK,
+    port.CHECK,
+    barrier.CHECK,
+    connectivity.CHECK,
+)
+
+CHECK_IDS: tuple[str, ...] = tuple(check.id for check in ALL_CHECKS)
+
+def by_id(check_id: str) -> Check:
+    for check in ALL_CHECKS:
+        if check.id == check_id:
+            return check
+    raise KeyError(check_id)

@@ -1,0 +1,77 @@
+"""The control plane: the c10d TCPStore at MASTER_ADDR:MASTER_PORT, with JSON values and deadlines.
+
+It carries hellos, the plan, progress and every rank's findings to rank 0, independently of the process
+group under test (NCCL or gloo may be broken; that is what we diagnose). Under torchrun the launcher's
+agent already hosts the store (``TORCHELASTIC_USE_AGENT_STORE``) and every rank is a client; otherwise
+rank 0 hosts it. Every wait polls with ``store.check`` so it can end at a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from ddpdoctor.runtime.launcher import LaunchInfo
+
+POLL_S = 0.02
+
+
+def connect_store(info: LaunchInfo, timeout_s: float) -> Any:
+    """A TCPStore client (or, on rank 0 without a launcher store, the server)."""
+    from torch.distributed import TCPStore
+
+    is_server = info.rank == 0 and not info.agent_store
+    return TCPStore(
+        info.master_addr, info.master_port, world_size=None, is_master=is_server,
+        timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+    )
+
+
+class ControlPlane:
+    """JSON key/values on a c10d store, with deadline-bounded waits."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def prefixed(self, prefix: str) -> Any:
+        """A raw c10d store whose keys live under ``prefix`` (for checks and the process group)."""
+        from torch.distributed import PrefixStore
+
+        return PrefixStore(prefix, self.store)
+
+    def put(self, key: str, value: Any) -> None:
+        self.store.set(key, json.dumps(value))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self.store.add(key, amount))
+
+    def has(self, key: str) -> bool:
+        return bool(self.store.check([key]))
+
+    def get_nowait(self, key: str) -> Any:
+        """The value at ``key``, or None when nobody wrote it yet."""
+        if not self.has(key):
+            return None
+        return json.loads(self.store.get(key))
+
+    def wait_get(self, key: str, deadline: float) -> Any:
+        """The value at ``key`` once written, or None if the deadline passes first."""
+        while True:
+            if self.has(key):
+                return json.loads(self.store.get(key))
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_S)
+
+    def wait_keys(self, keys: Iterable[str], deadline: float) -> set[str]:
+        """Wait until every key exists or the deadline passes; returns the keys that exist."""
+        wanted = list(keys)
+        # One round trip for all keys while waiting; per-key look-ups only to name the absent ones.
+        while not self.store.check(wanted):
+            if time.monotonic() >= deadline:
+                return {key for key in wanted if self.has(key)}
+            time.sleep(POLL_S)
+        return set(wanted)

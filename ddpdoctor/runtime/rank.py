@@ -1,0 +1,336 @@
+"""What every rank does in ``ddpdoctor check``: join, run the checks with deadlines, report to rank 0.
+
+1. Connect to the control plane (c10d store) and say hello (rank, host, pid).
+2. Rank 0 waits for every hello until the rendezvous deadline and publishes the plan: who joined, and
+   whether the process group under test can be initialised (only if everyone joined).
+3. Initialise the process group under test (its own prefix on the store), with a deadline.
+4. Run the checks in registry order, each in a thread with a deadline; an exception or overrun becomes an
+   ``error`` finding with the stack, and after a stuck collective the process group is not used again.
+5. Post this rank's findings; rank 0 collects them until the collection deadline, names ranks that never
+   reported, renders one report.
+
+The process leaves through ``os._exit``: an abandoned check thread stuck in C++ must not keep it alive.
+Under torchrun only rank 0's exit code carries the result (non-zero ranks exit 0 so the launcher does not
+tear rank 0 down before it reports).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from ddpdoctor.check_api import Check, CheckContext, CheckOptions, collapse
+from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM
+from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
+from ddpdoctor.report import Report, render_table
+from ddpdoctor.runtime.control import ControlPlane, connect_store
+from ddpdoctor.runtime.deadline import innermost_line, run_with_deadline
+from ddpdoctor.runtime.launcher import LaunchInfo
+
+RESULT_FILE_ENV = "DDPDOCTOR_RESULT_FILE"
+
+
+@dataclass
+class RunConfig:
+    """What the user asked for; every rank builds the same one from the same command line."""
+
+    checks: list[Check]
+    backend: str = "auto"
+    options: CheckOptions = field(default_factory=CheckOptions)
+    json_path: str | None = None
+
+    @property
+    def timeout_s(self) -> float:
+        return self.options.timeout_s
+
+
+class Terminated(Exception):
+    """SIGTERM/SIGINT from the launcher (usually: another rank died, torchrun is tearing the job down)."""
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+def resolve_backend(requested: str) -> tuple[str, str]:
+    """(backend, device) for this rank: NCCL on the local GPU when there is one, else gloo on CPU."""
+    import torch
+
+    backend = requested
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.distributed.is_nccl_available() else "gloo"
+    if backend == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank % torch.cuda.device_count())
+            return backend, f"cuda:{torch.cuda.current_device()}"
+        return backend, "cpu"
+    return backend, "cpu"
+
+
+class RankRun:
+    """One rank's run of the checks."""
+
+    def __init__(self, info: LaunchInfo, config: RunConfig) -> None:
+        self.info = info
+        self.config = config
+        self.me = RankInfo(info.rank, info.local_rank, socket.gethostname(), os.getpid())
+        self.start = time.monotonic()
+        self.control: ControlPlane | None = None
+        self.peers: dict[int, RankInfo] = {}
+        self.runtime_findings: list[Finding] = []
+        self.check_findings: dict[str, list[Finding]] = {}
+        self.backend = config.backend
+        self.device = "cpu"
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    def connect(self) -> bool:
+        timeout = self.config.timeout_s
+        outcome = run_with_deadline(lambda: connect_store(self.info, timeout), timeout + 2, "ddpdoctor-store")
+        if outcome.ok:
+            self.control = ControlPlane(outcome.value)
+            self.control.store = self.control.prefixed(f"ddpdoctor/{self.info.run_id}/")
+            return True
+        err = str(outcome.error).splitlines()[0] if outcome.error else f"no answer within {timeout:g} s"
+        where = f"{self.info.master_addr}:{self.info.master_port}"
+        if self.info.rank == 0 and not self.info.agent_store and "in use" in err.lower():
+            from ddpdoctor.ports import busy_port_message
+
+            print(f"ddpdoctor: rank 0: {busy_port_message(self.info.master_port)}", file=sys.stderr)
+        else:
+            print(f"ddpdoctor: rank {self.info.rank} on {self.me.host}: cannot reach the control plane at "
+                  f"MASTER_ADDR:MASTER_PORT {where}: {err}. Check that MASTER_ADDR is rank 0's host as "
+                  "this node resolves it, and that the port is open between the nodes.", file=sys.stderr)
+        return False
+
+    def rendezvous(self) -> dict[str, Any] | None:
+        """Say hello; rank 0 decides who joined. Returns the plan, or None if rank 0 never published one."""
+        assert self.control is not None
+        control, ws, timeout = self.control, self.info.world_size, self.config.timeout_s
+        control.put(f"hello/{self.info.rank}", self.me.to_json())
+        claims = control.add(f"claims/{self.info.rank}", 1)
+        if claims > 1:
+            self.runtime_findings.append(Finding(
+                "env", FAIL, f"rank {self.info.rank} is claimed by {claims} processes", [self.info.rank],
+                "every process needs a distinct RANK: check the launcher's --node-rank / SLURM task layout"))
+        if self.info.rank == 0:
+            deadline = self.start + timeout
+            present = control.wait_keys([f"hello/{r}" for r in range(ws)], deadline)
+            joined = sorted(int(k.split("/")[1]) for k in present)
+            peers = {str(r): control.get_nowait(f"hello/{r}") for r in joined}
+            plan = {"joined": joined, "missing": [r for r in range(ws) if r not in joined], "peers": peers}
+            control.put("plan", plan)
+        else:
+            plan = control.wait_get("plan", self.start + 2 * timeout + 5)
+            if plan is None:
+                print(f"ddpdoctor: rank {self.info.rank}: rank 0 never published the plan within the deadline; "
+                      "rank 0 is not running ddpdoctor or died (its host's output says why)", file=sys.stderr)
+                return None
+        self.peers = {int(r): RankInfo.from_json(d) for r, d in plan["peers"].items() if d}
+        return dict(plan)
+
+    def init_process_group(self, plan: dict[str, Any]) -> str | None:
+        """Initialise the process group under test; returns why it is unusable, or None when it is up."""
+        if not any(check.needs_process_group for check in self.config.checks):
+            return "no selected check needs it"
+        if plan["missing"]:
+            return f"rank(s) {', '.join(map(str, plan['missing']))} never joined"
+        assert self.control is not None
+        import torch.distributed as dist
+
+        self.backend, self.device = resolve_backend(self.config.backend)
+        store = self.control.prefixed("pg/")
+        timeout = self.config.timeout_s
+        from datetime import timedelta
+
+        def init() -> None:
+            dist.init_process_group(self.backend, store=store, rank=self.info.rank,
+                                    world_size=self.info.world_size, timeout=timedelta(seconds=timeout))
+
+        outcome = run_with_deadline(init, timeout, "ddpdoctor-pg-init")
+        if outcome.ok:
+            return None
+        why = (f"did not finish within {timeout:g} s" if outcome.timed_out
+               else str(outcome.error).splitlines()[0] if outcome.error else "failed")
+        self.runtime_findings.append(Finding(
+            "connectivity", FAIL, f"init_process_group({self.backend}) failed: {why}", [self.info.rank],
+            "the ranks reached each other's store but not each other: check firewalls between nodes and "
+            "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME", {"error": outcome.error_text or outcome.stack_at_timeout}))
+        return f"init_process_group failed on this rank: {why}"
+
+    def run_checks(self, pg_problem: str | None) -> None:
+        assert self.control is not None
+        timeout = self.config.timeout_s
+        import torch.distributed as dist
+
+        for check in self.config.checks:
+            self.control.put(f"progress/{self.info.rank}", check.id)
+            if check.rank0_only and self.info.rank != 0:
+                continue
+            if check.needs_process_group and pg_problem is not None:
+                self.runtime_findings.append(Finding(
+                    check.id, SKIP, f"not run: the process group is not usable ({pg_problem})", [self.info.rank]))
+                continue
+            ctx = CheckContext(
+                rank=self.info.rank, world_size=self.info.world_size, local_rank=self.info.local_rank,
+                local_world_size=self.info.local_world_size, host=self.me.host, pid=self.me.pid,
+                launcher=self.info.launcher, backend=self.backend, device=self.device,
+                master_addr=self.info.master_addr, master_port=self.info.master_port,
+                process_group=dist.group.WORLD if dist.is_initialized() else None,
+                store=self.control.prefixed(f"check/{check.id}/"), options=self.config.options,
+                deadline=time.monotonic() + timeout, peers=self.peers)
+            outcome = run_with_deadline(lambda c=check, x=ctx: c.run(x), timeout, f"ddpdoctor-{check.id}")
+            if outcome.timed_out:
+                where = innermost_line(outcome.stack_at_timeout)
+                self.runtime_findings.append(Finding(
+                    check.id, ERROR, f"did not finish within {timeout:g} s (stuck at: {where or 'unknown'})",
+                    [self.info.rank], "a peer is stuck or dead (see ranks that did not report); raise --timeout "
+                    "only if the network is known to be slow", {"stack": outcome.stack_at_timeout}))
+                if check.needs_process_group:
+                    pg_problem = f"{check.id} was abandoned while inside a collective"
+            elif outcome.error is not None:
+                message = str(outcome.error).splitlines()[0] if str(outcome.error) else ""
+                self.runtime_findings.append(Finding(
+                    check.id, ERROR, f"the check raised {type(outcome.error).__name__}: {message}"[:300],
+                    [self.info.rank], "this is a ddpdoctor bug unless the message says otherwise: please report "
+                    "it with the traceback (run with --verbose)", {"traceback": outcome.error_text}))
+            else:
+                produced = outcome.value or []
+                for finding in produced:
+                    finding.check = check.id
+                    finding.ranks = finding.ranks or [self.info.rank]
+                self.check_findings[check.id] = list(produced)
+
+    def post(self) -> None:
+        assert self.control is not None
+        self.control.put(f"result/{self.info.rank}", {
+            "info": self.me.to_json(),
+            "backend": self.backend,
+            "checks": {cid: [f.to_json() for f in fs] for cid, fs in self.check_findings.items()},
+            "runtime": [f.to_json() for f in self.runtime_findings],
+        })
+        self.control.put(f"progress/{self.info.rank}", "done")
+
+    # -- rank 0 ------------------------------------------------------------------------------------
+
+    def collect(self, plan: dict[str, Any] | None, deadline: float) -> Report:
+        """Gather every joined rank's result until ``deadline`` and merge them into one report."""
+        ws = self.info.world_size
+        joined = plan["joined"] if plan else [self.info.rank]
+        results: dict[int, dict[str, Any]] = {}
+        if self.control is not None:
+            present = self.control.wait_keys([f"result/{r}" for r in joined], deadline)
+            for key in present:
+                results[int(key.split("/")[1])] = self.control.get_nowait(key)
+        findings: list[Finding] = []
+        runtime: list[Finding] = []
+        for check in self.config.checks:
+            by_rank = {r: [Finding.from_json(f) for f in res["checks"].get(check.id, [])]
+                       for r, res in sorted(results.items()) if check.id in res["checks"]}
+            if not by_rank:
+                continue
+            if check.combine is not None:
+                findings.extend(check.combine(by_rank, self.peers))
+            else:
+                findings.extend(collapse([f for r in sorted(by_rank) for f in by_rank[r]]))
+        for res in results.values():
+            runtime.extend(Finding.from_json(f) for f in res["runtime"])
+        findings.extend(collapse(runtime))
+        findings[:0] = self._unreported(joined, results)
+        backend = next((res["backend"] for res in results.values() if res.get("backend")), self.backend)
+        ranks = [self.peers.get(r) or RankInfo.from_json(res["info"]) for r, res in results.items()]
+        ranks += [self.peers[r] for r in self.peers if r not in results]
+        return Report(ws, backend, self.info.launcher, ranks, findings,
+                      [c.id for c in self.config.checks], time.monotonic() - self.start)
+
+    def _unreported(self, joined: list[int], results: dict[int, Any]) -> list[Finding]:
+        ws, timeout = self.info.world_size, self.config.timeout_s
+        missing = []
+        never = [r for r in range(ws) if r not in joined]
+        if never:
+            missing.append(Finding(
+                "barrier", FAIL, f"rank{'s' if len(never) > 1 else ''} {', '.join(map(str, never))} did not report: "
+                f"never joined within {timeout:g} s", never,
+                "those ranks never started ddpdoctor or could not reach MASTER_ADDR:MASTER_PORT "
+                f"({self.info.master_addr}:{self.info.master_port}); look at their own output, and at "
+                "`ddpdoctor stacks` on their hosts if they are stuck", {"unreported": True}))
+        for rank in joined:
+            if rank in results:
+                continue
+            peer = self.peers.get(rank)
+            last = self.control.get_nowait(f"progress/{rank}") if self.control is not None else None
+            where = f" on {peer.host} (pid {peer.pid})" if peer else ""
+            missing.append(Finding(
+                "barrier", FAIL, f"rank {rank}{where} did not report: it joined, then went silent"
+                + (f" during the '{last}' check" if last else ""), [rank],
+                "the rank died or hangs: check its exit status / dmesg (OOM killer) on its host, or run "
+                "`ddpdoctor stacks` there while it hangs", {"unreported": True, "last_check": last,
+                                                            "host": peer.host if peer else None,
+                                                            "pid": peer.pid if peer else None}))
+        return missing
+
+    def finish(self, report: Report) -> int:
+        """Print the report, write --json and the self-launch result file; the exit code."""
+        print(render_table(report, verbose=self.config.options.verbose), flush=True)
+        data = report.to_json()
+        if self.config.json_path:
+            write_json_atomic(self.config.json_path, data)
+        code = EXIT_PROBLEM if report.status == FAIL else EXIT_OK
+        result_file = os.environ.get(RESULT_FILE_ENV)
+        if result_file:
+            write_json_atomic(result_file, {"exit_code": code, "report": data})
+        return code
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write JSON to ``path`` through a temp file and rename: never a half-written report."""
+    target = os.path.abspath(path)
+    tmp = f"{target}.tmp.{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=2)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+
+
+def run_rank(info: LaunchInfo, config: RunConfig) -> int:
+    """The whole run on one rank; returns the process exit code (the caller leaves with os._exit)."""
+    run = RankRun(info, config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
+    plan: dict[str, Any] | None = None
+    try:
+        if not run.connect():
+            return EXIT_PROBLEM
+        plan = run.rendezvous()
+        if plan is None:
+            return EXIT_PROBLEM
+        pg_problem = run.init_process_group(plan)
+        run.run_checks(pg_problem)
+        run.post()
+        if info.rank != 0:
+            return EXIT_OK
+        return run.finish(run.collect(plan, time.monotonic() + config.timeout_s))
+    except Terminated as exc:
+        # Signals stay raised as Terminated only once: a second one must not interrupt the report.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        if info.rank != 0 or run.control is None:
+            return EXIT_PROBLEM
+        run.runtime_findings.append(Finding(
+            "barrier", ERROR, f"rank 0 was stopped by {exc} before all ranks reported (the launcher tears the "
+            "job down when a rank exits)", [0], "see the ranks that did not report: one of them died first"))
+        try:
+            run.post()
+        except Exception:  # the store may be gone with the launcher; report what we have
+            pass
+        return run.finish(run.collect(plan, time.monotonic() + min(2.0, config.timeout_s)))

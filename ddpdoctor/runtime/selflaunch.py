@@ -1,0 +1,81 @@
+"""Self-launch: start ``--nproc`` local ranks through PyTorch's elastic launcher (torchrun's engine).
+
+Each rank runs ``python -m ddpdoctor <same arguments>`` and finds itself under torchrun's environment.
+The port is checked first, so a busy MASTER_PORT is one clear line instead of a PyTorch traceback. Rank 0
+writes its report and exit code to a result file; ranks exit 0 so the launcher stays quiet, and this
+process exits with rank 0's code (1 when a problem was found).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import uuid
+
+from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError
+from ddpdoctor.ports import busy_port_message, free_port, port_is_free
+from ddpdoctor.runtime.rank import RESULT_FILE_ENV
+
+SELF_LAUNCHED_ENV = "DDPDOCTOR_SELF_LAUNCHED"
+
+
+def default_nproc() -> int:
+    """One rank per visible GPU, or 2 on a machine without GPUs (enough to exercise a process group)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def choose_port(requested: int | None) -> int:
+    """The user's port if free (DoctorError with the holder if not), else a free one."""
+    if requested is None:
+        return free_port("127.0.0.1")
+    if not port_is_free(requested):
+        raise DoctorError(busy_port_message(requested), exit_code=EXIT_PROBLEM)
+    return requested
+
+
+def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeout_s: float) -> int:
+    """Run ``python -m ddpdoctor ARGV`` on ``nproc`` local ranks; rank 0's exit code."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    port = choose_port(master_port)
+    # The launcher narrates its work at WARNING level ("Sending process ... closing signal"): noise here.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    fd, result_file = tempfile.mkstemp(prefix="ddpdoctor-result-", suffix=".json")
+    os.close(fd)
+    os.unlink(result_file)
+    saved = {k: os.environ.get(k) for k in (RESULT_FILE_ENV, SELF_LAUNCHED_ENV)}
+    os.environ[RESULT_FILE_ENV] = result_file
+    os.environ[SELF_LAUNCHED_ENV] = "1"
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ddpdoctor-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_configs={"rank": 0, "timeout": int(max(10, rdzv_timeout_s))},
+        max_restarts=0, monitor_interval=0.1, start_method="spawn",
+    )
+    failure = ""
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "ddpdoctor", *argv)
+    except ChildFailedError as exc:
+        failure = "; ".join(f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
+                            for rank, f in sorted(exc.failures.items()))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    try:
+        with open(result_file) as handle:
+            result = json.load(handle)
+        os.unlink(result_file)
+    except (OSError, ValueError):
+        print(f"ddpdoctor: rank 0 ended without a report ({failure or 'no failure reported by the launcher'})",
+              file=sys.stderr)
+        return EXIT_BUG
+    return int(result["exit_code"])
