@@ -195,6 +195,9 @@ def _classify(stderr: str, cand: Candidate) -> str:
     text = stderr.strip()
     if "Permission Denied" in text or "Operation not permitted" in text or "os error 1)" in text:
         return f"py-spy was not permitted to read pid {pid}: {ptrace_advice(cand.uid)}"
+    if "Failed to get process executable name" in text:
+        return (f"py-spy could not read /proc/{pid}/exe (a process of another user or of the container "
+                f"runtime): {ptrace_advice(cand.uid)}")
     if "Failed to find python version" in text or "Failed to find a python interpreter" in text:
         return f"not a Python process ({cand.proc.cmdline or 'command line unknown'}): py-spy found no interpreter"
     first = next((line for line in text.splitlines() if line.startswith("Error")), text.splitlines()[0] if text else "")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -63,6 +64,8 @@ def main() -> None:
     parser.add_argument("--install-dumps", action="store_true")
     args = parser.parse_args()
 
+    # A second Python thread, as real jobs have (loggers, data-loader pins): shown only with --all-threads.
+    threading.Thread(target=time.sleep, args=(3600,), name="heartbeat", daemon=True).start()
     if args.install_dumps:
         import ddpdoctor
 
