@@ -311,7 +311,7 @@ def _version_mismatches(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Find
         parts = []
         for value, rs in sorted(groups.items(), key=lambda kv: min(kv[1])):
             hosts = sorted({str(gpu_ranks[r].get("host")) for r in rs})
-            parts.append(f"{value} on {_ranks_text(rs)} (hosts {', '.join(hosts)})")
+            parts.append(f"{value} on {_ranks_text(rs)} (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})")
         out.append(_finding(
             status, f"mixed {label} versions: " + "; ".join(parts),
             sorted(r for rs in groups.values() for r in rs),

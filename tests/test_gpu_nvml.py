@@ -43,7 +43,7 @@ def healthy_gpu(index: int, **overrides: Any) -> dict[str, Any]:
     """What an idle, healthy 8-NVLink datacenter GPU answers (TEST DOUBLE data, not a real device)."""
     spec: dict[str, Any] = {
         "name": "NVIDIA A100-SXM4-80GB",
-        "uuid": f"GPU-00000000-0000-0000-0000-00000000000{index}",
+        "uuid": f"GPU-00000000-0000-0000-0000-{index:012d}",
         "bus_id": f"00000000:{0x10 + index:02X}:00.0".encode(),
         "memory": (85899345920, 524288000),
         "ecc": {0: 0, 1: 0},  # counter type (volatile, aggregate) -> uncorrected count
