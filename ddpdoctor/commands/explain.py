@@ -1,9 +1,62 @@
-"""`ddpdoctor explain`: not built yet (see the issue that delivers it)."""
+"""`ddpdoctor explain [LOG ...] [--json]`: say what a crashed job's logs mean, root cause first.
+
+Thin: open the inputs (stdin for none or ``-``), hand them to :mod:`ddpdoctor.explain`, print. Never imports
+torch (``ddpdoctor explain`` must start fast on a login node).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from contextlib import ExitStack
+from typing import IO
+
 import typer
+
+from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
+
+
+def _open_inputs(stack: ExitStack, logs: list[str]) -> list[tuple[str, IO[bytes], int | None]]:
+    """Open every input up front, so a typo in the last path fails before a long scan (exit 2)."""
+    from ddpdoctor.explain import rank_from_path
+
+    opened: list[tuple[str, IO[bytes], int | None]] = []
+    for path in logs or ["-"]:
+        if path == "-":
+            opened.append(("<stdin>", sys.stdin.buffer, None))
+            continue
+        if os.path.isdir(path):
+            raise DoctorError(f"{path} is a directory; pass the log files in it, e.g. {path}/*.log "
+                              f"(torchrun --log-dir: {path}/*/attempt_*/*/stderr.log)")
+        try:
+            stream = stack.enter_context(open(path, "rb"))  # noqa: SIM115 - the ExitStack closes it
+        except FileNotFoundError:
+            raise DoctorError(f"{path}: no such file; pass the log file(s) of the job, or - for stdin") from None
+        except OSError as exc:
+            raise DoctorError(f"{path}: cannot read it ({exc.strerror}); check the path and permissions") from None
+        opened.append((path, stream, rank_from_path(path)))
+    return opened
+
+
+def explain_cmd(
+    logs: list[str] = typer.Argument(None, metavar="[LOG]...",
+                                     help="Log files to read (one per rank is fine); none or - reads stdin."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnoses as JSON instead of text."),
+) -> None:
+    """Recognise known DDP / NCCL / torchrun errors in logs; root cause first. Exit 1 if any was found."""
+    from ddpdoctor.explain import explain_streams, render_text
+
+    with ExitStack() as stack:
+        result = explain_streams(_open_inputs(stack, list(logs or [])))
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        typer.echo(render_text(result), nl=False)
+    raise typer.Exit(EXIT_PROBLEM if result.diagnoses else EXIT_OK)
 
 
 def register(app: typer.Typer) -> None:
-    """Add the command to the app; filled in by the issue that builds `explain`."""
+    """Add `ddpdoctor explain` to the app."""
+    app.command("explain", help="Recognise known DDP/NCCL/torchrun errors in logs and say the cause and the fix.")(
+        explain_cmd)

@@ -1,0 +1,436 @@
+"""Recognise known DDP / NCCL / gloo / torchrun errors in logs of any size, and order them root cause first.
+
+A crashed job leaves thousands of lines from many ranks; the real cause is one of a few dozen known
+messages and is often not the last one printed (a rank killed by the OOM killer shows up on the *other*
+ranks as NCCL timeouts and "remote process exited"). The signatures live in ``explain_kb.json`` (data, not
+code); this module streams the input in fixed-size blocks, so memory stays flat for a 100 GB log:
+
+* prefilter: ``bytes.find`` of each signature keyword over a whole block (C speed, no per-line Python);
+* only lines holding a keyword are decoded (``errors="replace"``: binary garbage never crashes it) and
+  run through the regexes of the signatures whose keywords they contain; the first matching signature wins;
+* each diagnosis keeps bounded state: a count, up to ``MAX_EVIDENCE`` evidence lines, a capped rank set and
+  capped extracted details.
+
+Ranks come from, in order: the signature's own ``rank`` group, torchrun's ``[rank3]:`` line prefix (also
+``[default3]:`` and Open MPI's ``[1,3]<stdout>:``), the file name (``rank3.log``, ``*_rank_3*``, torchrun
+``--log-dir`` layout ``attempt_0/3/stderr.log``), ProcessGroupNCCL's ``[Rank 3]`` / ``[PG ... Rank 3]``,
+and ``rank 3`` in NCCL lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal as _signal
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import IO, Any
+
+CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
+MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines) is scanned as it is
+MAX_EVIDENCE = 5
+MAX_EVIDENCE_CHARS = 400
+MAX_RANKS = 4096
+MAX_DETAIL_VALUES = 8
+MAX_DETAIL_CHARS = 200
+LOOKBACK_LINES = 10  # torchrun's failure summary: the "rank :" line sits a few lines above "exitcode :"
+
+# Report order: what the user must fix, then what crashed, then which rank lagged, then echoes, then hints.
+ROLE_ORDER = ("cause", "crash", "lagging-rank", "symptom", "warning")
+
+# torchrun (torch >= 2.2) prefixes each worker line with "[rank3]:"; older --tee used "[default3]:";
+# Open MPI's --tag-output writes "[jobid,rank]<stdout>:".
+_LINE_PREFIX_RANK = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:|^\[\d+,(\d+)\]<std(?:out|err)>:")
+_PG_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
+_NCCL_RANK = re.compile(r"\brank (\d+)\b")
+_FILE_RANK = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)(?!\d)", re.IGNORECASE)
+# torchrun --log-dir: {log_dir}/{run_id}_{suffix}/attempt_{n}/{local_rank}/{stdout,stderr}.log
+_LOGDIR_RANK = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stdout|stderr)\.log$")
+# torchrun failure summary, see torch/distributed/elastic/multiprocessing/errors/__init__.py
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_SUMMARY_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
+# glog "E1122 01:39:40.561000" (optionally after "[rank0]:[") and ISO-ish "2026-11-22 01:39:40,123"
+_GLOG_TIME = re.compile(r"(?:^|[\[\s:])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
+_ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
+_SIGTERM_LIKE = {int(_signal.SIGTERM), int(_signal.SIGINT), int(_signal.SIGHUP)}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One known error message: how to find it and what to tell the user."""
+
+    id: str
+    role: str
+    title: str
+    keywords: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+    extract: tuple[re.Pattern[str], ...]
+    cause: str
+    remedy: str
+    command: str
+    context: str = ""
+    suppressed_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    file: str
+    line: int
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "text": self.text}
+
+
+@dataclass
+class Diagnosis:
+    """Everything ddpdoctor learned about one signature across all inputs; bounded in size."""
+
+    signature: Signature
+    count: int = 0
+    ranks: set[int] = field(default_factory=set)
+    evidence: list[Evidence] = field(default_factory=list)
+    details: dict[str, list[str]] = field(default_factory=dict)
+    first_seq: tuple[int, int] = (0, 0)
+    first_time: tuple[int, ...] | None = None
+    _evidence_keys: set[tuple[int, int | None]] = field(default_factory=set)
+
+    @property
+    def id(self) -> str:
+        return self.signature.id
+
+    def add(self, ev: Evidence, rank: int | None, pattern_index: int, groups: dict[str, str],
+            seq: tuple[int, int], when: tuple[int, ...] | None) -> None:
+        if self.count == 0:
+            self.first_seq, self.first_time = seq, when
+        self.count += 1
+        if rank is not None and len(self.ranks) < MAX_RANKS:
+            self.ranks.add(rank)
+        # One evidence line per (pattern, rank): the report shows each kind of line and each rank once.
+        key = (pattern_index, rank)
+        if len(self.evidence) < MAX_EVIDENCE and key not in self._evidence_keys:
+            self._evidence_keys.add(key)
+            self.evidence.append(ev)
+        for name, value in groups.items():
+            values = self.details.setdefault(name, [])
+            value = value.strip()[:MAX_DETAIL_CHARS]
+            if value and value not in values and len(values) < MAX_DETAIL_VALUES:
+                values.append(value)
+
+    def to_json(self) -> dict[str, Any]:
+        sig = self.signature
+        return {"id": sig.id, "title": sig.title, "role": sig.role, "ranks": sorted(self.ranks),
+                "count": self.count, "details": self.details,
+                "evidence": [e.to_json() for e in self.evidence],
+                "cause": sig.cause, "remedy": sig.remedy, "command": sig.command}
+
+
+@dataclass
+class ExplainResult:
+    diagnoses: list[Diagnosis]
+    files: list[str]
+    lines_scanned: int
+    bytes_scanned: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"diagnoses": [d.to_json() for d in self.diagnoses], "files": self.files,
+                "lines_scanned": self.lines_scanned, "bytes_scanned": self.bytes_scanned}
+
+
+def load_kb(path: str | None = None) -> list[Signature]:
+    """The knowledge base, in match-priority order; a malformed entry fails loudly (it is a ddpdoctor bug)."""
+    if path is None:
+        text = resources.files("ddpdoctor").joinpath("explain_kb.json").read_text(encoding="utf-8")
+    else:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    sigs = []
+    for raw in json.loads(text)["signatures"]:
+        if raw["role"] not in ROLE_ORDER:
+            raise ValueError(f"explain KB entry {raw['id']!r}: role must be one of {ROLE_ORDER}")
+        sigs.append(Signature(
+            id=raw["id"], role=raw["role"], title=raw["title"], keywords=tuple(raw["keywords"]),
+            patterns=tuple(re.compile(p) for p in raw["patterns"]),
+            extract=tuple(re.compile(p) for p in raw.get("extract", ())),
+            cause=raw["cause"], remedy=raw["remedy"], command=raw["command"],
+            context=raw.get("context", ""), suppressed_by=tuple(raw.get("suppressed_by", ()))))
+    ids = [s.id for s in sigs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("explain KB: duplicate signature ids")
+    return sigs
+
+
+def rank_from_path(path: str) -> int | None:
+    """One file per rank: ``rank3.log``, ``train_rank_3.out``, torchrun ``attempt_0/3/stderr.log``."""
+    m = _LOGDIR_RANK.search(path)
+    if m:
+        return int(m.group(1))
+    base = re.split(r"[/\\]", path)[-1]
+    m = _FILE_RANK.search(base)
+    return int(m.group(1)) if m else None
+
+
+def _minimal_anchors(keywords: Iterable[str]) -> list[bytes]:
+    """Drop keywords that contain another keyword: a line with the longer one is found by the shorter."""
+    uniq = sorted({k.encode() for k in keywords}, key=len)
+    out: list[bytes] = []
+    for k in uniq:
+        if not any(a in k for a in out):
+            out.append(k)
+    return out
+
+
+def _timestamp(text: str) -> tuple[int, ...] | None:
+    m = _ISO_TIME.search(text)
+    if m:
+        return (int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
+                int((m.group(7) or "0").ljust(9, "0")[:9]))
+    m = _GLOG_TIME.search(text)
+    if m:
+        return (int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
+                int((m.group(6) or "0").ljust(9, "0")[:9]))
+    return None
+
+
+def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> tuple[int, re.Match[str] | None]:
+    for index, pattern in enumerate(patterns):
+        m = pattern.search(text)
+        if m:
+            return index, m
+    return -1, None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class Scanner:
+    """Feed it streams (one per file); ask for the ordered diagnoses at the end."""
+
+    def __init__(self, kb: list[Signature] | None = None) -> None:
+        self.kb = kb if kb is not None else load_kb()
+        self._anchors = _minimal_anchors(k for s in self.kb for k in s.keywords)
+        self._found: dict[str, Diagnosis] = {}
+        self.files: list[str] = []
+        self.lines_scanned = 0
+        self.bytes_scanned = 0
+
+    # -- streaming ---------------------------------------------------------------------------------
+    def scan(self, name: str, stream: IO[bytes], file_rank: int | None = None) -> None:
+        """Scan one binary stream to the end, reading ``CHUNK_BYTES`` at a time."""
+        file_index = len(self.files)
+        self.files.append(name)
+        carry = b""
+        tail = b""  # the end of the previous block, for look-back across a block boundary
+        lines_before = 0
+        while True:
+            chunk = stream.read(CHUNK_BYTES)
+            self.bytes_scanned += len(chunk)
+            if chunk:
+                buf = carry + chunk if carry else chunk
+                cut = buf.rfind(b"\n")
+                if cut < 0 and len(buf) < MAX_LINE_BYTES:
+                    carry = buf
+                    continue
+                if cut < 0:
+                    block, carry = buf, b""
+                else:
+                    block, carry = buf[:cut + 1], buf[cut + 1:]
+            else:
+                block, carry = carry, b""
+                if not block:
+                    break
+            self._scan_block(block, tail, name, file_index, lines_before, file_rank)
+            newlines = block.count(b"\n")
+            lines_before += newlines
+            tail = block[-8192:]
+            if not chunk:
+                break
+        self.lines_scanned += lines_before + (1 if tail and not tail.endswith(b"\n") else 0)
+
+    def _scan_block(self, block: bytes, tail: bytes, name: str, file_index: int, lines_before: int,
+                    file_rank: int | None) -> None:
+        hits: dict[int, int] = {}
+        for anchor in self._anchors:
+            pos = block.find(anchor)
+            while pos >= 0:
+                start = block.rfind(b"\n", 0, pos) + 1
+                end = block.find(b"\n", pos)
+                if end < 0:
+                    end = len(block)
+                hits[start] = end
+                pos = block.find(anchor, end + 1) if end + 1 < len(block) else -1
+        if not hits:
+            return
+        line_no = lines_before
+        counted_to = 0
+        for start in sorted(hits):
+            line_no += block.count(b"\n", counted_to, start)
+            counted_to = start
+            text = block[start:hits[start]].decode("utf-8", errors="replace").rstrip("\r")
+            self._match_line(text, name, file_index, line_no + 1, file_rank,
+                             lambda s=start: self._lookback(block, s, tail))
+
+    @staticmethod
+    def _lookback(block: bytes, start: int, tail: bytes) -> list[str]:
+        """Up to ``LOOKBACK_LINES`` lines before the line at ``start``, nearest first."""
+        before = block[max(0, start - 8192):start]
+        if start < 8192:
+            before = tail + before
+        lines = before.decode("utf-8", errors="replace").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return [ln.rstrip("\r") for ln in reversed(lines[-LOOKBACK_LINES:])]
+
+    # -- matching ----------------------------------------------------------------------------------
+    def _match_line(self, text: str, name: str, file_index: int, line_no: int, file_rank: int | None,
+                    lookback: Any) -> None:
+        for sig in self.kb:
+            if not any(k in text for k in sig.keywords):
+                continue
+            index, m = _first_match(sig.patterns, text)
+            if m is None:
+                continue
+            groups = {k: v for k, v in m.groupdict().items() if v is not None}
+            for extra in sig.extract:
+                em = extra.search(text)
+                if em:
+                    for k, v in em.groupdict().items():
+                        if v is not None:
+                            groups.setdefault(k, v)
+            rank: int | None = int(groups.pop("rank")) if "rank" in groups else None
+            if sig.context == "torchrun-summary":
+                keep, summary_rank = self._torchrun_context(text, groups, lookback)
+                if not keep:
+                    return
+                if rank is None:
+                    rank = summary_rank
+            groups.pop("local_rank", None)
+            if "signal_number" in groups:
+                groups.setdefault("signal", _signal_name(int(groups["signal_number"])))
+            if rank is None:
+                rank = self._line_rank(text, file_rank)
+            diag = self._found.get(sig.id)
+            if diag is None:
+                diag = self._found[sig.id] = Diagnosis(sig)
+            ev = Evidence(name, line_no, text.strip()[:MAX_EVIDENCE_CHARS])
+            diag.add(ev, rank, index, groups, (file_index, line_no), _timestamp(text))
+            return
+
+    @staticmethod
+    def _torchrun_context(text: str, groups: dict[str, str], lookback: Any) -> tuple[bool, int | None]:
+        """Rank and root-cause flag of a line in torchrun's failure summary.
+
+        The summary lists ``Root Cause (first observed failure):`` and ``Failures:`` entries; the ranks
+        torchrun itself stopped with SIGTERM after the first failure are noise, not causes.
+        """
+        rank: int | None = None
+        root = "failed (exitcode" in text  # the agent's own log line names the first failure
+        if not root and ("exitcode" in text or "received by PID" in text):
+            lines = lookback()
+            for i, ln in enumerate(lines):
+                m = _SUMMARY_RANK.match(ln)
+                if m and rank is None:
+                    rank = int(m.group(1))
+                if _SUMMARY_ENTRY.match(ln):
+                    root = i + 1 < len(lines) and "Root Cause" in lines[i + 1]
+                    break
+        number = groups.get("signal_number")
+        if number is not None and int(number) in _SIGTERM_LIKE and not root:
+            return False, rank
+        return True, rank
+
+    @staticmethod
+    def _line_rank(text: str, file_rank: int | None) -> int | None:
+        m = _LINE_PREFIX_RANK.match(text)
+        if m:
+            return int(m.group(1) or m.group(2))
+        if file_rank is not None:
+            return file_rank
+        m = _PG_RANK.search(text)
+        if m:
+            return int(m.group(1))
+        if "NCCL" in text:
+            m = _NCCL_RANK.search(text)
+            if m:
+                return int(m.group(1))
+        return None
+
+    # -- result ------------------------------------------------------------------------------------
+    def result(self) -> ExplainResult:
+        found = self._found
+        diags = [d for d in found.values() if not any(s in found for s in d.signature.suppressed_by)]
+        ordered: list[Diagnosis] = []
+        for role in ROLE_ORDER:
+            group = [d for d in diags if d.signature.role == role]
+            # Timestamps order lines across files (rank0.log vs rank1.log) when every diagnosis has one;
+            # otherwise input order (file, then line) is the best evidence of what came first.
+            times = [d.first_time for d in group]
+            if group and all(t is not None for t in times):
+                group.sort(key=lambda d: (d.first_time, d.first_seq))
+            else:
+                group.sort(key=lambda d: d.first_seq)
+            ordered.extend(group)
+        return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned)
+
+
+def explain_streams(streams: Iterable[tuple[str, IO[bytes], int | None]],
+                    kb: list[Signature] | None = None) -> ExplainResult:
+    """Scan (name, binary stream, rank-or-None) inputs in order and return the ordered diagnoses."""
+    scanner = Scanner(kb)
+    for name, stream, rank in streams:
+        scanner.scan(name, stream, rank)
+    return scanner.result()
+
+
+def explain_text(text: str | bytes, name: str = "<text>", file_rank: int | None = None) -> ExplainResult:
+    """Convenience for tests and the Python API: explain an in-memory log."""
+    import io
+
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return explain_streams([(name, io.BytesIO(data), file_rank)])
+
+
+def render_text(result: ExplainResult) -> str:
+    """The human report: one numbered block per diagnosis, root cause first."""
+    nfiles = len(result.files)
+    where = f"{nfiles} input{'s' if nfiles != 1 else ''}, {result.lines_scanned:,} lines"
+    if not result.diagnoses:
+        return f"ddpdoctor explain: no known DDP/NCCL/torchrun error found ({where}).\n"
+    n = len(result.diagnoses)
+    out = [f"ddpdoctor explain: {n} known problem{'s' if n != 1 else ''} found ({where}); root cause first.", ""]
+    for i, d in enumerate(result.diagnoses, 1):
+        sig = d.signature
+        ranks = _ranks_text(sorted(d.ranks)) if d.ranks else "unknown"
+        out.append(f"{i}. {sig.title}  [{sig.id}]")
+        out.append(f"   ranks: {ranks}   lines: {d.count}")
+        if d.details:
+            out.append("   details: " + ", ".join(f"{k}={'/'.join(v)}" for k, v in d.details.items()))
+        out.append("   evidence:")
+        for ev in d.evidence:
+            out.append(f"     {ev.file}:{ev.line}: {ev.text}")
+        if d.count > len(d.evidence):
+            out.append(f"     ... and {d.count - len(d.evidence)} more matching line(s)")
+        out.append(f"   why:  {sig.cause}")
+        out.append(f"   fix:  {sig.remedy}")
+        out.append(f"   next: {sig.command}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """Collapse runs: [0, 1, 2, 5] -> '0-2, 5'."""
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:]:
+        if r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
