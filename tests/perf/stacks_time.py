@@ -1,0 +1,67 @@
+"""Time `ddpdoctor stacks` on a real hung 8-rank gloo job against a loop of `py-spy dump` (one per rank).
+
+Target (issue 5): `ddpdoctor stacks` within 2x of one `py-spy dump` plus Python start-up. Prints the
+times and ratios; asserts nothing (timings on shared machines are noise for a test).
+
+    python tests/perf/stacks_time.py [--ranks 8] [--repeat 3]    (or python -m tests.perf.stacks_time)
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
+
+from ddpdoctor.stacks import find_py_spy
+from tests.support import clean_env
+from tests.test_stacks import hung_job
+
+
+def _best(cmd: list[str], repeat: int, ok: tuple[int, ...] = (0,)) -> float:
+    """Best-of-N wall time of a command (best, not mean: other load only ever adds time)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=300)
+        times.append(time.perf_counter() - start)
+        if res.returncode not in ok:
+            raise SystemExit(f"{cmd} failed ({res.returncode}): {res.stderr[-500:]}")
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    py_spy = find_py_spy()
+    if py_spy is None:
+        raise SystemExit("py-spy not installed")
+    with tempfile.TemporaryDirectory() as tmp, hung_job(Path(tmp), args.ranks, "barrier", 1) as job:
+        pids = [str(job.rank_pids[r]) for r in sorted(job.rank_pids)]
+        agent = str(job.agents[0].pid)
+        doctor = _best([sys.executable, "-m", "ddpdoctor", "stacks", "--job", agent], args.repeat, ok=(1,))
+        one_dump = _best([py_spy, "dump", "--pid", pids[0]], args.repeat)
+        startup = _best([sys.executable, "-c", "pass"], args.repeat)
+        loops = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            for pid in pids:
+                subprocess.run([py_spy, "dump", "--pid", pid], capture_output=True, check=True, timeout=300)
+            loops.append(time.perf_counter() - start)
+        loop = min(loops)
+    print(f"ranks: {args.ranks}  (best of {args.repeat})")
+    print(f"ddpdoctor stacks (discover + {args.ranks} parallel py-spy + group): {doctor:.3f} s")
+    print(f"loop of {args.ranks} x `py-spy dump`:                        {loop:.3f} s")
+    print(f"one `py-spy dump`: {one_dump:.3f} s   python start-up: {startup:.3f} s")
+    print(f"ratio ddpdoctor / py-spy loop:                      {doctor / loop:.2f}")
+    print(f"ratio ddpdoctor / (one py-spy dump + python start): {doctor / (one_dump + startup):.2f} (target <= 2)")
+
+
+if __name__ == "__main__":
+    main()
