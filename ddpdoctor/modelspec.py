@@ -27,6 +27,13 @@ def _user_frame(exc: BaseException) -> str:
     return f" (at {os.path.basename(last.filename)}:{last.lineno})"
 
 
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, at most 200 characters: the CLI prints errors as one line."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _import_module(module_name: str, spec: str) -> Any:
     if module_name.endswith(".py") or os.sep in module_name:
         path = os.path.abspath(module_name)
@@ -59,7 +66,7 @@ def load_factory(spec: str) -> Callable[..., Any]:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise DoctorError(
-            f"cannot import {module_name!r} for {spec!r}: {type(exc).__name__}: {exc}{_user_frame(exc)}"
+            f"cannot import {module_name!r} for {spec!r}: {_one_line(exc)}{_user_frame(exc)}"
         ) from None
     target: Any = module
     for part in attr.split("."):
@@ -68,7 +75,7 @@ def load_factory(spec: str) -> Callable[..., Any]:
         target = getattr(target, part)
     if not callable(target):
         raise DoctorError(f"{spec!r} is not callable (it is a {type(target).__name__})")
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 def call_factory(spec: str, *args: Any, **kwargs: Any) -> Any:
@@ -79,7 +86,7 @@ def call_factory(spec: str, *args: Any, **kwargs: Any) -> Any:
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise DoctorError(f"{spec!r} raised {type(exc).__name__}: {exc}{_user_frame(exc)}") from None
+        raise DoctorError(f"{spec!r} raised {_one_line(exc)}{_user_frame(exc)}") from None
 
 
 def build_model(spec: str) -> Any:

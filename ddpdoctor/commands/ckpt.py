@@ -1,9 +1,106 @@
-"""`ddpdoctor ckpt`: not built yet (see the issue that delivers it)."""
+"""`ddpdoctor ckpt inspect|strip|diff`: checkpoint prefixes and key mismatches (engine: ddpdoctor.ckpt).
+
+torch is imported only inside the commands, so `ddpdoctor --help` stays fast.
+"""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import typer
+
+ckpt_app = typer.Typer(
+    name="ckpt",
+    help="Find and remove module./_orig_mod. prefixes in checkpoints; explain key mismatches against a model.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+_TRUST_HELP = ("Allow classes outside torch.load(weights_only=True)'s allowlist. inspect/strip still never run "
+               "them; diff loads only shapes. Only for files whose source you trust.")
+
+
+def _emit_json(data: dict[str, Any]) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+@ckpt_app.command("inspect")
+def inspect_cmd(
+    path: str = typer.Argument(..., help="Checkpoint file (.pt/.pth torch zip or legacy, or .safetensors)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
+    trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
+) -> None:
+    """Format, where the state_dict(s) live, tensors, dtypes, wrapper prefixes, other entries, findings.
+
+    Exit 0 when nothing is wrong (prefix warnings included), 1 when a finding fails (mixed keys).
+    """
+    from ddpdoctor import ckpt
+
+    rep = ckpt.inspect_checkpoint(ckpt.open_checkpoint(path, trust=trust))
+    if json_out:
+        _emit_json(rep)
+    else:
+        typer.echo(ckpt.render_inspect(rep))
+    if rep["status"] == "fail":
+        raise typer.Exit(1)
+
+
+@ckpt_app.command("strip")
+def strip_cmd(
+    path: str = typer.Argument(..., help="Checkpoint file to read (never modified without --in-place)."),
+    output: str = typer.Option(None, "-o", "--output", help="Where to write the stripped checkpoint."),
+    prefix: list[str] = typer.Option(None, "--prefix", help="Prefix to remove (repeatable); default: the "
+                                     "detected module. and _orig_mod."),
+    key: str = typer.Option(None, "--key", help="Only the state_dict at this entry (nested: a/b)."),
+    in_place: bool = typer.Option(False, "--in-place", help="Replace PATH itself (still atomic)."),
+    trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print what was done as JSON."),
+) -> None:
+    """Remove wrapper prefixes from the state_dict keys; everything else is kept byte for byte.
+
+    Tensor data is copied by the kernel, never loaded; OUT is written to a temp file and renamed.
+    """
+    from ddpdoctor import ckpt
+
+    rep = ckpt.strip_file(path, output, prefixes=prefix or None, key=key, in_place=in_place, trust=trust)
+    if json_out:
+        _emit_json(rep.to_json())
+        return
+    for sd in rep.state_dicts:
+        pre = ", ".join(f"{p['prefix']!r} from {p['keys']} keys" for p in sd["prefixes"]) or "nothing to remove"
+        typer.echo(f"{sd['location']}: {pre}")
+    note = " (converted from the legacy format to the zip format)" if rep.converted_from_legacy else ""
+    typer.echo(f"wrote {rep.output}: {rep.renamed_keys} keys renamed{note}")
+
+
+@ckpt_app.command("diff")
+def diff_cmd(
+    path: str = typer.Argument(..., help="Checkpoint file."),
+    model: str = typer.Option(..., "--model", help="MODULE:FACTORY building the model, e.g. mypkg.net:build "
+                              "(or path/to/file.py:build)."),
+    key: str = typer.Option(None, "--key", help="Compare the state_dict at this entry (nested: a/b)."),
+    trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Missing/unexpected keys and shape mismatches against a model, and the prefix change that fixes them.
+
+    Exit 0 when the checkpoint loads with strict=True as is, 1 otherwise.
+    """
+    from ddpdoctor import ckpt, modelspec
+
+    checkpoint = ckpt.open_checkpoint(path, trust=trust)
+    net = modelspec.build_model(model)
+    rep = ckpt.diff_against(checkpoint, net, key, model_spec=model)
+    if json_out:
+        _emit_json(rep)
+    else:
+        typer.echo(ckpt.render_diff(rep))
+    if rep["status"] != "pass":
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    """Add the command to the app; filled in by the issue that builds `ckpt`."""
+    """Add `ddpdoctor ckpt ...` to the app."""
+    app.add_typer(ckpt_app, name="ckpt")

@@ -1,0 +1,133 @@
+"""File plumbing for checkpoints: validate the input, copy byte ranges in the kernel, write atomically.
+
+Stripping a 10 GB checkpoint must not read its tensors into this process: byte ranges are copied with
+``os.copy_file_range`` (the kernel moves the pages, or reflinks them; falls back to ``sendfile`` and then
+to a bounded read/write loop), so peak memory does not depend on the checkpoint's size. The output is
+written to a temporary file in the destination directory, fsynced and renamed over the target, so a
+crash or a full disk never leaves a half-written checkpoint under the user's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from ddpdoctor.errors import DoctorError
+
+_CHUNK = 8 << 20
+
+
+def check_input(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint path if it is a readable, non-empty regular file; else a one-line DoctorError."""
+    p = Path(path)
+    if not p.exists():
+        raise DoctorError(f"checkpoint not found: {p} (check the path)")
+    if p.is_dir():
+        if (p / ".metadata").exists():
+            raise DoctorError(f"{p} is a torch.distributed.checkpoint directory, not a single-file checkpoint; "
+                              "convert it with torch.distributed.checkpoint.format_utils.dcp_to_torch_save first")
+        raise DoctorError(f"{p} is a directory; give the checkpoint file inside it")
+    try:
+        size = p.stat().st_size
+        with p.open("rb"):
+            pass
+    except OSError as exc:
+        raise DoctorError(f"cannot read checkpoint {p}: {exc.strerror or exc}") from None
+    if size == 0:
+        raise DoctorError(f"checkpoint {p} is empty (0 bytes): the save was probably interrupted; use another copy")
+    return p
+
+
+def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int) -> None:
+    """Copy ``count`` bytes at ``offset`` in ``src`` to the current position of ``dst``, in the kernel."""
+    dst.flush()
+    out_fd, in_fd = dst.fileno(), src.fileno()
+    remaining = count
+    pos = offset
+    use_cfr = hasattr(os, "copy_file_range")
+    use_sendfile = hasattr(os, "sendfile")
+    while remaining > 0:
+        n = 0
+        if use_cfr:
+            try:
+                n = os.copy_file_range(in_fd, out_fd, min(remaining, 1 << 30), pos)
+            except OSError as exc:
+                # EXDEV (old kernels across filesystems), EINVAL/ENOSYS/EOPNOTSUPP: fall back.
+                if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+                    raise
+                use_cfr = False
+                continue
+        elif use_sendfile:
+            try:
+                n = os.sendfile(out_fd, in_fd, pos, min(remaining, 1 << 30))
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                    raise
+                use_sendfile = False
+                continue
+        else:
+            src.seek(pos)
+            chunk = src.read(min(remaining, _CHUNK))
+            dst.write(chunk)
+            dst.flush()
+            n = len(chunk)
+        if n <= 0:
+            raise DoctorError(f"checkpoint {getattr(src, 'name', '?')} ended early: it is truncated")
+        remaining -= n
+        pos += n
+    # copy_file_range/sendfile advance the fd offset of dst; keep the Python file object in step.
+    dst.seek(0, os.SEEK_END)
+
+
+@contextlib.contextmanager
+def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[BinaryIO]:
+    """Yield a temp file next to ``target``; on success fsync it and rename it over ``target``.
+
+    On any failure the temp file is removed, so no partial output is left behind.
+    """
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise DoctorError(f"output directory {directory} does not exist; create it first")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise DoctorError(f"cannot write to output directory {directory}: {exc.strerror or exc}") from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w+b") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode_from is not None:
+            os.chmod(tmp, mode_from.stat().st_mode & 0o777)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def check_output(src: Path, out: Path, in_place: bool) -> None:
+    """Refuse to overwrite the input by accident, and refuse outputs that are directories."""
+    if out.is_dir():
+        raise DoctorError(f"output {out} is a directory; give a file name, e.g. {out / src.name}")
+    same = out.exists() and os.path.samefile(src, out)
+    if same and not in_place:
+        raise DoctorError(f"output {out} is the input checkpoint; pass --in-place to overwrite it, "
+                          "or choose another -o path")
+
+
+def write_error(out: Path, exc: OSError) -> DoctorError:
+    """A one-line error for a failure while writing (disk full, quota, I/O error)."""
+    return DoctorError(f"could not write {out}: {exc.strerror or exc}; nothing was written")

@@ -1,0 +1,43 @@
+"""Tiny model factories for `ddpdoctor ckpt diff --model` and the state_dict check (tests and docs).
+
+    ddpdoctor ckpt diff ddp.pt --model examples.ckpt_models:make_mlp
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    """Two linear layers and a BatchNorm (so the state_dict has buffers and ``_metadata`` versions)."""
+
+    def __init__(self, width: int = 8, classes: int = 4) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, width)
+        self.bn = nn.BatchNorm1d(width)
+        self.fc2 = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def make_mlp() -> nn.Module:
+    """The model the test checkpoints were saved from."""
+    torch.manual_seed(0)
+    return MLP()
+
+
+def make_wide_mlp() -> nn.Module:
+    """Same layers, other sizes: a checkpoint of make_mlp does not fit it (shape mismatches)."""
+    return MLP(width=16, classes=4)
+
+
+def make_broken() -> nn.Module:
+    """A factory that fails, to show how a user's exception is reported."""
+    raise ValueError("num_classes must be set in the config")
+
+
+def make_not_a_model() -> dict[str, int]:
+    """Returns something that is not an nn.Module."""
+    return {"width": 8}
