@@ -99,11 +99,12 @@ def gather_rank_facts(ctx: CheckContext, nvml_module: Any = None) -> dict[str, A
     facts["gpu"] = match_nvml_gpu(host_gpus["gpus"], mine["uuid"], mine["pci_bus_id"])
     if ctx.local_rank == 0:
         # One rank per host is enough: peer access is a property of the host's GPUs, not of the rank.
-        facts["p2p"] = {
-            "devices": visible,
-            "matrix": [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j))
-                        for j in range(count)] for i in range(count)],
-        }
+        try:
+            matrix = [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j))
+                       for j in range(count)] for i in range(count)]
+            facts["p2p"] = {"devices": visible, "matrix": matrix}
+        except RuntimeError as exc:  # a CUDA error here must not cost the rest of the facts
+            facts["p2p"] = {"devices": visible, "error": str(exc).splitlines()[0] if str(exc) else repr(exc)}
     return facts
 
 
