@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any
 
+from ddpdoctor.check_api import format_rank_list
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.modelspec import _user_frame
 
 if TYPE_CHECKING:
     import torch
@@ -268,7 +268,7 @@ def _batches(batch_or_batches: Any, steps: int | None) -> tuple[Callable[[int], 
         return (lambda i: items[i % len(items)]), steps or len(items)
     if callable(batch_or_batches) and not _is_tensor(batch_or_batches):
         fn = batch_or_batches
-        return (lambda i: _call_with_declared(fn, step=i)), steps or DEFAULT_STEPS_CALLABLE
+        return (lambda i: call_user("the batch function", fn, step=i)), steps or DEFAULT_STEPS_CALLABLE
     return (lambda _i: batch_or_batches), steps or 1
 
 
@@ -310,7 +310,7 @@ def _default_loss(outputs: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor
     """The first floating output that requires grad, summed: what ``logits, _ = model(x)`` trains on."""
     for path, tensor in outputs:
         if tensor.is_floating_point() and tensor.requires_grad:
-            return tensor.float().sum(), f"sum of {path} (the first output that requires grad; pass loss_fn to change)"
+            return tensor.float().sum(), f"sum of {path} (the first output that requires grad)"
     raise DoctorError("no output of the model requires grad: nothing to backpropagate "
                       "(are all parameters frozen, or is the forward under torch.no_grad()?)")
 
@@ -334,8 +334,33 @@ def _graph(root: Any) -> tuple[set[int], set[int]]:
     return nodes, leaves
 
 
+def _where(exc: BaseException) -> str:
+    """' (at file.py:LINE)' for the innermost frame outside torch and ddpdoctor: the user's line."""
+    import os
+    import traceback
+
+    import torch
+
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.abspath(f.filename).startswith(skip)]
+    return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+
+
 def _summarise_user_error(what: str, exc: BaseException) -> DoctorError:
-    return DoctorError(f"{what} raised {type(exc).__name__}: {exc}{_user_frame(exc)}".replace("\n", " "))
+    """The user's exception as one line (first line of its message, and where in their code)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return DoctorError(f"{what} raised {type(exc).__name__}: {first}{_where(exc)}")
+
+
+def call_user(what: str, fn: Callable[..., Any], **available: Any) -> Any:
+    """Call user code (a batch function) with the keyword arguments it declares; errors become one line."""
+    try:
+        return _call_with_declared(fn, **available)
+    except DoctorError:
+        raise
+    except Exception as exc:
+        raise _summarise_user_error(what, exc) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -569,26 +594,9 @@ class ModelDifference:
     values: dict[str, list[int]] = dc_field(default_factory=dict)  # rendered value -> ranks
 
     def describe(self) -> str:
-        parts = "; ".join(f"{value} on {format_ranks(ranks)}" for value, ranks in self.values.items())
+        parts = "; ".join(f"{value} on rank{'s' if len(ranks) > 1 else ''} {format_rank_list(ranks)}"
+                          for value, ranks in self.values.items())
         return f"{self.name}: {self.field} differs: {parts}"
-
-
-def format_ranks(ranks: Sequence[int]) -> str:
-    """'rank 3' / 'ranks 0-2,5': compact, the way the report names ranks."""
-    ordered = sorted(set(ranks))
-    spans: list[str] = []
-    start = prev = None
-    for r in ordered:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:  # type: ignore[operator]
-            prev = r
-        else:
-            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = r
-    if start is not None:
-        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ("rank " if len(ordered) == 1 else "ranks ") + ",".join(spans)
 
 
 def compare_fingerprints(prints_by_rank: Mapping[int, Sequence[TensorPrint | Mapping[str, Any]]]

@@ -1,9 +1,75 @@
-"""`ddpdoctor unused`: not built yet (see the issue that delivers it)."""
+"""`ddpdoctor unused MODULE:FACTORY`: which parameters DDP would wait for in vain, in one process."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import typer
+
+from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
+
+
+def _batch_source(batch: str | None, input_shape: str | None) -> Any:
+    """step -> batch from --batch, or a random normal batch of --input-shape (a new one per step)."""
+    import os
+
+    from ddpdoctor.commands.check import parse_shape
+
+    if batch is not None:
+        from ddpdoctor.modelspec import load_factory
+        from ddpdoctor.unused import call_user
+
+        fn = load_factory(batch)
+        rank = int(os.environ.get("RANK", "0"))
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        return lambda step: call_user(f"--batch {batch!r}", fn, step=step, rank=rank, world_size=world_size)
+    shape = parse_shape(input_shape)
+    if shape is None:
+        raise DoctorError("give the model an input: --batch MODULE:FN or --input-shape (e.g. 4,16)")
+    import torch
+
+    def random_batch(step: int) -> Any:
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(step))
+
+    return random_batch
 
 
 def register(app: typer.Typer) -> None:
-    """Add the command to the app; filled in by the issue that builds `unused`."""
+    """Add ``unused``."""
+
+    @app.command("unused")
+    def unused(
+        model: str = typer.Argument(..., metavar="MODULE:FACTORY",
+                                    help="Importable factory returning the model (module name or path.py)."),
+        batch: str | None = typer.Option(None, "--batch", metavar="MODULE:FN",
+                                         help="Returns the input for a step; called with the arguments it "
+                                         "declares among step, rank, world_size."),
+        input_shape: str | None = typer.Option(None, "--input-shape",
+                                               help="Random normal input of this shape instead, e.g. 4,16."),
+        loss: str | None = typer.Option(None, "--loss", metavar="MODULE:FN",
+                                        help="loss(output, batch) -> scalar; default: sum of the first output "
+                                        "that requires grad."),
+        steps: int = typer.Option(4, "--steps", help="Forward/backward steps (input-dependent branches need "
+                                  "several)."),
+        ddp_find_unused: bool = typer.Option(False, "--ddp-find-unused",
+                                             help="Your DDP sets find_unused_parameters=True: say if it is "
+                                             "needed."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Classify parameters as always / never / sometimes used and recommend DDP's flags."""
+        if steps < 1:
+            raise DoctorError(f"--steps must be at least 1, got: {steps}")
+        from ddpdoctor.modelspec import build_model, load_factory
+        from ddpdoctor.unused import find_unused_parameters
+
+        batches = _batch_source(batch, input_shape)
+        loss_fn = load_factory(loss) if loss is not None else None
+        report = find_unused_parameters(build_model(model), batches, loss_fn=loss_fn, steps=steps,
+                                        ddp_find_unused_parameters=True if ddp_find_unused else None)
+        if as_json:
+            typer.echo(json.dumps(report.to_json(), indent=2))
+        else:
+            typer.echo(report.render())
+        problem = report.has_problem or report.recommendation.find_unused_costs_for_nothing
+        raise typer.Exit(EXIT_PROBLEM if problem else EXIT_OK)
