@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from ddpdoctor.check_api import Check
 
-from . import barrier, connectivity, env, port
+from . import barrier, connectivity, env, gpu, port
 
 ALL_CHECKS: tuple[Check, ...] = (
     env.CHECK,
+    gpu.CHECK,
     port.CHECK,
     barrier.CHECK,
     connectivity.CHECK,

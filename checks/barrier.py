@@ -37,7 +37,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
                             "did not arrive", "see which ranks did not arrive below; they are stuck or dead",
                             missing=missing)]
     times = [json.loads(ctx.store.get(key))["t"] for key in keys]
-    return [ctx.finding(PASS, ARRIVED, skew_ms=round((max(times) - min(times)) * 1000, 1),
+    return [ctx.finding(PASS, ARRIVED, skew_ms=round((max(times) - min(times)) * 1000, 1), world_size=ctx.world_size,
                         last=int(max(range(len(times)), key=lambda r: times[r])))]
 
 
@@ -56,7 +56,7 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
                               {"waiting": sorted(r for f in late for r in f.ranks)}))
     elif arrived:
         skew = max(float(f.details["skew_ms"]) for f in arrived)
-        result.append(Finding("barrier", PASS, f"all {len(arrived)} ranks arrived; skew {skew:.1f} ms "
+        result.append(Finding("barrier", PASS, f"all {arrived[0].details['world_size']} ranks arrived; skew {skew:.1f} ms "
                               f"(last: rank {arrived[0].details['last']})", sorted(r for f in arrived for r in f.ranks),
                               details={"skew_ms": skew}))
     return result + collapse([f for f in late if not f.details.get("missing")])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import typer
@@ -20,10 +21,8 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     """'4,16' -> (4, 16); DoctorError on anything else."""
     if text is None:
         return None
-    try:
-        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
-    except ValueError:
-        shape = ()
+    parts = [part.strip() for part in re.split(r"[,x]", text)]
+    shape = tuple(int(part) for part in parts) if all(part.isdigit() for part in parts) else ()
     if not shape or any(dim <= 0 for dim in shape):
         raise DoctorError(f"--input-shape takes positive sizes like 4,16 or 8x3x32x32, got: {text!r}")
     return shape

@@ -16,6 +16,7 @@ tear rank 0 down before it reports).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -139,6 +140,7 @@ class RankRun:
 
     def init_process_group(self, plan: dict[str, Any]) -> str | None:
         """Initialise the process group under test; returns why it is unusable, or None when it is up."""
+        self.backend, self.device = resolve_backend(self.config.backend)
         if not any(check.needs_process_group for check in self.config.checks):
             return "no selected check needs it"
         if plan["missing"]:
@@ -146,7 +148,6 @@ class RankRun:
         assert self.control is not None
         import torch.distributed as dist
 
-        self.backend, self.device = resolve_backend(self.config.backend)
         store = self.control.prefixed("pg/")
         timeout = self.config.timeout_s
         from datetime import timedelta
@@ -208,8 +209,10 @@ class RankRun:
                     finding.check = check.id
                     finding.ranks = finding.ranks or [self.info.rank]
                 self.check_findings[check.id] = list(produced)
+            # Posted after every check: if this rank dies later, rank 0 still has what it found so far.
+            self.post(final=False)
 
-    def post(self) -> None:
+    def post(self, final: bool = True) -> None:
         assert self.control is not None
         self.control.put(f"result/{self.info.rank}", {
             "info": self.me.to_json(),
@@ -217,7 +220,9 @@ class RankRun:
             "checks": {cid: [f.to_json() for f in fs] for cid, fs in self.check_findings.items()},
             "runtime": [f.to_json() for f in self.runtime_findings],
         })
-        self.control.put(f"progress/{self.info.rank}", "done")
+        if final:
+            self.control.put(f"progress/{self.info.rank}", "done")
+            self.control.put(f"done/{self.info.rank}", True)
 
     # -- rank 0 ------------------------------------------------------------------------------------
 
@@ -226,10 +231,14 @@ class RankRun:
         ws = self.info.world_size
         joined = plan["joined"] if plan else [self.info.rank]
         results: dict[int, dict[str, Any]] = {}
+        finished: set[int] = set()
         if self.control is not None:
-            present = self.control.wait_keys([f"result/{r}" for r in joined], deadline)
-            for key in present:
-                results[int(key.split("/")[1])] = self.control.get_nowait(key)
+            present = self.control.wait_keys([f"done/{r}" for r in joined], deadline)
+            finished = {int(key.split("/")[1]) for key in present}
+            for rank in joined:
+                partial = self.control.get_nowait(f"result/{rank}")
+                if partial is not None:
+                    results[rank] = partial
         findings: list[Finding] = []
         runtime: list[Finding] = []
         for check in self.config.checks:
@@ -244,14 +253,16 @@ class RankRun:
         for res in results.values():
             runtime.extend(Finding.from_json(f) for f in res["runtime"])
         findings.extend(collapse(runtime))
-        findings[:0] = self._unreported(joined, results)
+        findings[:0] = self._unreported(joined, finished)
         backend = next((res["backend"] for res in results.values() if res.get("backend")), self.backend)
         ranks = [self.peers.get(r) or RankInfo.from_json(res["info"]) for r, res in results.items()]
         ranks += [self.peers[r] for r in self.peers if r not in results]
+        if not ranks:
+            ranks = [self.me]
         return Report(ws, backend, self.info.launcher, ranks, findings,
                       [c.id for c in self.config.checks], time.monotonic() - self.start)
 
-    def _unreported(self, joined: list[int], results: dict[int, Any]) -> list[Finding]:
+    def _unreported(self, joined: list[int], finished: set[int]) -> list[Finding]:
         ws, timeout = self.info.world_size, self.config.timeout_s
         missing = []
         never = [r for r in range(ws) if r not in joined]
@@ -263,7 +274,7 @@ class RankRun:
                 f"({self.info.master_addr}:{self.info.master_port}); look at their own output, and at "
                 "`ddpdoctor stacks` on their hosts if they are stuck", {"unreported": True}))
         for rank in joined:
-            if rank in results:
+            if rank in finished:
                 continue
             peer = self.peers.get(rank)
             last = self.control.get_nowait(f"progress/{rank}") if self.control is not None else None
@@ -329,8 +340,6 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
         run.runtime_findings.append(Finding(
             "barrier", ERROR, f"rank 0 was stopped by {exc} before all ranks reported (the launcher tears the "
             "job down when a rank exits)", [0], "see the ranks that did not report: one of them died first"))
-        try:
+        with contextlib.suppress(Exception):  # the store may be gone with the launcher
             run.post()
-        except Exception:  # the store may be gone with the launcher; report what we have
-            pass
         return run.finish(run.collect(plan, time.monotonic() + min(2.0, config.timeout_s)))

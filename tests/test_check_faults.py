@@ -1,0 +1,109 @@
+"""`ddpdoctor check` under real torchrun launches with real injected faults.
+
+Each test starts a real torchrun job (gloo on CPU) through tests/faults/rank_fault.py, which runs the
+doctor on every rank but breaks one rank for real: it sleeps instead of starting, SIGKILLs itself inside
+a check, or runs with a different environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import REPO, clean_env, free_port, torchrun_cmd
+
+FAULT = str(REPO / "tests" / "faults" / "rank_fault.py")
+
+pytestmark = pytest.mark.slow
+
+
+def run_faulty_job(tmp_path: Path, fault: str, fault_rank: int, *check_args: str, nproc: int = 2,
+                   timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], dict]:  # type: ignore[type-arg]
+    report = tmp_path / "report.json"
+    cmd = [*torchrun_cmd(), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "--monitor-interval", "0.1",
+           FAULT, fault, str(fault_rank), "--", "check", "--json", str(report), *check_args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=tmp_path)
+    assert report.exists(), f"no JSON report; stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
+    return proc, json.loads(report.read_text())
+
+
+def leftover_processes(marker: str) -> list[str]:
+    """Processes still running whose command line mentions this test's unique path."""
+    time.sleep(0.5)
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if marker in cmdline and proc.pid != os.getpid():
+            found.append(f"{proc.pid}: {cmdline}")
+    return found
+
+
+def unreported(report: dict) -> list[dict]:  # type: ignore[type-arg]
+    return [f for f in report["findings"] if f["status"] == "fail" and "did not report" in f["summary"]]
+
+
+def test_rank_that_never_starts_is_named_within_the_deadline(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc, report = run_faulty_job(tmp_path, "sleep", 1, "--timeout", "4")
+    assert proc.returncode != 0
+    assert report["status"] == "fail"
+    missing = unreported(report)
+    assert [f["ranks"] for f in missing] == [[1]]
+    assert "never joined" in missing[0]["summary"]
+    # The report is printed by rank 0, root cause first.
+    assert "rank" in proc.stdout and "did not report" in proc.stdout.split("Result:")[0]
+    # Checks that need all ranks were skipped with the reason, local checks still ran on rank 0.
+    by_check = {f["check"]: f for f in report["findings"] if f["ranks"] == [0]}
+    assert by_check["connectivity"]["status"] == "skip"
+    assert "never joined" in by_check["connectivity"]["summary"]
+    assert time.monotonic() - start < 140
+    assert leftover_processes(str(tmp_path)) == []
+
+
+def test_rank_killed_inside_a_check_is_named(tmp_path: Path) -> None:
+    proc, report = run_faulty_job(tmp_path, "kill-in-check", 1, "--timeout", "8")
+    assert proc.returncode != 0
+    assert report["status"] == "fail"
+    missing = unreported(report)
+    assert missing, report["findings"]
+    assert missing[0]["ranks"] == [1]
+    assert "went silent" in missing[0]["summary"] and "connectivity" in missing[0]["summary"]
+    host_pid = report["ranks"][1]
+    assert host_pid["rank"] == 1 and host_pid["pid"] > 0
+    assert str(host_pid["pid"]) in missing[0]["summary"]
+    assert leftover_processes(str(tmp_path)) == []
+
+
+def test_env_var_differing_on_one_rank_fails_env_naming_variable_and_rank(tmp_path: Path) -> None:
+    proc, report = run_faulty_job(tmp_path, "env:NCCL_SOCKET_IFNAME=lo", 1, "--only", "env", nproc=3)
+    assert proc.returncode == 1
+    env_fails = [f for f in report["findings"] if f["check"] == "env" and f["status"] == "fail"]
+    assert env_fails, report["findings"]
+    differs = [f for f in env_fails if "NCCL_SOCKET_IFNAME differs" in f["summary"]]
+    assert len(differs) == 1
+    assert differs[0]["ranks"] == [1]
+    assert "'lo' on rank 1" in differs[0]["summary"] and "(unset) on ranks 0,2" in differs[0]["summary"]
+    assert "NCCL_SOCKET_IFNAME differs" in proc.stdout
+
+
+def test_socket_ifname_naming_no_interface_fails_env(tmp_path: Path) -> None:
+    proc, report = run_faulty_job(tmp_path, "env:GLOO_SOCKET_IFNAME=nosuch0", 0, "--only", "env")
+    assert proc.returncode == 1
+    summaries = [f["summary"] for f in report["findings"] if f["status"] == "fail"]
+    assert any("GLOO_SOCKET_IFNAME=nosuch0 names nosuch0, which this host does not have" in s for s in summaries)
+
+
+def test_python_executable_is_the_one_under_test() -> None:
+    # The fault wrapper and the CLI must run in this interpreter's environment (where ddpdoctor is installed).
+    assert Path(sys.executable).exists()

@@ -1,0 +1,63 @@
+"""The CLI contract: exit codes, one-line errors, and no torch import for commands that need none."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from ddpdoctor.cli import app, main
+from tests.support import clean_env, run_cli
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["check", "--nproc", "0"], "--nproc must be at least 1"),
+    (["check", "--only", "nosuch"], "unknown check id 'nosuch'"),
+    (["check", "--skip", "env,bogus"], "unknown check id 'bogus'"),
+    (["check", "--timeout", "-1"], "--timeout must be a positive"),
+    (["check", "--backend", "mpi"], "--backend must be one of"),
+    (["check", "--input-shape", "4,x"], "--input-shape takes positive sizes"),
+    (["check", "--checkpoint", "/nonexistent/ckpt.pt"], "no such file"),
+    (["check", "--nproc", "two"], "Invalid value for '--nproc'"),
+    (["--bogus"], "No such option: --bogus"),
+])
+def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
+    proc = run_cli(args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert message in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_in_process_runner_sees_the_same_validation() -> None:
+    result = CliRunner().invoke(app, ["check", "--nproc", "0"])
+    assert result.exit_code != 0
+
+
+def test_help_and_version_do_not_import_torch() -> None:
+    code = ("import sys; from ddpdoctor.cli import main; rc = main(['--help']); "
+            "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("ok")
+    assert "check" in proc.stdout and "ckpt" in proc.stdout
+
+
+def test_version() -> None:
+    assert main(["--version"]) == 0
+
+
+def test_internal_error_is_exit_3_with_versions(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import ddpdoctor.commands.check as check_command
+
+    def broken(only: list[str], skip: list[str]) -> list:  # type: ignore[type-arg]
+        raise ZeroDivisionError("deliberate")
+
+    monkeypatch.setattr(check_command, "select_checks", broken)
+    assert main(["check"]) == 3
+    err = capsys.readouterr().err
+    assert "internal error: ZeroDivisionError: deliberate" in err and "python" in err and "report" in err
