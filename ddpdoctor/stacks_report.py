@@ -270,22 +270,30 @@ def render_text(reports: Sequence[JobReport], all_threads: bool = False, source:
     for report in reports:
         members = [p for g in report.groups for p in g.members] + report.failed
         hosts = sorted({p.host for p in members})
-        lines.append(f"job {report.job or '(unknown)'}: {len(members)} process(es) on {', '.join(hosts)}"
+        lines.append(f"job {report.job or '(unknown)'}: {_count(len(members))} on {', '.join(hosts)}"
                      + (f", world size {report.world_size}" if report.world_size else "")
                      + f" (stacks by {source})")
         lines.append(f"  {report.summary()}")
-        for proc in report.failed:
-            lines.append(f"  {proc.label} (pid {proc.pid} on {proc.host}): no stack: {proc.error}")
+        by_error: dict[str, list[ProcessStacks]] = {}
+        for proc in report.failed:  # one line per distinct reason: 8 ranks denied by ptrace is one problem
+            by_error.setdefault(proc.error or "no Python threads", []).append(proc)
+        for error, procs in by_error.items():
+            who = ", ".join(f"{p.label} (pid {p.pid} on {p.host})" if p.rank is not None
+                            else f"pid {p.pid} on {p.host}" for p in procs)
+            lines.append(f"  {who}: no stack: {error}")
         if report.missing_ranks:
             lines.append(f"  {format_ranks(_fake(report.missing_ranks))} not found: not running on the "
                          "host(s) looked at (exited, or on a node whose JSON was not merged)")
         for group in report.groups:
             rep = group.representative
             lines.append("")
-            lines.append(f"  {format_ranks(group.members)} ({len(group.members)} process(es)): "
+            lines.append(f"  {format_ranks(group.members)} ({_count(len(group.members))}): "
                          f"{group.position.describe()}")
             lines.append("    " + ", ".join(f"{p.label}=pid {p.pid}@{p.host}" for p in group.members))
-            threads = rep.threads if all_threads else [t for t in [rep.main_thread()] if t is not None]
+            main = rep.main_thread()
+            threads = [t for t in [main] if t is not None]
+            if all_threads:
+                threads += [t for t in rep.threads if t is not main]
             for thread in threads:
                 lines.append(f"    thread {thread.name or thread.thread_id}"
                              f"{' (main)' if thread.main else ''} of {rep.label}, innermost first:")
@@ -295,6 +303,10 @@ def render_text(reports: Sequence[JobReport], all_threads: bool = False, source:
                 lines.append(f"    ({hidden} other thread(s) not shown; --all-threads shows them)")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _count(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
 
 
 def _fake(ranks: Sequence[int]) -> list[ProcessStacks]:

@@ -126,7 +126,7 @@ def test_slurm_tasks_found_by_environment_and_wrapper_shell_dropped() -> None:
             time.sleep(0.5)  # the Python children may not have started yet
             res = run_cli(["stacks", "--job", f"{job_id}.0"])
         assert res.returncode == 0, res.stdout + res.stderr
-        assert f"job slurm:{job_id}.0: 2 process(es)" in res.stdout
+        assert f"job slurm:{job_id}.0: 2 processes" in res.stdout
         assert "all 2 processes (ranks 0,1) are at <string>:1 in <module>()" in res.stdout
     finally:
         for task in tasks:
