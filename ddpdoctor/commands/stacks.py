@@ -45,17 +45,17 @@ def _finish(processes: list[ProcessStacks], source: str, json_path: Optional[Pat
 @stacks_app.callback()
 def stacks(
     ctx: typer.Context,
-    pid: list[int] = typer.Option([], "--pid", "-p", help="Dump this process (repeatable); default: all ranks found."),
-    job: Optional[str] = typer.Option(None, "--job", help="Only this job: torchrun run id, SLURM job id (or "
+    pid: list[int] = typer.Option([], "--pid", "-p", metavar="PID", help="Dump this process (repeatable); default: all ranks found."),
+    job: Optional[str] = typer.Option(None, "--job", metavar="ID", help="Only this job: torchrun run id, SLURM job id (or "
                                       "job.step), the torchrun agent's pid, or the job key ddpdoctor prints."),
     native: bool = typer.Option(False, "--native", help="Pass --native to py-spy (C/C++ frames too)."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to PATH."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Also write the result as JSON to PATH."),
     signal_mode: bool = typer.Option(False, "--signal", help="No py-spy: signal ranks that called "
                                      "ddpdoctor.install_stack_dumps() and read their dumps."),
-    stack_dir: Optional[Path] = typer.Option(None, "--stack-dir", help="Where --signal dumps live "
+    stack_dir: Optional[Path] = typer.Option(None, "--stack-dir", metavar="DIR", help="Where --signal dumps live "
                                              "(default $DDPDOCTOR_STACK_DIR or /tmp/ddpdoctor-stacks-<uid>)."),
-    timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="Seconds to wait for all dumps."),
+    timeout: float = typer.Option(30.0, "--timeout", min=0.1, metavar="SECONDS", help="Seconds to wait for all dumps."),
 ) -> None:
     """Find the ranks (torchrun/SLURM environment), dump them in parallel, group by where they wait."""
     if ctx.invoked_subcommand is not None:
@@ -79,9 +79,9 @@ def stacks(
 
 @stacks_app.command("merge")
 def merge(
-    files: list[Path] = typer.Argument(..., help="JSON files written by `ddpdoctor stacks --json` on each node."),
+    files: list[Path] = typer.Argument(..., metavar="FILE.json...", help="JSON files written by `ddpdoctor stacks --json` on each node."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the merged result as JSON to PATH."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Write the merged result as JSON to PATH."),
 ) -> None:
     """Group the stacks of several nodes' JSON files as one job."""
     from ddpdoctor.stacks_report import load_json_files
