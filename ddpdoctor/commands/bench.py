@@ -1,9 +1,107 @@
-"""`ddpdoctor bench`: not built yet (see the issue that delivers it)."""
+"""`ddpdoctor bench`: nccl-tests-style bandwidth sweep on every rank; rank 0 prints the table."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
+
+from ddpdoctor.bench import BenchConfig, check_plot_available, parse_dtype, parse_ops, parse_size, size_sweep
+from ddpdoctor.errors import DoctorError
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, iters: int, warmup: int,
+                 dtype: str, check: int, pairs: bool, min_busbw: float | None, json_path: str | None,
+                 plot_path: str | None, backend: str, timeout: float) -> BenchConfig:
+    """Options -> BenchConfig; DoctorError (exit 2, one line) for anything malformed."""
+
+    ops = parse_ops(op)
+    sizes = size_sweep(parse_size(min_bytes, "-b/--min-bytes"), parse_size(max_bytes, "-e/--max-bytes"),
+                       step_factor)
+    if iters < 1:
+        raise DoctorError(f"-n/--iters must be at least 1, got: {iters}")
+    if warmup < 0:
+        raise DoctorError(f"-w/--warmup must be 0 or more, got: {warmup}")
+    if check not in (0, 1):
+        raise DoctorError(f"-c/--check takes 0 (off) or 1 (on), got: {check}")
+    if min_busbw is not None and min_busbw < 0:
+        raise DoctorError(f"--min-busbw must be a bandwidth in GB/s >= 0, got: {min_busbw:g}")
+    if backend not in BACKENDS:
+        raise DoctorError(f"--backend must be one of {', '.join(BACKENDS)}, got: {backend!r}")
+    if not timeout > 0:
+        raise DoctorError(f"--timeout must be a positive number of seconds, got: {timeout:g}")
+    for flag, path in (("--json", json_path), ("--plot", plot_path)):
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise DoctorError(f"{flag} {path!r}: the folder does not exist")
+    if plot_path is not None:
+        check_plot_available()
+    return BenchConfig(ops=tuple(ops), sizes=tuple(sizes), iters=iters, warmup=warmup, dtype=parse_dtype(dtype),
+                       check=bool(check), pairs=pairs, min_busbw_gbps=min_busbw, json_path=json_path,
+                       plot_path=plot_path, backend=backend, timeout_s=timeout,
+                       op_label="all" if len(ops) > 1 and op.strip().lower() == "all" else ",".join(ops))
 
 
 def register(app: typer.Typer) -> None:
-    """Add the command to the app; filled in by the issue that builds `bench`."""
+    """Add ``bench``."""
+
+    @app.command("bench")
+    def bench(
+        op: str = typer.Option("all_reduce", "--op", help="all_reduce, all_gather, reduce_scatter, broadcast, "
+                               "all_to_all, sendrecv (comma-separated), or all."),
+        min_bytes: str = typer.Option("1K", "-b", "--min-bytes", help="Smallest size, e.g. 8, 1K, 64M."),
+        max_bytes: str = typer.Option("64M", "-e", "--max-bytes", help="Largest size, e.g. 256M, 1G."),
+        step_factor: float = typer.Option(2.0, "-f", "--step-factor", help="Multiply the size by this each step."),
+        iters: int = typer.Option(20, "-n", "--iters", help="Timed iterations per size."),
+        warmup: int = typer.Option(5, "-w", "--warmup", help="Untimed warmup iterations per size."),
+        dtype: str = typer.Option("float", "-d", "--dtype", help="float, half, bfloat16, double, int8, uint8, "
+                                  "int32, int64."),
+        check: int = typer.Option(1, "-c", "--check", help="1: verify every result exactly (#wrong); 0: skip."),
+        pairs: bool = typer.Option(False, "--pairs", help="Also measure sendrecv between every pair of hosts "
+                                   "(and ranks within a host) at the largest size; name slow hosts and links."),
+        min_busbw: float | None = typer.Option(None, "--min-busbw", help="Exit 1 when an op's average busbw "
+                                               "(sizes >= 1 MiB) is below this many GB/s."),
+        json_path: str | None = typer.Option(None, "--json", help="Also write the results as JSON to this path."),
+        plot_path: str | None = typer.Option(None, "--plot", help="Also plot busbw vs size to this PNG "
+                                             "(needs matplotlib: pip install 'ddpdoctor[plot]')."),
+        nproc: int | None = typer.Option(None, "--nproc", help="Local ranks to self-launch when no launcher "
+                                         "is present (default: one per GPU, or 2 without GPUs)."),
+        backend: str = typer.Option("auto", "--backend", help="auto (NCCL with CUDA, else gloo), gloo or nccl."),
+        timeout: float = typer.Option(60.0, "--timeout", help="Seconds allowed for rendezvous and for each "
+                                      "single collective call."),
+        master_port: int | None = typer.Option(None, "--master-port", help="Port for self-launch "
+                                               "(default: $MASTER_PORT, else a free one)."),
+    ) -> None:
+        """Bandwidth sweep like nccl-tests (algbw, busbw, #wrong) across ranks and nodes; --pairs finds slow links."""
+        from ddpdoctor.runtime import launcher
+
+        if nproc is not None and nproc < 1:
+            raise DoctorError(f"--nproc must be at least 1, got: {nproc}")
+        if master_port is not None and not 0 < master_port < 65536:
+            raise DoctorError(f"--master-port must be in 1-65535, got: {master_port}")
+        config = build_config(op, min_bytes, max_bytes, step_factor, iters, warmup, dtype, check, pairs,
+                              min_busbw, json_path, plot_path, backend, timeout)
+        info = launcher.detect()
+        if info.is_launched:
+            from ddpdoctor.bench_run import run_bench
+
+            code = run_bench(info, config)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Like `check`: leave without running the process group's teardown, which can block on a
+            # peer that already left.
+            os._exit(code)
+
+        import torch
+
+        from ddpdoctor.cli import invocation_args
+        from ddpdoctor.runtime.selflaunch import default_nproc, self_launch
+
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise DoctorError("--backend nccl needs a CUDA GPU and none is visible; use --backend gloo")
+        env_port = os.environ.get("MASTER_PORT")
+        requested = master_port if master_port is not None else (int(env_port) if env_port else None)
+        code = self_launch(invocation_args(), nproc or default_nproc(), requested, timeout)
+        raise typer.Exit(code)
