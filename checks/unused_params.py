@@ -208,11 +208,14 @@ def _consistency_findings(facts: Mapping[int, dict[str, Any]]) -> list[Finding]:
     if not result:
         tensors = facts[reference]["fingerprint"]
         n_params = sum(1 for t in tensors if t["kind"] == "param")
-        result.append(Finding(
-            CHECK_ID, PASS, f"model identical on {_ranks(ranks)}: {n_params} parameters and "
-            f"{len(tensors) - n_params} buffers (names, shapes, dtypes"
-            + (", value checksums)" if not unseeded else "; the unseeded factory gives each process its own "
-               "random weights, which DDP replaces with rank 0's at construction)"), ranks))
+        if unseeded:
+            summary = (f"same model structure on {_ranks(ranks)}: {n_params} parameters, {len(tensors) - n_params} "
+                       "buffers (names, shapes, dtypes; the factory does not seed, so weights differ per process "
+                       "until DDP broadcasts rank 0's)")
+        else:
+            summary = (f"model identical on {_ranks(ranks)}: {n_params} parameters, {len(tensors) - n_params} "
+                       "buffers (names, shapes, dtypes, value checksums)")
+        result.append(Finding(CHECK_ID, PASS, summary, ranks))
     return result
 
 
