@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -14,10 +13,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port nobody listens on right now, outside the kernel's ephemeral range (like a user would pick:
+    a port inside that range makes the `port` check warn, rightly)."""
+    from ddpdoctor.ports import free_port as pick
+
+    return pick("127.0.0.1")
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -315,6 +315,9 @@ def write_json_atomic(path: str, data: Any) -> None:
 
 def run_rank(info: LaunchInfo, config: RunConfig) -> int:
     """The whole run on one rank; returns the process exit code (the caller leaves with os._exit)."""
+    # Importing torch takes seconds on a loaded node; it must not eat into the rendezvous deadline.
+    import torch.distributed  # noqa: F401
+
     run = RankRun(info, config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)
