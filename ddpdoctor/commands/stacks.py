@@ -79,7 +79,7 @@ def stacks(
 
 @stacks_app.command("merge")
 def merge(
-    files: list[Path] = typer.Argument(..., metavar="FILE.json...", help="JSON files written by `ddpdoctor stacks --json` on each node."),
+    files: list[Path] = typer.Argument(..., metavar="FILES", help="JSON files written by `ddpdoctor stacks --json` on each node."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Write the merged result as JSON to PATH."),
 ) -> None:
