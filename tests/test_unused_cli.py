@@ -1,0 +1,89 @@
+"""`ddpdoctor unused` as a real subprocess: exit codes, output, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, run_cli
+
+EXAMPLES = str(REPO / "examples" / "models_unused.py")
+
+
+def test_healthy_model_exits_0_and_keeps_default_flags() -> None:
+    proc = run_cli(["unused", f"{EXAMPLES}:healthy", "--input-shape", "4,16"])
+    assert proc.returncode == 0, proc.stderr
+    assert "all 6 trainable parameters got a gradient on every step" in proc.stdout
+    assert "find_unused_parameters=False, static_graph=False" in proc.stdout
+
+
+def test_dead_branch_exits_1_naming_parameters_and_module() -> None:
+    proc = run_cli(["unused", f"{EXAMPLES}:dead_branch", "--input-shape", "4,16"])
+    assert proc.returncode == 1, proc.stderr
+    assert "2 never used" in proc.stdout
+    assert "aux_head.weight  [aux_head: Linear]" in proc.stdout and "aux_head.bias" in proc.stdout
+
+
+def test_data_dependent_json_lists_sometimes_used() -> None:
+    proc = run_cli(["unused", f"{EXAMPLES}:data_dependent", "--batch", f"{EXAMPLES}:alternating_batch",
+                    "--steps", "4", "--json"])
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data["sometimes_used"]) == {"pos_head.weight", "pos_head.bias", "neg_head.weight", "neg_head.bias"}
+    assert data["never_used"] == [] and data["steps"] == 4
+    assert data["recommendation"]["find_unused_parameters"] is True
+
+
+def test_unused_output_exits_1_and_names_the_output() -> None:
+    proc = run_cli(["unused", f"{EXAMPLES}:unused_output", "--input-shape", "4,16"])
+    assert proc.returncode == 1
+    assert "output[1] (4, 4) does not contribute to the loss" in proc.stdout
+
+
+def test_loss_over_all_outputs_clears_the_unused_output(tmp_path: Path) -> None:
+    loss = tmp_path / "myloss.py"
+    loss.write_text("def both(out, batch):\n    return out[0].sum() + out[1].sum()\n")
+    proc = run_cli(["unused", f"{EXAMPLES}:unused_output", "--input-shape", "4,16", "--loss", f"{loss}:both"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_find_unused_flag_on_a_healthy_model_is_reported_as_waste() -> None:
+    proc = run_cli(["unused", f"{EXAMPLES}:healthy", "--input-shape", "4,16", "--ddp-find-unused"])
+    assert proc.returncode == 1
+    assert "find_unused_parameters=True is set but not needed" in proc.stdout
+
+
+@pytest.mark.parametrize(("source", "args", "expected"), [
+    ("import nosuchpackage_xyz\n\ndef build():\n    pass\n", [],
+     "ModuleNotFoundError: No module named 'nosuchpackage_xyz'"),
+    ("def build():\n    raise RuntimeError('CUDA out of memory (pretend)')\n", [],
+     "RuntimeError: CUDA out of memory (pretend) (at usermodel.py:2)"),
+    ("def build():\n    return 42\n", [], "returned int, expected a torch.nn.Module"),
+])
+def test_bad_factory_exits_2_with_one_line(tmp_path: Path, source: str, args: list[str], expected: str) -> None:
+    (tmp_path / "usermodel.py").write_text(source)
+    proc = run_cli(["unused", f"{tmp_path / 'usermodel.py'}:build", "--input-shape", "4,16", *args])
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_batch_of_wrong_shape_exits_2_pointing_at_the_model_line() -> None:
+    proc = run_cli(["unused", f"{EXAMPLES}:healthy", "--input-shape", "4,15"])
+    assert proc.returncode == 2
+    assert "mat1 and mat2 shapes cannot be multiplied (4x15 and 16x32)" in proc.stderr
+    assert "models_unused.py:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_batch_function_that_raises_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "data.py").write_text("def batch(step):\n    raise KeyError(f'shard {step} missing')\n")
+    proc = run_cli(["unused", f"{EXAMPLES}:healthy", "--batch", f"{tmp_path / 'data.py'}:batch"])
+    assert proc.returncode == 2
+    assert "--batch" in proc.stderr and "KeyError: 'shard 0 missing' (at data.py:2)" in proc.stderr
+
+
+def test_no_input_given_exits_2() -> None:
+    proc = run_cli(["unused", f"{EXAMPLES}:healthy"])
+    assert proc.returncode == 2 and "--input-shape" in proc.stderr
