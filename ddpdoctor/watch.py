@@ -1,0 +1,239 @@
+"""`ddpdoctor watch`: run an unmodified training script on N ranks and explain its hang in seconds.
+
+Two ways to run:
+
+- **self-launch** (no launcher in the environment): this process is the supervisor. It hosts the side
+  channel (``watch_channel``), starts ``python -m ddpdoctor.watch_rank script.py args`` once per rank
+  with torchrun's environment variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), each rank in
+  its own session so its whole process tree can be killed, and watches. torch's elastic launcher is not
+  used here: it tears the job down the moment one rank fails, before the other ranks' stacks are read.
+- **under a launcher** (``torchrun ... -m ddpdoctor watch script.py``): every rank runs the script
+  in-process; rank 0 also hosts the channel on MASTER_ADDR:MASTER_PORT+1 (``DDPDOCTOR_WATCH_PORT``
+  overrides) in a thread and plays the supervisor. On a verdict it tells every rank to exit, and the
+  launcher sees the failure.
+
+Either way the verdict is one report on stderr (and ``--json``), then every rank is torn down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from ddpdoctor.errors import EXIT_PROBLEM, DoctorError
+from ddpdoctor.runtime.launcher import LaunchInfo
+from ddpdoctor.watch_aggregate import OK, Aggregator
+from ddpdoctor.watch_channel import ADDR_ENV, Server
+from ddpdoctor.watch_report import render
+
+PORT_ENV = "DDPDOCTOR_WATCH_PORT"
+POLL_S = 0.05
+STACK_WAIT_S = 2.0
+TERM_GRACE_S = 1.5
+_LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                  "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_script(script: str) -> str:
+    """The script's path, or a DoctorError saying what is wrong with it."""
+    if not os.path.exists(script):
+        raise DoctorError(f"script not found: {script!r} (usage: ddpdoctor watch [OPTIONS] script.py [args...])")
+    if os.path.isdir(script):
+        raise DoctorError(f"{script!r} is a directory; give the training script's path")
+    return script
+
+
+def write_result(result: dict[str, Any], json_path: str | None) -> None:
+    from ddpdoctor.runtime.rank import write_json_atomic
+
+    print(render(result), file=sys.stderr, flush=True)
+    if json_path:
+        write_json_atomic(json_path, result)
+
+
+def _drain(server: Server, agg: Aggregator, timeout: float) -> None:
+    """Feed every message already waiting (a rank's last words arrive just before it exits)."""
+    for _ in range(20):
+        events = server.poll(timeout)
+        if not events:
+            return
+        for rank, message in events:
+            agg.feed(rank, message)
+        timeout = 0.0
+
+
+def collect_stacks(server: Server, agg: Aggregator, alive: Any = None) -> None:
+    """Ask every connected rank for its main thread's stack; wait a little for the answers."""
+    asked = [r for r, s in agg.ranks.items() if not s.finished and r in server.ranks]
+    for rank in asked:
+        agg.ranks[rank].stack = None
+        server.send(rank, {"t": "dump"})
+    deadline = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < deadline:
+        if all(agg.ranks[r].stack is not None or agg.ranks[r].finished for r in asked):
+            return
+        _drain(server, agg, POLL_S)
+
+
+# -- self-launch -----------------------------------------------------------------------------------
+
+def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, str]:
+    from ddpdoctor.watch_rank import EXIT_ON_LOST_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+               GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(job_port))
+    env[ADDR_ENV] = channel
+    env[EXIT_ON_LOST_ENV] = "1"
+    return env
+
+
+def teardown(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill every rank's whole process tree (its session, plus any descendant that left it)."""
+    import psutil
+
+    strays: list[psutil.Process] = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            strays.extend(psutil.Process(proc.pid).children(recursive=True))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, sig)  # start_new_session: the rank's pid is its process group id
+            except (ProcessLookupError, PermissionError):
+                pass
+        for stray in strays:
+            with contextlib.suppress(psutil.Error):
+                stray.send_signal(sig)
+        deadline = time.monotonic() + (TERM_GRACE_S if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline:
+            if all(p.poll() is not None for p in procs) and not any(_alive(s) for s in strays):
+                break
+            time.sleep(POLL_S)
+        else:
+            continue
+        if sig == signal.SIGTERM:
+            # Leaders are gone; members of their groups (DataLoader workers) get SIGKILL regardless.
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            break
+
+
+def _alive(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, json_path: str | None) -> int:
+    """Self-launch ``nproc`` ranks of the script, watch them, report; the exit code."""
+    from ddpdoctor.ports import free_port
+
+    server = Server("127.0.0.1", 0)
+    job_port = free_port("127.0.0.1")
+    channel = f"127.0.0.1:{server.port}"
+    agg = Aggregator(nproc, hang_timeout_s)
+    procs: list[subprocess.Popen[bytes]] = []
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    status: str | None = None
+    try:
+        for rank in range(nproc):
+            procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor.watch_rank", script, *args],
+                                          env=_rank_env(rank, nproc, job_port, channel), start_new_session=True))
+        while status is None:
+            _drain(server, agg, POLL_S)
+            for rank, proc in enumerate(procs):
+                if agg.ranks[rank].returncode is None and proc.poll() is not None:
+                    _drain(server, agg, POLL_S)
+                    agg.process_exited(rank, proc.returncode)
+            status = agg.verdict()
+        if status != OK:
+            collect_stacks(server, agg)
+    except _Interrupted as exc:
+        teardown(procs)
+        raise KeyboardInterrupt(str(exc)) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        teardown(procs)
+        server.close()
+    result = agg.result(status)
+    write_result(result, json_path)
+    return int(result["exit_code"])
+
+
+# -- under a launcher ------------------------------------------------------------------------------
+
+class RankZeroSupervisor(threading.Thread):
+    """Rank 0's thread under torchrun/SLURM: the channel server and the verdicts."""
+
+    def __init__(self, server: Server, world_size: int, hang_timeout_s: float, json_path: str | None) -> None:
+        super().__init__(name="ddpdoctor-watch-supervisor", daemon=True)
+        self.server = server
+        self.agg = Aggregator(world_size, hang_timeout_s)
+        self.json_path = json_path
+        self.done = threading.Event()
+        self.exit_code = 0
+
+    def run(self) -> None:
+        status = None
+        while status is None:
+            _drain(self.server, self.agg, POLL_S)
+            status = self.agg.verdict()
+        if status != OK:
+            collect_stacks(self.server, self.agg)
+        result = self.agg.result(status)
+        self.exit_code = int(result["exit_code"])
+        write_result(result, self.json_path)
+        if status != OK:
+            # Every other rank ends itself on this message; the launcher then sees the failure.
+            for rank in list(self.server.ranks):
+                if rank != 0:
+                    self.server.send(rank, {"t": "exit", "code": EXIT_PROBLEM})
+            sys.stdout.flush()
+            os._exit(EXIT_PROBLEM)
+        self.done.set()
+
+
+def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_timeout_s: float,
+                       json_path: str | None) -> int:
+    """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
+    from ddpdoctor.watch_rank import run_script
+
+    port = int(os.environ.get(PORT_ENV) or info.master_port + 1)
+    supervisor = None
+    address = f"{info.master_addr}:{port}"
+    if info.rank == 0:
+        try:
+            server = Server("0.0.0.0", port)
+        except OSError as exc:
+            raise DoctorError(f"rank 0 cannot listen on port {port} for the watch channel ({exc}); "
+                              f"set {PORT_ENV} to a free port on every rank") from None
+        supervisor = RankZeroSupervisor(server, info.world_size, hang_timeout_s, json_path)
+        supervisor.start()
+        address = f"127.0.0.1:{port}"
+    code = run_script(script, args, info.rank, info.world_size, address, exit_on_lost=False)
+    if supervisor is None:
+        return code
+    supervisor.done.wait()
+    return supervisor.exit_code

@@ -1,0 +1,326 @@
+"""In-rank recorder for `ddpdoctor watch`: every collective the script issues, with its call site.
+
+The functions of ``torch.distributed`` are replaced by thin wrappers (both the ``torch.distributed``
+attributes a script calls and the ``distributed_c10d`` globals torch's own Python helpers call). Each
+wrapper notes op, group, per-group sequence number, tensor shapes/dtype and the first stack frame outside
+torch and ddpdoctor, then calls the original. The main thread only appends to a deque and bumps
+counters; the watchdog thread (``watch_rank``) ships them. Collectives DDP issues from C++ (the gradient
+all_reduce inside ``backward``, the initial parameter broadcast) never pass through Python and are not
+recorded; ``backward`` itself is shown as a pseudo-op so a rank blocked there is named.
+
+Nested calls (``all_gather_object`` calls ``all_gather``) are recorded once, as the outer call: the
+sequence numbers then count what the script wrote, the same on every rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import ddpdoctor
+
+# op -> (tensor parameter described, root parameter, whether shapes must match on every rank).
+# Shapes legitimately differ for all_to_all with uneven splits and for the *_object variants (the
+# pickled sizes differ), so only dtype / root is compared there.
+COLLECTIVES: dict[str, tuple[str | None, str | None, bool]] = {
+    "all_reduce": ("tensor", None, True),
+    "broadcast": ("tensor", "src", True),
+    "reduce": ("tensor", "dst", True),
+    "all_gather": ("tensor", None, True),
+    "all_gather_into_tensor": ("input_tensor", None, True),
+    "reduce_scatter": ("output", None, True),
+    "reduce_scatter_tensor": ("output", None, True),
+    "all_to_all": ("input_tensor_list", None, False),
+    "all_to_all_single": ("input", None, False),
+    "gather": ("tensor", "dst", True),
+    "scatter": ("tensor", "src", True),
+    "barrier": (None, None, False),
+    "monitored_barrier": (None, None, False),
+    "broadcast_object_list": (None, "src", False),
+    "all_gather_object": (None, None, False),
+    "gather_object": (None, "dst", False),
+    "scatter_object_list": (None, "src", False),
+}
+P2P_SEND = ("send", "isend")
+P2P_RECV = ("recv", "irecv")
+# Calls that block until peers arrive but have no sequence number of their own.
+SYNC_POINTS = ("init_process_group", "new_group", "batch_isend_irecv")
+
+_SKIP_DIRS: tuple[str, ...] = ()
+_site_names: dict[str, str] = {}
+_dtype_names: dict[Any, str] = {}
+
+
+class Record:
+    """One call: what, on which group, which number, from where."""
+
+    __slots__ = ("desc", "group", "members", "op", "seq", "sig", "site", "t0")
+
+    def __init__(self, op: str, group: str, members: list[int] | None, seq: int | None, sig: str,
+                 desc: str, site: str) -> None:
+        self.op = op
+        self.group = group
+        self.members = members
+        self.seq = seq
+        self.sig = sig
+        self.desc = desc
+        self.site = site
+        self.t0 = time.time()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "group": self.group, "members": self.members, "seq": self.seq,
+                "sig": self.sig, "desc": self.desc, "site": self.site}
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    import torch
+
+    return (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(ddpdoctor.__file__) + os.sep)
+
+
+def site_name(filename: str) -> str:
+    """How a file is shown: relative to the working directory when inside it, else its base name."""
+    name = _site_names.get(filename)
+    if name is None:
+        cwd = os.getcwd() + os.sep
+        name = filename[len(cwd):] if filename.startswith(cwd) else os.path.basename(filename)
+        _site_names[filename] = name
+    return name
+
+
+def user_site(depth: int = 2) -> str:
+    """file:line of the first frame outside torch and ddpdoctor: the line the user wrote."""
+    frame: Any = sys._getframe(depth)
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{site_name(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def user_stack(frame: Any) -> list[str]:
+    """The user-code frames of a stack, outermost first ("train.py:55 in main: dist.barrier()")."""
+    lines = []
+    for summary in traceback.extract_stack(frame):
+        filename = summary.filename
+        if filename.startswith(_SKIP_DIRS) or filename.startswith("<") or "runpy" in filename:
+            continue
+        source = (summary.line or "").strip()
+        lines.append(f"{site_name(filename)}:{summary.lineno} in {summary.name}" + (f": {source}" if source else ""))
+    return lines
+
+
+def describe(value: Any) -> str:
+    """A tensor (or list of tensors) as 'float32[4,8]' ('float32[4,8] x3' for lists)."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        return f"{describe(value[0])} x{len(value)}"
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return type(value).__name__
+    dtype = value.dtype
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).replace("torch.", "")
+    return f"{name}[{','.join(map(str, shape))}]"
+
+
+class Recorder:
+    """The collectives of this rank so far; written by the script's threads, read by the watchdog."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.pending: collections.deque[Record] = collections.deque()
+        self.current: Record | None = None
+        self.last_done: Record | None = None
+        self.progress = 0
+        self.completed = 0
+        self.recorded = 0
+        self._seq: dict[Any, int] = {}
+        self._groups: dict[int, tuple[str, list[int] | None]] = {}
+        self._local = threading.local()
+        self.uses_ddp = False
+
+    # -- naming ------------------------------------------------------------------------------------
+
+    def group_of(self, group: Any) -> tuple[str, list[int] | None]:
+        """('WORLD', None) or (the group's name, its global ranks); names agree across ranks."""
+        if group is None:
+            return "WORLD", None
+        known = self._groups.get(id(group))
+        if known is None:
+            import torch.distributed as dist
+
+            if dist.is_initialized() and group is dist.distributed_c10d._get_default_group():
+                known = ("WORLD", None)
+            else:
+                try:
+                    members = sorted(dist.get_process_group_ranks(group))
+                except Exception:  # a group this rank is not part of, or an exotic object
+                    members = None
+                known = (str(getattr(group, "group_name", "") or f"group{members}"), members)
+            self._groups[id(group)] = known
+        return known
+
+    def group_seqs(self) -> dict[str, int]:
+        """Collectives issued so far per group (point-to-point channels left out)."""
+        return {k: v for k, v in list(self._seq.items()) if ":p2p:" not in k}
+
+    def next_seq(self, key: Any) -> int:
+        seq = self._seq.get(key, 0) + 1
+        self._seq[key] = seq
+        return seq
+
+    # -- recording ---------------------------------------------------------------------------------
+
+    def start(self, rec: Record) -> None:
+        self.pending.append(rec)
+        self.current = rec
+        self.progress += 1
+        self.recorded += 1
+
+    def finish(self, rec: Record) -> None:
+        if rec.seq is not None:
+            self.last_done = rec
+            self.completed += 1
+        if self.current is rec:
+            self.current = None
+        self.progress += 1
+
+    def wrap(self, name: str, original: Callable[..., Any], make: Callable[[tuple[Any, ...], dict[str, Any], str],
+                                                                              Record]) -> Callable[..., Any]:
+        """A wrapper that records ``make(args, kwargs, site)`` around each outermost call."""
+        local = self._local
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if getattr(local, "depth", 0):
+                return original(*args, **kwargs)
+            rec = make(args, kwargs, user_site())
+            self.start(rec)
+            local.depth = 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                local.depth = 0
+                self.finish(rec)
+
+        wrapper.__ddpdoctor_original__ = original  # type: ignore[attr-defined]
+        return wrapper
+
+
+def _getter(original: Callable[..., Any], name: str | None) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """Fetch parameter ``name`` from a call's args/kwargs by position, cheaply (no signature binding)."""
+    if name is None:
+        return lambda args, kwargs: None
+    pos = list(inspect.signature(original).parameters).index(name)
+
+    def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return args[pos] if pos < len(args) else kwargs.get(name)
+
+    return get
+
+
+def _collective_maker(rec: Recorder, op: str, original: Callable[..., Any]) -> Callable[..., Record]:
+    tensor_param, root_param, shapes_match = COLLECTIVES[op]
+    get_tensor, get_root = _getter(original, tensor_param), _getter(original, root_param)
+    get_group = _getter(original, "group")
+
+    def make(args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Record:
+        group, members = rec.group_of(get_group(args, kwargs))
+        desc = describe(get_tensor(args, kwargs)) if tensor_param else ""
+        root = get_root(args, kwargs)
+        if shapes_match:
+            sig = desc
+        else:  # dtype only: "float32[8] x2" -> "float32"
+            sig = desc.split("[", 1)[0]
+        if root is not None:
+            sig += f" {root_param}={root}"
+            desc += f"{', ' if desc else ''}{root_param}={root}"
+        return Record(op, group, members, rec.next_seq(group), sig, desc, site)
+
+    return make
+
+
+def _p2p_maker(rec: Recorder, op: str, original: Callable[..., Any]) -> Callable[..., Record]:
+    sending = op in P2P_SEND
+    get_tensor, get_group = _getter(original, "tensor"), _getter(original, "group")
+    get_peer = _getter(original, "dst" if sending else "src")
+
+    def make(args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Record:
+        group, members = rec.group_of(get_group(args, kwargs))
+        peer = get_peer(args, kwargs)
+        desc = describe(get_tensor(args, kwargs))
+        if peer is None:  # recv from any source: no channel to number it on
+            return Record(op, group, members, None, desc, f"{desc}, from any rank", site)
+        src, dst = (rec.rank, peer) if sending else (peer, rec.rank)
+        channel = f"{group}:p2p:{src}->{dst}"
+        return Record(op, channel, [src, dst], rec.next_seq(channel), desc,
+                      f"{desc}, {'to' if sending else 'from'} rank {peer}", site)
+
+    return make
+
+
+def _plain_maker(op: str) -> Callable[..., Record]:
+    def make(args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Record:
+        return Record(op, "", None, None, "", "", site)
+
+    return make
+
+
+_installed: Recorder | None = None
+
+
+def install(rank: int, world_size: int) -> Recorder:
+    """Patch torch.distributed (once per process) and return the recorder."""
+    global _SKIP_DIRS, _installed
+    if _installed is not None:
+        return _installed
+    import torch.autograd
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    _SKIP_DIRS = _skip_dirs()
+    rec = Recorder(rank, world_size)
+    names: list[tuple[str, Callable[..., Record] | None]] = []
+    for op in (*COLLECTIVES, *P2P_SEND, *P2P_RECV, *SYNC_POINTS):
+        original = getattr(c10d, op, None)
+        if original is None:
+            continue
+        if op in COLLECTIVES:
+            make = _collective_maker(rec, op, original)
+        elif op in P2P_SEND or op in P2P_RECV:
+            make = _p2p_maker(rec, op, original)
+        else:
+            make = _plain_maker(op)
+        wrapper = rec.wrap(op, original, make)
+        setattr(c10d, op, wrapper)
+        if getattr(dist, op, None) is original:
+            setattr(dist, op, wrapper)
+        names.append((op, make))
+
+    # backward: where DDP's gradient all_reduce runs (from C++, invisible otherwise). Only shown, never
+    # numbered: ``Tensor.backward`` calls ``torch.autograd.backward`` through the module attribute.
+    backward = torch.autograd.backward
+    backward_record = _plain_maker("backward (DDP gradient all_reduce inside)")
+    plain_backward = rec.wrap("backward", backward, backward_record)
+
+    @functools.wraps(backward)
+    def watched_backward(*args: Any, **kwargs: Any) -> Any:
+        if rec.uses_ddp:
+            return plain_backward(*args, **kwargs)
+        return backward(*args, **kwargs)
+
+    torch.autograd.backward = watched_backward
+    _installed = rec
+    return rec

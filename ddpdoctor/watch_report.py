@@ -1,0 +1,103 @@
+"""Render a `ddpdoctor watch` outcome (the ``--json`` document) as the text a user reads.
+
+Pure functions of the result dict, so the wording is tested without processes. The divergence line is
+the one to read first: "collective #57 on WORLD: ranks 0,2 in all_reduce at train.py:55; rank 1 in
+barrier at eval.py:40".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+
+def rank_list(ranks: list[int]) -> str:
+    """'rank 1' / 'ranks 0,2,3'."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
+
+
+def call_text(call: dict[str, Any] | None, with_seq: bool = True) -> str:
+    """'#57 all_reduce float32[4] at train.py:55'."""
+    if not call:
+        return "-"
+    seq = call.get("seq")
+    prefix = f"#{seq} " if with_seq and seq is not None else ""
+    group = call.get("group")
+    on = f" on {group}" if with_seq and seq is not None and group and group != "WORLD" else ""
+    desc = f" {call['desc']}" if call.get("desc") else ""
+    return f"{prefix}{call['op']}{desc}{on} at {call.get('site') or '?'}"
+
+
+def divergence_line(div: dict[str, Any]) -> str:
+    """One line: where the ranks parted ways."""
+    parts = []
+    for group in div["groups"]:
+        who = rank_list(group["ranks"])
+        if group["state"] in ("exited", "crashed"):
+            parts.append(f"{who} {group['state']} ({group['how']})")
+        elif group["op"] is None:
+            parts.append(f"{who} not in any collective, running {group['site'] or 'its own code'}")
+        else:
+            seq = group.get("seq")
+            other = f" #{seq}" if group["state"] == "elsewhere" and seq is not None else ""
+            desc = f" {group['desc']}" if group.get("desc") else ""
+            parts.append(f"{who} in {group['op']}{other}{desc} at {group['site']}")
+    where = "" if div["group"] == "WORLD" else f" on {div['group']}"
+    return f"collective #{div['seq']}{where}: " + "; ".join(parts)
+
+
+def headline(result: dict[str, Any]) -> str:
+    status, ws = result["status"], result["world_size"]
+    if status == "hang":
+        return (f"ddpdoctor watch: HANG: no rank made collective progress for {result['hang_timeout_s']:g} s "
+                f"({ws} ranks); the job was torn down")
+    if status == "mismatch":
+        return "ddpdoctor watch: MISMATCH: the ranks issued different collectives at the same point; the job was torn down"
+    if status == "crash":
+        crashed = [r for r in result["ranks"] if r["state"] == "crashed"]
+        return (f"ddpdoctor watch: CRASH: {rank_list([r['rank'] for r in crashed])} crashed"
+                + ("; the rest were torn down" if any(r["state"] in ("waiting", "running") for r in result["ranks"])
+                   else ""))
+    return f"ddpdoctor watch: ok: {ws} ranks finished (exit code {result['exit_code']})"
+
+
+def ended_text(rank: dict[str, Any]) -> str:
+    if rank["signal"]:
+        return f"killed by {rank['signal']}"
+    if rank["error"]:
+        error = rank["error"]
+        return f"raised {error if len(error) <= 100 else error[:97] + '...'}"
+    if rank["exit_code"] is None:
+        return "lost its connection without an exit status"
+    return f"exit code {rank['exit_code']}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """The report: headline, divergence, per-rank table, stacks, warnings."""
+    lines = [headline(result)]
+    if result["status"] != "ok":
+        div = result.get("divergence")
+        if div:
+            lines += ["", "first divergence:", f"  {divergence_line(div)}"]
+        rows = []
+        for rank in result["ranks"]:
+            state = rank["state"]
+            now = call_text(rank["waiting_in"]) if state == "waiting" else (
+                ended_text(rank) if state in ("exited", "crashed") else "its own code (no collective)")
+            rows.append([rank["rank"], state, call_text(rank["last_completed"]), now])
+        lines += ["", tabulate(rows, headers=["rank", "state", "last completed", "now"], tablefmt="simple")]
+        for rank in result["ranks"]:
+            if rank["stack"]:
+                lines += ["", f"rank {rank['rank']} stack (user code, innermost last):"]
+                lines += [f"  {entry}" for entry in rank["stack"][-12:]]
+        if result["status"] == "mismatch":
+            lines += ["", "fix: every rank must issue the same collectives in the same order with the same "
+                      "shapes and dtypes; look for a rank-dependent branch around the sites above"]
+        elif result["status"] == "hang":
+            lines += ["", "fix: a collective inside `if rank == ...` (or skipped by a data-dependent branch) must "
+                      "run on every rank; if one rank legitimately works alone for longer, raise --hang-timeout"]
+    for warning in result.get("warnings", []):
+        lines += ["", f"warning: {warning['summary']} (created at {warning['site']}, {rank_list(warning['ranks'])})",
+                  f"  fix: {warning['remedy']}"]
+    return "\n".join(lines)
