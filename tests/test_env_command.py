@@ -1,0 +1,45 @@
+"""`ddpdoctor env`: a paste-ready block and JSON from this real machine; `--no-torch` imports no torch."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from tests.support import clean_env, run_cli
+
+
+def test_env_block_names_versions_machine_and_watched_variables() -> None:
+    proc = run_cli(["env"], env=clean_env({"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4"}), timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"environment on {socket.gethostname()}" in out
+    assert "torch        2." in out
+    assert "NCCL_DEBUG=INFO" in out and "OMP_NUM_THREADS=4" in out
+    assert "launcher     none" in out
+    # No GPU here: the block says so and why (not a traceback).
+    assert "gpus         none:" in out
+
+
+def test_env_json_is_data() -> None:
+    proc = run_cli(["env", "--json"], env=clean_env({"GLOO_SOCKET_IFNAME": "lo"}), timeout=90)
+    data = json.loads(proc.stdout)
+    assert data["vars"] == {"GLOO_SOCKET_IFNAME": "lo"}
+    assert data["versions"]["torch"].startswith("2.")
+    assert "lo" in data["interfaces"]
+    assert data["gpu"]["available"] is False and data["gpu"]["reason"]
+
+
+def test_env_no_torch_does_not_import_torch() -> None:
+    code = ("import sys; from ddpdoctor.cli import main; rc = main(['env', '--no-torch']); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "torch        not imported (--no-torch)" in proc.stdout
+
+
+def test_env_reports_an_invalid_launcher_environment_instead_of_crashing() -> None:
+    proc = run_cli(["env", "--no-torch"], env=clean_env({"RANK": "x", "WORLD_SIZE": "2"}), timeout=60)
+    assert proc.returncode == 0
+    assert "launcher     invalid: RANK must be an integer" in proc.stdout
