@@ -210,6 +210,10 @@ class Row:
                 "busbw_gbps": self.busbw_gbps, "wrong": self.wrong, "slowest_rank": self.slowest_rank,
                 "requested_bytes": self.requested_bytes}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Row:
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+
 
 def combine_row(op: str, size: int, count: int, dtype: str, times_us: Sequence[float],
                 wrong: Sequence[int] | None, requested: int = 0) -> Row:
