@@ -106,10 +106,8 @@ def teardown(procs: list[subprocess.Popen[bytes]]) -> None:
             strays.extend(psutil.Process(proc.pid).children(recursive=True))
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for proc in procs:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, sig)  # start_new_session: the rank's pid is its process group id
-            except (ProcessLookupError, PermissionError):
-                pass
         for stray in strays:
             with contextlib.suppress(psutil.Error):
                 stray.send_signal(sig)

@@ -274,13 +274,17 @@ class Aggregator:
                 "waiting_in": waiting, "stack": s.stack or [],
             })
         divergence = self.divergence() if status != OK else None
+        if divergence and all(g["state"] in ("exited", "crashed") for g in divergence["groups"]):
+            divergence = None  # everyone is gone: the crash order says more than a "divergence"
+        ended = [s for s in self.ranks.values() if s.crashed and s.ended_at is not None]
+        crash_order = [s.rank for s in sorted(ended, key=lambda s: (s.ended_at, s.rank))]
         warnings = merge_pitfalls({r: s.pitfalls for r, s in self.ranks.items()},
                                   pitfalls_world or self.world_size)
         return {"tool": "ddpdoctor", "version": __version__, "command": "watch", "status": status,
                 "exit_code": self.exit_code(status), "world_size": self.world_size,
                 "hang_timeout_s": self.hang_timeout_s,
                 "stalled_s": round(time.monotonic() - self.last_progress, 3) if status == HANG else None,
-                "ranks": ranks, "divergence": divergence, "warnings": warnings}
+                "ranks": ranks, "divergence": divergence, "crash_order": crash_order, "warnings": warnings}
 
 
 def _innermost(stack: list[str] | None) -> str | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import os
-import weakref
 from typing import Any
 
 from ddpdoctor.watch_recorder import Recorder, user_site
@@ -30,7 +29,8 @@ class PitfallLog:
         self.loaders: list[dict[str, Any]] = []
         self.samplers: list[dict[str, Any]] = []
         self.saves: dict[str, str] = {}
-        self.ddps: list[tuple[str, weakref.ref[Any]]] = []
+        # Strong references: the model usually dies with main() before the end-of-run summary reads it.
+        self.ddps: list[tuple[str, Any]] = []
 
     def findings(self) -> list[dict[str, Any]]:
         """This rank's raw observations; ``merge`` turns them into warnings across ranks."""
@@ -46,10 +46,7 @@ class PitfallLog:
                             "epochs": len(epochs)})
         for path, site in self.saves.items():
             out.append({"kind": "torch_save", "site": site, "key": path})
-        for site, ref in self.ddps:
-            ddp = ref()
-            if ddp is None:
-                continue
+        for site, ddp in self.ddps:
             try:
                 data = ddp._get_ddp_logging_data()
             except Exception:  # private API: absent or changed in this torch version
@@ -136,7 +133,7 @@ def install(recorder: Recorder) -> PitfallLog:
         ddp_init(self, *args, **kwargs)
         recorder.uses_ddp = True
         if getattr(self, "find_unused_parameters", False):
-            log.ddps.append((site, weakref.ref(self)))
+            log.ddps.append((site, self))
 
     DDP.__init__ = ddp_watched_init  # type: ignore[method-assign]
     return log

@@ -240,10 +240,8 @@ def _collective_maker(rec: Recorder, op: str, original: Callable[..., Any]) -> C
         group, members = rec.group_of(get_group(args, kwargs))
         desc = describe(get_tensor(args, kwargs)) if tensor_param else ""
         root = get_root(args, kwargs)
-        if shapes_match:
-            sig = desc
-        else:  # dtype only: "float32[8] x2" -> "float32"
-            sig = desc.split("[", 1)[0]
+        # Where shapes may differ, only the dtype is compared: "float32[8] x2" -> "float32".
+        sig = desc if shapes_match else desc.split("[", 1)[0]
         if root is not None:
             sig += f" {root_param}={root}"
             desc += f"{', ' if desc else ''}{root_param}={root}"

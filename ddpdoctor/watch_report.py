@@ -35,7 +35,7 @@ def divergence_line(div: dict[str, Any]) -> str:
     for group in div["groups"]:
         who = rank_list(group["ranks"])
         if group["state"] in ("exited", "crashed"):
-            parts.append(f"{who} {group['state']} ({group['how']})")
+            parts.append(f"{who} {group['state']} ({_short(group['how'])})")
         elif group["op"] is None:
             parts.append(f"{who} not in any collective, running {group['site'] or 'its own code'}")
         else:
@@ -55,19 +55,28 @@ def headline(result: dict[str, Any]) -> str:
     if status == "mismatch":
         return "ddpdoctor watch: MISMATCH: the ranks issued different collectives at the same point; the job was torn down"
     if status == "crash":
-        crashed = [r for r in result["ranks"] if r["state"] == "crashed"]
-        return (f"ddpdoctor watch: CRASH: {rank_list([r['rank'] for r in crashed])} crashed"
-                + ("; the rest were torn down" if any(r["state"] in ("waiting", "running") for r in result["ranks"])
-                   else ""))
+        by_rank = {r["rank"]: r for r in result["ranks"]}
+        order = result.get("crash_order") or [r["rank"] for r in result["ranks"] if r["state"] == "crashed"]
+        first = by_rank[order[0]]
+        text = f"ddpdoctor watch: CRASH: rank {first['rank']} crashed first ({ended_text(first)})"
+        if len(order) > 1:
+            text += f"; then {rank_list(order[1:])} failed"
+        if any(r["state"] in ("waiting", "running") for r in result["ranks"]):
+            text += "; the rest were torn down"
+        return text
     return f"ddpdoctor watch: ok: {ws} ranks finished (exit code {result['exit_code']})"
+
+
+def _short(text: str, limit: int = 100) -> str:
+    """Gloo's errors run to 250 characters; the table and headline keep the start."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def ended_text(rank: dict[str, Any]) -> str:
     if rank["signal"]:
         return f"killed by {rank['signal']}"
     if rank["error"]:
-        error = rank["error"]
-        return f"raised {error if len(error) <= 100 else error[:97] + '...'}"
+        return f"raised {_short(rank['error'])}"
     if rank["exit_code"] is None:
         return "lost its connection without an exit status"
     return f"exit code {rank['exit_code']}"
