@@ -759,7 +759,8 @@ def best_fix(ckpt_shapes: dict[str, Any], model_shapes: dict[str, Any]) -> tuple
         renamed = {mapping[k]: v for k, v in ckpt_shapes.items()}
         cmp = _compare(renamed, model_shapes)
         matched = len(model_shapes) - len(cmp["missing"]) - len(cmp["shape_mismatches"])
-        cost = len(fix.strip) + (1 if fix.add else 0)
+        # The known wrapper prefixes count as one rename: report them by name rather than as one string.
+        cost = (1 if fix.strip == KNOWN_PREFIXES else len(fix.strip)) + (1 if fix.add else 0)
         score = (matched, -len(cmp["unexpected"]), -cost)
         if best is None or score > best[0]:
             best = (score, fix, cmp)
@@ -865,6 +866,9 @@ def render_diff(rep: dict[str, Any]) -> str:
     for m in rep["shape_mismatches"][:10]:
         lines.append(f"shape       {m['key']}: checkpoint {m['checkpoint_shape']} vs model {m['model_shape']}")
     if rep["fix"] and not rep["fix"]["loads_strict_after"]:
+        for m in rep["fix"]["remaining_shape_mismatches"][:10]:
+            lines.append(f"shape       {m['key']}: checkpoint {m['checkpoint_shape']} vs model {m['model_shape']} "
+                         f"(after: {rep['fix']['description']})")
         lines.append(f"best rename {rep['fix']['description']} still leaves "
                      f"{len(rep['fix']['remaining_missing'])} missing, "
                      f"{len(rep['fix']['remaining_unexpected'])} unexpected, "
