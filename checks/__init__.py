@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ddpdoctor.check_api import Check
 
-from . import barrier, connectivity, env, gpu, port
+from . import bandwidth, barrier, connectivity, env, gpu, port, state_dict, unused_params
 
 ALL_CHECKS: tuple[Check, ...] = (
     env.CHECK,
@@ -17,6 +17,9 @@ ALL_CHECKS: tuple[Check, ...] = (
     port.CHECK,
     barrier.CHECK,
     connectivity.CHECK,
+    bandwidth.CHECK,
+    unused_params.CHECK,
+    state_dict.CHECK,
 )
 
 CHECK_IDS: tuple[str, ...] = tuple(check.id for check in ALL_CHECKS)
