@@ -45,26 +45,20 @@ MAX_NAMES = 6
 PROBE_SEEDS = (12345, 54321)
 
 
-def _batch_source(ctx: CheckContext) -> Callable[[int], Any]:
+def _batch_source(ctx: CheckContext, model: Any) -> Callable[[int], Any]:
     """step -> batch, from --batch or --input-shape; DoctorError when neither is given."""
+    from ddpdoctor.unused import call_user, random_batches
+
     opts = ctx.options
     if opts.batch:
         from ddpdoctor.modelspec import load_factory
-        from ddpdoctor.unused import call_user
 
         fn = load_factory(opts.batch)
         return lambda step: call_user(f"--batch {opts.batch!r}", fn, step=step, rank=ctx.rank,
                                       world_size=ctx.world_size)
     if opts.input_shape:
-        import torch
-
-        shape = opts.input_shape
-
-        def random_batch(step: int) -> Any:
-            gen = torch.Generator().manual_seed(1000 * ctx.rank + step)
-            return torch.randn(*shape, generator=gen)
-
-        return random_batch
+        # A different batch per rank, like DistributedSampler shards.
+        return random_batches(opts.input_shape, model, seed=1000 * ctx.rank)
     raise DoctorError("--model needs an input: give --batch MODULE:FN or --input-shape (e.g. 4,16)")
 
 
@@ -88,7 +82,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
         model = build_model(ctx.options.model)
         second = fingerprint(model)
         seeded = not compare_fingerprints({0: prints, 1: second})
-        report = find_unused_parameters(model, _batch_source(ctx), steps=STEPS)
+        report = find_unused_parameters(model, _batch_source(ctx, model), steps=STEPS)
     except DoctorError as exc:
         return [ctx.finding(ERROR, f"cannot analyse the model: {exc}",
                             "fix the factory or the batch so that one forward/backward runs in a plain script")]

@@ -272,6 +272,21 @@ def _batches(batch_or_batches: Any, steps: int | None) -> tuple[Callable[[int], 
     return (lambda _i: batch_or_batches), steps or 1
 
 
+def random_batches(shape: Sequence[int], model: Any, seed: int = 0) -> Callable[[int], torch.Tensor]:
+    """step -> a random normal batch of ``shape`` on the model's device and float dtype (seeded per step)."""
+    import torch
+
+    first = next((p for p in _unwrap(model)[0].parameters() if p.is_floating_point()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = first.dtype if first is not None else torch.float32
+
+    def batch(step: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed + step)
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    return batch
+
+
 def _is_tensor(x: Any) -> bool:
     import torch
 

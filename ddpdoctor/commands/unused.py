@@ -10,15 +10,15 @@ import typer
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 
 
-def _batch_source(batch: str | None, input_shape: str | None) -> Any:
+def _batch_source(batch: str | None, input_shape: str | None, model: Any) -> Any:
     """step -> batch from --batch, or a random normal batch of --input-shape (a new one per step)."""
     import os
 
     from ddpdoctor.commands.check import parse_shape
+    from ddpdoctor.unused import call_user, random_batches
 
     if batch is not None:
         from ddpdoctor.modelspec import load_factory
-        from ddpdoctor.unused import call_user
 
         fn = load_factory(batch)
         rank = int(os.environ.get("RANK", "0"))
@@ -27,12 +27,7 @@ def _batch_source(batch: str | None, input_shape: str | None) -> Any:
     shape = parse_shape(input_shape)
     if shape is None:
         raise DoctorError("give the model an input: --batch MODULE:FN or --input-shape (e.g. 4,16)")
-    import torch
-
-    def random_batch(step: int) -> Any:
-        return torch.randn(*shape, generator=torch.Generator().manual_seed(step))
-
-    return random_batch
+    return random_batches(shape, model)
 
 
 def register(app: typer.Typer) -> None:
@@ -63,9 +58,12 @@ def register(app: typer.Typer) -> None:
         from ddpdoctor.modelspec import build_model, load_factory
         from ddpdoctor.unused import find_unused_parameters
 
-        batches = _batch_source(batch, input_shape)
+        if batch is None and input_shape is None:
+            raise DoctorError("give the model an input: --batch MODULE:FN or --input-shape (e.g. 4,16)")
+        module = build_model(model)
+        batches = _batch_source(batch, input_shape, module)
         loss_fn = load_factory(loss) if loss is not None else None
-        report = find_unused_parameters(build_model(model), batches, loss_fn=loss_fn, steps=steps,
+        report = find_unused_parameters(module, batches, loss_fn=loss_fn, steps=steps,
                                         ddp_find_unused_parameters=True if ddp_find_unused else None)
         if as_json:
             typer.echo(json.dumps(report.to_json(), indent=2))
