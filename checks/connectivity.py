@@ -14,6 +14,7 @@ hostnames, then a ring of point-to-point send/recv (rank i -> i+1) so a broken l
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -104,10 +105,17 @@ def _run(ctx: CheckContext) -> list[Finding]:
         peer = ""
         if step == "ring send/recv":
             peer = f" (ring link {(rank - 1) % n} -> {rank} or {rank} -> {(rank + 1) % n})"
-        return [ctx.finding(FAIL, f"{step} failed{peer}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+        return [ctx.finding(FAIL, f"{step} failed{peer}: {short_error(exc)}",
                             "a rank died or a link is blocked: see the other findings for ranks that did not "
                             "report; check firewalls and NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME",
                             step=step, error=str(exc)[:2000])]
+
+
+def short_error(exc: BaseException) -> str:
+    """The first line of a c10d/gloo error without its '[/long/source/path.cc:537] ' prefix."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first) or first
 
 
 def _gather_uuids(ctx: CheckContext) -> list[str]:

@@ -201,14 +201,19 @@ class RankRun:
                 message = str(outcome.error).splitlines()[0] if str(outcome.error) else ""
                 self.runtime_findings.append(Finding(
                     check.id, ERROR, f"the check raised {type(outcome.error).__name__}: {message}"[:300],
-                    [self.info.rank], "this is a ddpdoctor bug unless the message says otherwise: please report "
-                    "it with the traceback (run with --verbose)", {"traceback": outcome.error_text}))
+                    [self.info.rank], _remedy_for_exception(outcome.error), {"traceback": outcome.error_text}))
+                if check.needs_process_group:
+                    pg_problem = f"{check.id} raised {type(outcome.error).__name__}"
             else:
                 produced = outcome.value or []
                 for finding in produced:
                     finding.check = check.id
                     finding.ranks = finding.ranks or [self.info.rank]
                 self.check_findings[check.id] = list(produced)
+                if check.needs_process_group and any(f.status in (FAIL, ERROR) for f in produced):
+                    # A failed collective leaves the process group in an unknown state (gloo pairs closed,
+                    # NCCL communicators aborted): later checks would only fail again, slower.
+                    pg_problem = f"the {check.id} check failed"
             # Posted after every check: if this rank dies later, rank 0 still has what it found so far.
             self.post(final=False)
 
@@ -299,6 +304,15 @@ class RankRun:
         if result_file:
             write_json_atomic(result_file, {"exit_code": code, "report": data})
         return code
+
+
+def _remedy_for_exception(exc: BaseException) -> str:
+    """A collective that breaks mid-check is the job's problem; anything else is ours."""
+    text = f"{type(exc).__module__}.{type(exc).__name__} {exc}".lower()
+    if any(word in text for word in ("torch.distributed", "gloo", "nccl", "connection", "timed out", "timeout")):
+        return ("a peer died or a link broke during this check: see the ranks that did not report and the "
+                "connectivity findings")
+    return "this is a ddpdoctor bug: please report it with the traceback (run with --verbose)"
 
 
 def write_json_atomic(path: str, data: Any) -> None:
