@@ -186,6 +186,15 @@ Root Cause (first observed failure):
 """
 
 
+# captured on this machine (examples/logs/ddp_find_unused_warning.log, gloo_socket_ifname.log)
+FIND_UNUSED_WARNING = (
+    "[rank1]:[W1122 01:41:35.797436066 reducer.cpp:1529] Warning: find_unused_parameters=True was specified in DDP "
+    "constructor, but did not find any unused parameters in the forward pass. This flag results in an extra "
+    "traversal of the autograd graph every iteration,  which can adversely affect performance. (function operator())\n")
+GLOO_IFNAME = ("RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/device.cc:84] "
+               "ifa != nullptr. Unable to find address for: nosuch0\n")
+
+
 @pytest.mark.parametrize(("text", "expected_id"), [
     (UNUSED_CUTIE, "unused-parameters"),
     (READY_TWICE, "mark-ready-twice"),
@@ -213,6 +222,8 @@ Root Cause (first observed failure):
     (DESYNC, "desync-report"),
     (GLOO_TIMEOUT, "gloo-timeout"),
     (SIGSEGV_SUMMARY, "worker-killed-by-signal"),
+    (FIND_UNUSED_WARNING, "find-unused-parameters-no-unused"),
+    (GLOO_IFNAME, "socket-ifname"),
 ])
 def test_real_message_is_recognised(text: str, expected_id: str) -> None:
     result = explain_text(text)
@@ -267,6 +278,13 @@ def test_open_mpi_prefix_gives_the_rank() -> None:
 
 def test_socket_ifname_is_a_cause_before_the_internal_error() -> None:
     assert ids(explain_text(IFNAME_NCCL)) == ["socket-ifname", "nccl-internal-error"]
+
+
+def test_find_unused_warning_is_only_a_warning_and_ifname_is_named() -> None:
+    warn = explain_text(FIND_UNUSED_WARNING + UNUSED_CUTIE)
+    assert ids(warn)[-1] == "find-unused-parameters-no-unused"
+    assert diag(warn, "find-unused-parameters-no-unused").ranks == {1}
+    assert diag(explain_text(GLOO_IFNAME), "socket-ifname").details["interface"] == ["nosuch0"]
 
 
 def test_port_and_oom_details() -> None:

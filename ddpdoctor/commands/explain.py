@@ -21,6 +21,10 @@ def _open_inputs(stack: ExitStack, logs: list[str]) -> list[tuple[str, IO[bytes]
     """Open every input up front, so a typo in the last path fails before a long scan (exit 2)."""
     from ddpdoctor.explain import rank_from_path
 
+    if not logs and sys.stdin.isatty():
+        # Reading a terminal would just wait for input the user does not know we want.
+        raise DoctorError("no log given: pass the job's log file(s), e.g. `ddpdoctor explain train.log`, "
+                          "or pipe one in: `cat train.log | ddpdoctor explain`")
     opened: list[tuple[str, IO[bytes], int | None]] = []
     for path in logs or ["-"]:
         if path == "-":
@@ -40,7 +44,7 @@ def _open_inputs(stack: ExitStack, logs: list[str]) -> list[tuple[str, IO[bytes]
 
 
 def explain_cmd(
-    logs: list[str] = typer.Argument(None, metavar="[LOG]...",
+    logs: list[str] = typer.Argument(None, metavar="LOG",
                                      help="Log files to read (one per rank is fine); none or - reads stdin."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnoses as JSON instead of text."),
 ) -> None:
