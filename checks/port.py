@@ -10,6 +10,7 @@ Reproduce by hand: ``python -m http.server 29500 & ddpdoctor check --master-port
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -36,10 +37,8 @@ def _own_process_tree() -> set[int]:
     import psutil
 
     pids = {os.getpid()}
-    try:
+    with contextlib.suppress(psutil.Error):
         pids.update(p.pid for p in psutil.Process().parents())
-    except psutil.Error:
-        pass
     return pids
 
 

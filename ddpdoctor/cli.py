@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddpdoctor: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: exit 3 with versions
+    except Exception as exc:
         print(bug_report(exc), file=sys.stderr)
         return EXIT_BUG
     return int(result) if isinstance(result, int) else 0

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from ddpdoctor.errors import DoctorError
+
+if TYPE_CHECKING:
+    from ddpdoctor.check_api import Check
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -28,7 +32,7 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-def select_checks(only: list[str], skip: list[str]) -> list:  # type: ignore[type-arg]
+def select_checks(only: list[str], skip: list[str]) -> list[Check]:
     """The checks to run, in registry order; DoctorError for an unknown id."""
     from ddpdoctor.checks import ALL_CHECKS, CHECK_IDS
 

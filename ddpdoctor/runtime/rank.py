@@ -17,6 +17,7 @@ tear rank 0 down before it reports).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -127,7 +128,8 @@ class RankRun:
             present = control.wait_keys([f"hello/{r}" for r in range(ws)], deadline)
             joined = sorted(int(k.split("/")[1]) for k in present)
             peers = {str(r): control.get_nowait(f"hello/{r}") for r in joined}
-            plan = {"joined": joined, "missing": [r for r in range(ws) if r not in joined], "peers": peers}
+            plan: dict[str, Any] = {"joined": joined, "missing": [r for r in range(ws) if r not in joined],
+                                    "peers": peers}
             control.put("plan", plan)
         else:
             plan = control.wait_get("plan", self.start + 2 * timeout + 5)
@@ -188,7 +190,7 @@ class RankRun:
                 process_group=dist.group.WORLD if dist.is_initialized() else None,
                 store=self.control.prefixed(f"check/{check.id}/"), options=self.config.options,
                 deadline=time.monotonic() + timeout, peers=self.peers)
-            outcome = run_with_deadline(lambda c=check, x=ctx: c.run(x), timeout, f"ddpdoctor-{check.id}")
+            outcome = run_with_deadline(functools.partial(check.run, ctx), timeout, f"ddpdoctor-{check.id}")
             if outcome.timed_out:
                 where = innermost_line(outcome.stack_at_timeout)
                 self.runtime_findings.append(Finding(
