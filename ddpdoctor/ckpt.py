@@ -119,10 +119,14 @@ def _torch_load(path: Path, *, trust: bool, mmap: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        # torch/_weights_only_unpickler.py: "Unsupported global: GLOBAL x.Y was not an allowed global" or
+        # "Trying to load unsupported GLOBAL posix.system whose module posix is blocked."
+        found = re.search(r"GLOBAL (\S+) (?:was not an allowed global|whose module)", str(exc))
         if found:
             raise DoctorError(_unsafe_message(path, found.group(1))) from None
-        raise DoctorError(f"{path} could not be unpickled: {str(exc).splitlines()[0]}") from None
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        useful = [ln for ln in lines if not ln.startswith(("Weights only load failed", "Check the documentation"))]
+        raise DoctorError(f"{path} could not be unpickled: {(useful or lines or ['?'])[0]}") from None
     except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, IndexError, KeyError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DoctorError(f"{path} is damaged and cannot be loaded: {first}") from None

@@ -92,8 +92,8 @@ def test_strip_output_loads_weights_only_and_mmap_equal_tensors(ex: Path, tmp_pa
     assert "9 keys renamed" in res.stdout
     assert _sha(src) == before
     orig = torch.load(src, weights_only=True)
-    for kwargs in ({}, {"mmap": True}):
-        new = torch.load(out, weights_only=True, **kwargs)
+    for mmap in (False, True):
+        new = torch.load(out, weights_only=True, mmap=mmap)
         assert list(new["net"]) == [k[len("module."):] for k in orig["net"]]
         for key, value in new["net"].items():
             assert torch.equal(value, orig["net"]["module." + key])
@@ -185,7 +185,7 @@ def test_strip_refuses_to_overwrite_input_unless_in_place(ex: Path, tmp_path: Pa
     assert _sha(src) == before
     res = cli(["ckpt", "strip", str(src), "--in-place"])
     assert res.returncode == 0, res.stderr
-    assert list(torch.load(src, weights_only=True)["net"])[0] == "fc1.weight"
+    assert next(iter(torch.load(src, weights_only=True)["net"])) == "fc1.weight"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp.pt"]  # no temp file left
 
 
@@ -197,8 +197,8 @@ def test_strip_given_prefix_and_key(tmp_path: Path) -> None:
     rep = ckpt.strip_file(src, out, prefixes=["model"], key="model")
     assert rep.renamed_keys == 9
     new = torch.load(out, weights_only=True)
-    assert list(new["model"])[0] == "fc1.weight"
-    assert list(new["ema"])[0] == "module.fc1.weight"  # --key: the other state_dict is left alone
+    assert next(iter(new["model"])) == "fc1.weight"
+    assert next(iter(new["ema"])) == "module.fc1.weight"  # --key: the other state_dict is left alone
 
 
 def test_strip_safetensors_keeps_metadata(ex: Path, tmp_path: Path, cli: Any) -> None:

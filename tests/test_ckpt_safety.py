@@ -1,0 +1,219 @@
+"""`ddpdoctor ckpt` never runs code from a checkpoint, and every bad input is one line, exit 2, no output."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import pickle
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from examples.ckpt_models import make_mlp
+from tests.support import REPO, run_cli
+
+
+class _Evil:
+    """Unpickling this runs ``touch MARKER`` (os.system): the classic malicious checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``ddpdoctor ARGS`` in-process through ``cli.main`` (the console entry point): (code, out, err)."""
+    from ddpdoctor.cli import main
+
+    monkeypatch.chdir(REPO)
+
+    def run(args: list[str]) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(args)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def _evil_checkpoints(tmp: Path) -> tuple[Path, list[Path]]:
+    marker = tmp / "PWNED"
+    sd = {f"module.{k}": v for k, v in make_mlp().state_dict().items()}
+    zip_ckpt, legacy, raw = tmp / "evil.pt", tmp / "evil_legacy.pt", tmp / "evil.pkl"
+    torch.save({"net": sd, "payload": _Evil(marker)}, zip_ckpt)
+    torch.save({"net": sd, "payload": _Evil(marker)}, legacy, _use_new_zipfile_serialization=False)
+    with raw.open("wb") as fh:
+        pickle.dump({"payload": _Evil(marker)}, fh, protocol=2)
+    assert not marker.exists()
+    return marker, [zip_ckpt, legacy, raw]
+
+
+def test_malicious_checkpoint_is_refused_and_never_runs(tmp_path: Path, cli: Any) -> None:
+    marker, paths = _evil_checkpoints(tmp_path)
+    for path in paths:
+        for args in (["ckpt", "inspect", str(path)],
+                     ["ckpt", "strip", str(path), "-o", str(tmp_path / "out.pt")],
+                     ["ckpt", "diff", str(path), "--model", "examples.ckpt_models:make_mlp"]):
+            code, _out, err = cli(args)
+            assert code == 2, (args, err)
+            assert "system" in err and "--trust" in err, err
+            assert len(err.strip().splitlines()) == 1
+            assert not marker.exists(), f"{args} ran the payload"
+    assert not (tmp_path / "out.pt").exists()
+    import ddpdoctor
+    from ddpdoctor.errors import DoctorError
+
+    with pytest.raises(DoctorError, match="system"):
+        ddpdoctor.load_checkpoint_into(make_mlp(), paths[0])
+    assert not marker.exists()
+
+
+def test_trust_still_never_runs_code_for_inspect_and_strip(tmp_path: Path, cli: Any) -> None:
+    """--trust lifts the refusal; inspect/strip replay the pickle without importing or calling anything."""
+    marker, paths = _evil_checkpoints(tmp_path)
+    code, out, _ = cli(["ckpt", "inspect", str(paths[0]), "--trust"])
+    assert code == 0
+    assert "needs non-weights-only globals: posix.system" in out
+    out_path = tmp_path / "stripped.pt"
+    code, _, err = cli(["ckpt", "strip", str(paths[0]), "-o", str(out_path), "--trust"])
+    assert code == 0, err
+    assert not marker.exists()
+    # The payload is carried over untouched (strip keeps every other entry), so it is still refused.
+    with pytest.raises(pickle.UnpicklingError, match=r"posix\.system"):
+        torch.load(out_path, weights_only=True)
+    assert not marker.exists()
+
+
+def test_untrusted_class_named_in_message_real_process(tmp_path: Path) -> None:
+    path = tmp_path / "with_args.pt"
+    torch.save({"model": make_mlp().state_dict(), "args": argparse.Namespace(lr=0.1)}, path)
+    res = run_cli(["ckpt", "inspect", str(path)], cwd=REPO)
+    assert res.returncode == 2
+    assert res.stderr.startswith("ddpdoctor: error: ") and "argparse.Namespace" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def _zip_of(files: dict[str, bytes]) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        with zipfile.ZipFile(path, "w") as zf:
+            for name, data in files.items():
+                zf.writestr(name, data)
+    return make
+
+
+def _truncated(path: Path) -> None:
+    torch.save({"module.w": torch.ones(1000)}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _safetensors_bad_json(path: Path) -> None:
+    header = b'{"module.w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]'  # no closing brace
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)
+
+
+def _safetensors_huge_length(path: Path) -> None:
+    path.write_bytes((10**12).to_bytes(8, "little") + b'{"a": 1}')
+
+
+def _safetensors_out_of_range(path: Path) -> None:
+    header = b'{"module.w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)  # 8 of 16 bytes
+
+
+BAD_INPUTS: dict[str, tuple[Callable[[Path], None] | None, str]] = {
+    "missing": (None, "not found"),
+    "directory": (lambda p: p.mkdir(), "is a directory"),
+    "dcp_directory": (lambda p: (p.mkdir(), (p / ".metadata").write_bytes(b"x")), "torch.distributed.checkpoint"),
+    "empty": (lambda p: p.write_bytes(b""), "is empty"),
+    "truncated_zip": (_truncated, "damaged zip"),
+    "random_bytes": (lambda p: p.write_bytes(os.urandom(4096).replace(b"PK", b"pk")), "not a checkpoint"),
+    "not_a_checkpoint_zip": (_zip_of({"docs/readme.txt": b"hello"}), "not a PyTorch checkpoint"),
+    "corrupt_pickle": (_zip_of({"a/data.pkl": b"\x80\x02}q\x00(X\x01", "a/version": b"3"}), "data.pkl is damaged"),
+    "safetensors_bad_json": (_safetensors_bad_json, "corrupt safetensors header"),
+    "safetensors_huge_length": (_safetensors_huge_length, "corrupt safetensors header"),
+    "safetensors_out_of_range": (_safetensors_out_of_range, "corrupt safetensors header"),
+}
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in directory.iterdir()}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case: str, tmp_path: Path, cli: Any) -> None:
+    make, expected = BAD_INPUTS[case]
+    src_dir, out_dir = tmp_path / "in", tmp_path / "out"
+    src_dir.mkdir()
+    out_dir.mkdir()
+    src = src_dir / ("ckpt.safetensors" if case.startswith("safetensors") else "ckpt.pt")
+    if make is not None:
+        make(src)
+    before = _snapshot(src_dir)
+    for args in (["ckpt", "inspect", str(src)], ["ckpt", "inspect", str(src), "--json"],
+                 ["ckpt", "strip", str(src), "-o", str(out_dir / "o.pt")],
+                 ["ckpt", "diff", str(src), "--model", "examples.ckpt_models:make_mlp"]):
+        code, out, err = cli(args)
+        assert code == 2, (args, out, err)
+        assert err.startswith("ddpdoctor: error: ") and expected in err, err
+        assert len(err.strip().splitlines()) == 1, err
+        assert out == ""
+    assert _snapshot(src_dir) == before
+    assert list(out_dir.iterdir()) == []
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    # root ignores directory permissions; sysfs refuses new files even to root.
+    probe = Path("/sys")
+    try:
+        (probe / "ddpdoctor-probe").write_bytes(b"")
+    except OSError:
+        return probe
+    pytest.skip("no directory here refuses writes to root")
+
+
+def test_unwritable_or_missing_output_dir(tmp_path: Path, cli: Any) -> None:
+    src = tmp_path / "ddp.pt"
+    torch.save({f"module.{k}": v for k, v in make_mlp().state_dict().items()}, src)
+    before = _snapshot(tmp_path)
+    ro = _unwritable_dir(tmp_path)
+    for out, expected in ((ro / "o.pt", "cannot write to output directory"),
+                          (tmp_path / "nope" / "o.pt", "does not exist")):
+        code, _, err = cli(["ckpt", "strip", str(src), "-o", str(out)])
+        assert code == 2 and expected in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert not out.exists()
+    if ro.parent == tmp_path:
+        ro.chmod(0o755)
+        assert list(ro.iterdir()) == []
+    assert {k: v for k, v in _snapshot(tmp_path).items() if k != "ro"} == before
+
+
+def test_bad_input_real_process_has_no_traceback(tmp_path: Path) -> None:
+    src = tmp_path / "junk.pt"
+    src.write_bytes(b"\x00garbage" * 100)
+    res = run_cli(["ckpt", "strip", str(src), "-o", str(tmp_path / "o.pt")], cwd=REPO)
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("ddpdoctor: error: ") and "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.pt"]
+
+
+def test_output_is_a_directory_is_refused(tmp_path: Path, cli: Any) -> None:
+    src = tmp_path / "ddp.pt"
+    torch.save({"module.w": torch.ones(2)}, src)
+    code, _, err = cli(["ckpt", "strip", str(src), "-o", str(tmp_path)])
+    assert code == 2 and "is a directory" in err
