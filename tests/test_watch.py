@@ -1,0 +1,183 @@
+"""`ddpdoctor watch` on real gloo jobs: each broken example with 2 and 3 ranks, crashes, a healthy run.
+
+Every test runs the real CLI (self-launching real rank processes), reads the ``--json`` report, checks
+what a user reads on stderr, and checks that no process of the job survived.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support import REPO, clean_env, free_port, run_cli, torchrun_cmd
+
+EXAMPLES = REPO / "examples"
+pytestmark = pytest.mark.slow
+
+
+def site(example: str, marker: str) -> str:
+    """'hang_eval_barrier.py:39': the last line of the example containing ``marker`` (code, not docstring)."""
+    found = [number for number, line in enumerate((EXAMPLES / example).read_text().splitlines(), start=1)
+             if marker in line]
+    assert found, f"{marker!r} not in {example}"
+    return f"{example}:{found[-1]}"
+
+
+def leftovers(example: str) -> list[str]:
+    """Processes still running the example (any rank, any child), as 'pid cmdline'."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if example in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid != psutil.Process().pid:
+                found.append(f"{proc.pid} {cmdline}")
+        except psutil.Error:
+            continue
+    return found
+
+
+def watch(tmp_path: Path, example: str, nproc: int, *script_args: str,
+          hang_timeout: float = 3) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    report = tmp_path / "watch.json"
+    started = time.monotonic()
+    proc = run_cli(["watch", "--nproc", str(nproc), "--hang-timeout", str(hang_timeout), "--json", str(report),
+                    str(EXAMPLES / example), *script_args], timeout=240, cwd=EXAMPLES)
+    elapsed = time.monotonic() - started
+    assert report.exists(), f"no report after {elapsed:.0f} s; stderr:\n{proc.stderr[-3000:]}"
+    assert leftovers(example) == [], "processes of the job survived watch"
+    return proc, json.loads(report.read_text())
+
+
+def groups_by_rank(divergence: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {rank: group for group in divergence["groups"] for rank in group["ranks"]}
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_rank0_only_barrier_is_a_hang_naming_barrier_and_backward(tmp_path: Path, nproc: int) -> None:
+    proc, data = watch(tmp_path, "hang_eval_barrier.py", nproc)
+    barrier = site("hang_eval_barrier.py", "dist.barrier()  # BUG")
+    backward = site("hang_eval_barrier.py", "loss.backward()")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert data["status"] == "hang"
+    assert "HANG" in proc.stderr
+    div = data["divergence"]
+    assert div["group"] == "WORLD" and div["seq"] == 3
+    by_rank = groups_by_rank(div)
+    assert by_rank[0]["op"] == "barrier" and by_rank[0]["site"] == barrier
+    for rank in range(1, nproc):
+        assert by_rank[rank]["op"].startswith("backward") and by_rank[rank]["site"] == backward
+    assert f"rank 0 in barrier at {barrier}" in proc.stderr
+    ranks = {r["rank"]: r for r in data["ranks"]}
+    assert ranks[0]["waiting_in"]["op"] == "barrier" and ranks[0]["waiting_in"]["seq"] == 3
+    assert ranks[0]["last_completed"]["op"] == "all_reduce" and ranks[0]["last_completed"]["seq"] == 2
+    assert any("loss.backward()" in line for line in ranks[1]["stack"])
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_skipped_collective_is_a_mismatch_at_the_shifted_call(tmp_path: Path, nproc: int) -> None:
+    proc, data = watch(tmp_path, "hang_skip_collective.py", nproc)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert data["status"] == "mismatch"
+    div = data["divergence"]
+    assert div["seq"] == 6
+    by_rank = groups_by_rank(div)
+    reduce_site = site("hang_skip_collective.py", "dist.all_reduce(grad)")
+    barrier_site = site("hang_skip_collective.py", "dist.barrier()")
+    for rank in range(nproc - 1):
+        assert (by_rank[rank]["op"], by_rank[rank]["site"]) == ("all_reduce", reduce_site)
+    assert (by_rank[nproc - 1]["op"], by_rank[nproc - 1]["site"]) == ("barrier", barrier_site)
+    assert f"rank {nproc - 1} in barrier at {barrier_site}" in proc.stderr
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_shape_mismatch_reports_both_shapes_and_the_site(tmp_path: Path, nproc: int) -> None:
+    proc, data = watch(tmp_path, "hang_shape_mismatch.py", nproc)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert data["status"] == "mismatch"
+    div = data["divergence"]
+    assert div["seq"] == 2
+    where = site("hang_shape_mismatch.py", "dist.all_reduce(stats)")
+    by_rank = groups_by_rank(div)
+    assert by_rank[nproc - 1]["desc"] == "float32[4]" and by_rank[nproc - 1]["site"] == where
+    for rank in range(nproc - 1):
+        assert by_rank[rank]["desc"] == "float32[3]" and by_rank[rank]["op"] == "all_reduce"
+    assert "float32[3]" in proc.stderr and "float32[4]" in proc.stderr
+
+
+def test_healthy_script_passes_through_output_and_exit_code(tmp_path: Path) -> None:
+    proc, data = watch(tmp_path, "train_ok.py", 2, "--epochs", "2", "--steps", "3", "--exit-code", "3")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "TRAIN_OK steps=6" in proc.stdout
+    assert data["status"] == "ok" and data["exit_code"] == 3
+    assert data["warnings"] == []
+    assert all(r["state"] == "exited" and r["exit_code"] == 3 for r in data["ranks"])
+    assert "HANG" not in proc.stderr and "MISMATCH" not in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_a_rank_that_dies_mid_run_is_a_crash_not_a_hang(tmp_path: Path, mode: str) -> None:
+    proc, data = watch(tmp_path, "crash_rank.py", 2, "--mode", mode)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert data["status"] == "crash"
+    assert data["crash_order"][0] == 1
+    rank1 = next(r for r in data["ranks"] if r["rank"] == 1)
+    assert rank1["state"] == "crashed"
+    if mode == "raise":
+        assert "ValueError: corrupt sample" in rank1["error"]
+        assert site("crash_rank.py", "raise ValueError") in rank1["error"]
+    else:
+        assert rank1["signal"] == "SIGKILL"
+    assert "rank 1 crashed first" in proc.stderr
+    assert "HANG" not in proc.stderr
+
+
+def test_training_loop_pitfalls_are_warned_with_their_lines(tmp_path: Path) -> None:
+    proc, data = watch(tmp_path, "pitfalls_loop.py", 2, "--out", str(tmp_path / "ckpt.pt"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = {w["kind"]: w for w in data["warnings"]}
+    assert found["dataloader_without_distributed_sampler"]["site"] == site("pitfalls_loop.py", "# pitfall 1")
+    assert found["sampler_epoch_never_set"]["site"] == site("pitfalls_loop.py", "DistributedSampler(data")
+    assert found["torch_save"]["site"] == site("pitfalls_loop.py", "# pitfall 3")
+    assert found["torch_save"]["ranks"] == [0, 1]
+    assert found["find_unused_parameters_unneeded"]["site"] == site("pitfalls_loop.py", "# pitfall 4")
+    assert "warning: DataLoader without a DistributedSampler" in proc.stderr
+
+
+def test_under_torchrun_rank0_reports_the_hang_and_the_job_ends(tmp_path: Path) -> None:
+    report = tmp_path / "watch.json"
+    port = free_port()
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+           "-m", "ddpdoctor", "watch", "--hang-timeout", "3", "--json", str(report),
+           str(EXAMPLES / "hang_eval_barrier.py")]
+    env = clean_env({"DDPDOCTOR_WATCH_PORT": str(free_port())})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(EXAMPLES))
+    assert proc.returncode != 0
+    data = json.loads(report.read_text())
+    assert data["status"] == "hang"
+    assert groups_by_rank(data["divergence"])[0]["site"] == site("hang_eval_barrier.py", "dist.barrier()  # BUG")
+    assert "HANG" in proc.stderr
+    assert leftovers("hang_eval_barrier.py") == []
+
+
+def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
+    missing = run_cli(["watch", str(tmp_path / "nope.py")])
+    assert missing.returncode == 2 and "script not found" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    bad = run_cli(["watch", "--hang-timeout", "0", str(EXAMPLES / "train_ok.py")])
+    assert bad.returncode == 2 and "--hang-timeout" in bad.stderr
+
+
+def test_script_arguments_are_not_taken_as_watch_options(tmp_path: Path) -> None:
+    script = tmp_path / "argv.py"
+    script.write_text("import sys\nprint('ARGV', sys.argv[1:])\nsys.exit(0)\n")
+    proc = run_cli(["watch", "--nproc", "1", str(script), "--json", "x", "--nproc", "7"])
+    assert proc.returncode == 0, proc.stderr
+    assert "ARGV ['--json', 'x', '--nproc', '7']" in proc.stdout
+    assert sys.executable  # the script ran under this interpreter's environment
