@@ -271,7 +271,7 @@ class Aggregator:
                 "rank": rank, "state": s.state, "pid": s.pid, "host": s.host,
                 "exit_code": s.exit_code, "signal": s.signal_name, "error": s.error or None,
                 "last_completed": {k: s.last.get(k) for k in ("op", "seq", "group", "site", "desc")} if s.last else None,
-                "waiting_in": waiting, "stack": s.stack or [],
+                "waiting_in": waiting, "issued": dict(s.seqs), "stack": s.stack or [],
             })
         divergence = self.divergence() if status != OK else None
         if divergence and all(g["state"] in ("exited", "crashed") for g in divergence["groups"]):

@@ -181,3 +181,40 @@ def test_script_arguments_are_not_taken_as_watch_options(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     assert "ARGV ['--json', 'x', '--nproc', '7']" in proc.stdout
     assert sys.executable  # the script ran under this interpreter's environment
+
+
+P2P_SCRIPT = """\
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+names = [None] * dist.get_world_size()
+dist.all_gather_object(names, f"rank{rank}")
+dist.barrier()
+if rank == 0:
+    dist.send(torch.zeros(4), dst=1)
+else:
+    dist.recv(torch.zeros(5), src=0)
+dist.destroy_process_group()
+"""
+
+
+def test_object_collectives_count_once_and_p2p_size_mismatch_names_send_and_recv(tmp_path: Path) -> None:
+    script = tmp_path / "p2p_mismatch.py"
+    script.write_text(P2P_SCRIPT)
+    report = tmp_path / "watch.json"
+    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report), str(script)],
+                   timeout=240, cwd=tmp_path)
+    data = json.loads(report.read_text())
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert data["status"] == "mismatch"
+    div = data["divergence"]
+    assert div["group"] == "WORLD:p2p:0->1" and div["seq"] == 1
+    by_rank = groups_by_rank(div)
+    assert (by_rank[0]["op"], by_rank[0]["site"]) == ("send", "p2p_mismatch.py:10")
+    assert (by_rank[1]["op"], by_rank[1]["site"]) == ("recv", "p2p_mismatch.py:12")
+    assert "float32[4]" in by_rank[0]["desc"] and "float32[5]" in by_rank[1]["desc"]
+    # all_gather_object runs all_gather inside torch: recorded once, as what the script called.
+    assert [rank["issued"] for rank in data["ranks"]] == [{"WORLD": 2}, {"WORLD": 2}]
+    assert leftovers("p2p_mismatch.py") == []

@@ -1,0 +1,137 @@
+"""The watch supervisor's bookkeeping and wording, fed with the messages ranks send (no processes).
+
+The multi-process behaviour is in test_watch.py; here the decisions themselves: what is a mismatch,
+when silence is a hang and when it is just a rank doing its own work, and how the report reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.watch_aggregate import CRASH, HANG, MISMATCH, OK, Aggregator
+from ddpdoctor.watch_report import divergence_line, render
+
+
+def rec(op: str, seq: int | None, site: str, sig: str = "", group: str = "WORLD",
+        members: list[int] | None = None) -> dict[str, Any]:
+    return {"op": op, "group": group, "members": members, "seq": seq, "sig": sig, "desc": sig, "site": site}
+
+
+def start(agg: Aggregator, rank: int, record: dict[str, Any], done: int, now: float,
+          seqs: dict[str, int] | None = None) -> None:
+    """A rank enters ``record`` (sent as records + beat, as the watchdog does)."""
+    agg.feed(rank, {"t": "rec", "recs": [record]}, now)
+    agg.feed(rank, {"t": "beat", "progress": 2 * done + 1, "done": done, "cur": record, "last": None,
+                    "seqs": seqs or {"WORLD": record["seq"] or done}}, now)
+
+
+def hello_all(agg: Aggregator, now: float = 0.0) -> None:
+    for rank in agg.ranks:
+        agg.feed(rank, {"t": "hello", "rank": rank, "pid": 100 + rank, "host": "h"}, now)
+
+
+def test_same_seq_different_op_is_a_mismatch_at_once() -> None:
+    agg = Aggregator(3, hang_timeout_s=60)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 57, "train.py:55", "float32[4]"), 56, 1.0)
+    start(agg, 2, rec("all_reduce", 57, "train.py:55", "float32[4]"), 56, 1.0)
+    assert agg.verdict(1.0) is None
+    start(agg, 1, rec("barrier", 57, "eval.py:40"), 56, 1.1)
+    assert agg.verdict(1.1) == MISMATCH
+    line = divergence_line(agg.divergence() or {})
+    assert line == "collective #57: ranks 0,2 in all_reduce float32[4] at train.py:55; rank 1 in barrier at eval.py:40"
+
+
+def test_same_op_different_shape_is_a_mismatch_but_equal_calls_are_not() -> None:
+    agg = Aggregator(2, hang_timeout_s=60)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 1, "a.py:3", "float32[3]"), 0, 1.0)
+    start(agg, 1, rec("all_reduce", 1, "a.py:3", "float32[3]"), 0, 1.0)
+    assert agg.verdict(1.0) is None and agg.expect == {}  # matched calls are forgotten (bounded memory)
+    start(agg, 0, rec("all_reduce", 2, "a.py:9", "float32[3]"), 1, 2.0)
+    start(agg, 1, rec("all_reduce", 2, "a.py:9", "float32[4]"), 1, 2.0)
+    assert agg.verdict(2.0) == MISMATCH
+
+
+def test_send_matches_recv_on_its_channel_and_a_size_difference_is_caught() -> None:
+    agg = Aggregator(2, hang_timeout_s=60)
+    hello_all(agg)
+    channel = "WORLD:p2p:0->1"
+    agg.feed(0, {"t": "rec", "recs": [rec("send", 1, "p.py:5", "float32[4]", channel, [0, 1])]}, 1.0)
+    agg.feed(1, {"t": "rec", "recs": [rec("irecv", 1, "p.py:8", "float32[4]", channel, [0, 1])]}, 1.0)
+    assert agg.verdict(1.0) is None
+    agg.feed(0, {"t": "rec", "recs": [rec("send", 2, "p.py:5", "float32[4]", channel, [0, 1])]}, 1.0)
+    agg.feed(1, {"t": "rec", "recs": [rec("recv", 2, "p.py:8", "float32[5]", channel, [0, 1])]}, 1.0)
+    assert agg.verdict(1.0) == MISMATCH
+
+
+def test_silence_is_a_hang_only_while_someone_waits_in_a_collective() -> None:
+    agg = Aggregator(2, hang_timeout_s=5)
+    hello_all(agg)
+    # Both ranks in their own code (say, a long evaluation): no hang however long it takes.
+    for rank in (0, 1):
+        agg.feed(rank, {"t": "beat", "progress": 4, "done": 2, "cur": None, "last": None, "seqs": {"WORLD": 2}}, 1.0)
+    assert agg.verdict(100.0) is None
+    start(agg, 0, rec("barrier", 3, "t.py:40"), 2, 101.0)
+    assert agg.verdict(105.0) is None
+    assert agg.verdict(106.5) == HANG
+    div = agg.divergence() or {}
+    assert div["seq"] == 3
+    assert "rank 0 in barrier at t.py:40" in divergence_line(div)
+    assert "rank 1 not in any collective" in divergence_line(div)
+
+
+def test_a_rank_that_exited_while_others_wait_is_named_with_its_exit() -> None:
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 7, "t.py:33", "float32[16]"), 6, 1.0)
+    agg.feed(1, {"t": "beat", "progress": 12, "done": 6, "cur": None, "last": None, "seqs": {"WORLD": 6}}, 1.0)
+    agg.feed(1, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 1.0)
+    agg.process_exited(1, 0, 1.0)
+    assert agg.verdict(2.0) is None
+    assert agg.verdict(3.5) == HANG
+    result = agg.result(HANG)
+    assert divergence_line(result["divergence"]) == (
+        "collective #7: rank 0 in all_reduce float32[16] at t.py:33; rank 1 exited (exit code 0)")
+    assert result["exit_code"] == 1
+    assert "HANG" in render(result)
+
+
+def test_crash_beats_hang_and_the_first_to_die_is_named_first() -> None:
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 4, "c.py:37", "float32[8]"), 3, 1.0)
+    agg.feed(1, None, 1.2)  # the channel closed: killed
+    agg.process_exited(1, -9, 1.3)
+    assert agg.verdict(3.5) == CRASH
+    result = agg.result(CRASH)
+    assert result["crash_order"] == [1]
+    text = render(result)
+    assert "rank 1 crashed first (killed by SIGKILL)" in text
+    assert "the rest were torn down" in text
+
+
+def test_clean_run_passes_the_first_nonzero_exit_code_through() -> None:
+    agg = Aggregator(3, hang_timeout_s=2)
+    hello_all(agg)
+    for rank, code in ((0, 0), (1, 4), (2, 3)):
+        agg.feed(rank, {"t": "exit", "code": code, "crashed": False, "error": ""}, 1.0)
+        agg.process_exited(rank, code, 1.0)
+    assert agg.verdict(9.0) == OK
+    assert agg.exit_code(OK) == 4
+    assert render(agg.result(OK)).startswith("ddpdoctor watch: ok: 3 ranks finished (exit code 4)")
+
+
+def test_pitfalls_merge_across_ranks_and_single_rank_jobs_skip_the_sampler_warning() -> None:
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    save = {"kind": "torch_save", "site": "t.py:50", "key": "/ckpt/last.pt"}
+    loader = {"kind": "dataloader_without_distributed_sampler", "site": "t.py:20", "key": "t.py:20"}
+    agg.feed(0, {"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": [save, loader]}, 1.0)
+    agg.feed(1, {"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": [save, loader]}, 1.0)
+    warnings = {w["kind"]: w for w in agg.result(OK)["warnings"]}
+    assert warnings["torch_save"]["ranks"] == [0, 1] and "/ckpt/last.pt" in warnings["torch_save"]["summary"]
+    assert warnings["dataloader_without_distributed_sampler"]["site"] == "t.py:20"
+    solo = Aggregator(1, hang_timeout_s=2)
+    solo.feed(0, {"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": [loader]}, 1.0)
+    assert solo.result(OK)["warnings"] == []
