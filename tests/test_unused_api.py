@@ -237,3 +237,20 @@ def test_fingerprint_travels_as_json_dicts() -> None:
     prints = [vars(p) for p in fingerprint(_Stateful())]
     assert {p["kind"] for p in prints} == {"param", "buffer"}
     assert compare_fingerprints({0: prints, 1: prints}) == []
+
+
+def test_ddp_wrapped_model_is_unwrapped_and_its_flag_judged() -> None:
+    import torch.distributed as dist
+
+    from tests.support import free_port
+
+    # A real one-rank gloo group: DDP cannot be constructed without one.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(M.healthy(), find_unused_parameters=True)
+        report = ddpdoctor.find_unused_parameters(ddp, M.batch)
+        assert set(report.always_used) == ENCODER | HEAD  # no "module." prefix
+        assert report.ddp_find_unused_parameters is True
+        assert report.recommendation.find_unused_costs_for_nothing
+    finally:
+        dist.destroy_process_group()
