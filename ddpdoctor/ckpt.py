@@ -17,6 +17,7 @@ from __future__ import annotations
 import pickle
 import re
 import struct
+import sys
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -158,8 +159,7 @@ def open_checkpoint(path: str | Path, *, trust: bool = False) -> Checkpoint:
         raise DoctorError(f"{p}: its data.pkl is damaged ({type(exc).__name__}: {exc})") from None
     unsafe: list[str] = []
     if trust:
-        allowed = ckpt_pickle.allowed_globals()
-        unsafe = [g for g in seen if g not in allowed]
+        unsafe = [g for g in seen if not ckpt_pickle.is_allowed(g)]
     return Checkpoint(p, fmt, root, size, unsafe_globals=unsafe, zip=zf)
 
 
@@ -183,29 +183,38 @@ def _dtype_name(obj: Any) -> str | None:
     return text[6:] if text.startswith("torch.") else None
 
 
+# Legacy storage class -> (dtype, bytes per element), as torch.serialization.StorageType maps them; kept
+# static so `strip` need not import torch (a test checks it against torch).
+STORAGE_DTYPES = {
+    "FloatStorage": ("float32", 4), "DoubleStorage": ("float64", 8), "HalfStorage": ("float16", 2),
+    "BFloat16Storage": ("bfloat16", 2), "LongStorage": ("int64", 8), "IntStorage": ("int32", 4),
+    "ShortStorage": ("int16", 2), "CharStorage": ("int8", 1), "ByteStorage": ("uint8", 1),
+    "BoolStorage": ("bool", 1), "ComplexFloatStorage": ("complex64", 8), "ComplexDoubleStorage": ("complex128", 16),
+    "QInt8Storage": ("qint8", 1), "QUInt8Storage": ("quint8", 1), "QInt32Storage": ("qint32", 4),
+    "QUInt4x2Storage": ("quint4x2", 1), "QUInt2x4Storage": ("quint2x4", 1), "UntypedStorage": ("uint8", 1),
+}
+
+
+def _storage_dtype(name: str) -> tuple[str, int]:
+    if name in STORAGE_DTYPES:
+        return STORAGE_DTYPES[name]
+    try:
+        import torch
+        from torch.serialization import StorageType
+
+        dtype = StorageType(name).dtype
+        return str(dtype)[6:], int(torch.empty((), dtype=dtype).element_size())
+    except (KeyError, AttributeError, TypeError, RuntimeError):
+        return name, 1
+
+
 def _storage_meta(pid: Any) -> tuple[str | None, str | None, int]:
     """(dtype, storage key, bytes) from a torch persistent id ('storage', type, key, location, numel)."""
     if not (isinstance(pid, tuple) and len(pid) == 5 and _text(pid[0]) == "storage"):
         return None, None, 0
     storage_type, key, _location, numel = pid[1:]
-    dtype = "uint8"
-    if isinstance(storage_type, Global) and storage_type.name != "UntypedStorage":
-        try:
-            from torch.serialization import StorageType
-
-            dtype = str(StorageType(storage_type.name).dtype)[6:]
-        except (KeyError, AttributeError):
-            dtype = storage_type.name
-    return dtype, str(_text(key)), int(numel) * _element_size(dtype)
-
-
-def _element_size(dtype: str) -> int:
-    import torch
-
-    dt = getattr(torch, dtype, None)
-    if isinstance(dt, torch.dtype):
-        return int(torch.empty((), dtype=dt).element_size())
-    return 1
+    dtype, size = _storage_dtype(storage_type.name if isinstance(storage_type, Global) else "UntypedStorage")
+    return dtype, str(_text(key)), int(numel) * size
 
 
 def tensor_meta(obj: Any) -> TensorMeta | None:
@@ -234,11 +243,9 @@ def tensor_meta(obj: Any) -> TensorMeta | None:
         if name == "torch._utils._rebuild_meta_tensor_no_storage" and len(args) >= 2:
             return TensorMeta(tuple(int(d) for d in args[1]), _dtype_name(args[0]), None, 0)
         return TensorMeta(None, None, None, 0)
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return None
-    if isinstance(obj, torch.Tensor):
+    # Real tensors exist only if torch was imported (legacy format, torch.load); never import it here.
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
         storage = obj.untyped_storage()
         return TensorMeta(tuple(obj.shape), str(obj.dtype)[6:], f"{storage.data_ptr()}:{id(storage)}"
                           if storage.data_ptr() == 0 else str(storage.data_ptr()), int(storage.nbytes()))

@@ -123,8 +123,9 @@ def _local_header(name: bytes, size: int, cursor: int) -> bytes:
     pad = (-start) % _ALIGN
     extra = zip64 + b"FB" + struct.pack("<H", pad) + b"Z" * pad
     flags = 0x0808 if size > 0 else 0x0800
-    sizes = _U32 if big else 0
-    return _LOCAL.pack(b"PK\x03\x04", 0, flags, 0, 0, 0, 0, sizes, sizes, len(name), len(extra)) + name + extra
+    # CRC and sizes live in the data descriptor and the central directory; torch leaves them 0 here,
+    # zip64 records included.
+    return _LOCAL.pack(b"PK\x03\x04", 0, flags, 0, 0, 0, 0, 0, 0, len(name), len(extra)) + name + extra
 
 
 def _descriptor(crc: int, size: int, cursor: int) -> bytes:

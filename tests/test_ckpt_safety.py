@@ -129,10 +129,15 @@ def _safetensors_out_of_range(path: Path) -> None:
     path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)  # 8 of 16 bytes
 
 
-BAD_INPUTS: dict[str, tuple[Callable[[Path], None] | None, str]] = {
+def _dcp_dir(path: Path) -> None:
+    path.mkdir()
+    (path / ".metadata").write_bytes(b"x")
+
+
+BAD_INPUTS: dict[str, tuple[Callable[[Path], object] | None, str]] = {
     "missing": (None, "not found"),
     "directory": (lambda p: p.mkdir(), "is a directory"),
-    "dcp_directory": (lambda p: (p.mkdir(), (p / ".metadata").write_bytes(b"x")), "torch.distributed.checkpoint"),
+    "dcp_directory": (_dcp_dir, "torch.distributed.checkpoint"),
     "empty": (lambda p: p.write_bytes(b""), "is empty"),
     "truncated_zip": (_truncated, "damaged zip"),
     "random_bytes": (lambda p: p.write_bytes(os.urandom(4096).replace(b"PK", b"pk")), "not a checkpoint"),
