@@ -48,16 +48,24 @@ def pattern(rank: int, start: int, length: int, k: int, dtype: str, device: Any)
     """v(rank, g) for g in [start, start + length), as ``dtype`` on ``device``."""
     import torch
 
-    g = torch.arange(start, start + length, dtype=torch.int64, device=device)
+    g = torch.arange(start, start + length, dtype=_index_dtype(start + length + 7 * rank), device=device)
     return ((g + 7 * rank) % k).to(torch_dtype(dtype))
+
+
+def _index_dtype(largest: int) -> Any:
+    """int32 indices while they fit: half the memory and time of int64 on 256 MiB buffers."""
+    import torch
+
+    return torch.int32 if largest < (1 << 31) - 1 else torch.int64
 
 
 def reduced(nranks: int, start: int, length: int, k: int, dtype: str, device: Any) -> Any:
     """sum over r < nranks of v(r, g): one pass per distinct (7 r mod k), at most k passes."""
     import torch
 
-    g = torch.arange(start, start + length, dtype=torch.int64, device=device)
-    total = torch.zeros(length, dtype=torch.int64, device=device)
+    index = _index_dtype(start + length + k)
+    g = torch.arange(start, start + length, dtype=index, device=device)
+    total = torch.zeros(length, dtype=_index_dtype(nranks * k), device=device)
     shifts: dict[int, int] = {}
     for r in range(nranks):
         shifts[(7 * r) % k] = shifts.get((7 * r) % k, 0) + 1

@@ -109,8 +109,8 @@ def test_pair_rounds_cover_every_pair_once_without_sharing_a_rank() -> None:
             flat = [x for p in r for x in p]
             assert len(flat) == len(set(flat))
     hosts = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"}
-    flat = [p for r in pair_schedule(hosts) for p in r]
-    assert sorted(flat) == [(0, 1), (0, 2), (0, 4), (2, 3), (2, 4), (4, 5)]
+    scheduled = [p for r in pair_schedule(hosts) for p in r]
+    assert sorted(scheduled) == [(0, 1), (0, 2), (0, 4), (2, 3), (2, 4), (4, 5)]
 
 
 # -- real ranks -----------------------------------------------------------------------------------
