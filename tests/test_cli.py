@@ -21,6 +21,7 @@ from tests.support import clean_env, run_cli
     (["check", "--input-shape", "4,x"], "--input-shape takes positive sizes"),
     (["check", "--checkpoint", "/nonexistent/ckpt.pt"], "no such file"),
     (["check", "--nproc", "two"], "Invalid value for '--nproc'"),
+    (["check", "--model", "m:f"], "--model needs an input for the unused_params check"),
     (["--bogus"], "No such option: --bogus"),
 ])
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:

@@ -83,6 +83,10 @@ def register(app: typer.Typer) -> None:
         checks = select_checks(only, skip)
         if not checks:
             raise DoctorError("--only/--skip leave no check to run")
+        if (model and not (batch or input_shape or checkpoint)
+                and any(c.id == "unused_params" for c in checks)):
+            raise DoctorError("--model needs an input for the unused_params check: give --batch MODULE:FN or "
+                              "--input-shape 4,16 (or --skip unused_params)")
         options = CheckOptions(timeout_s=timeout, checkpoint=checkpoint, model=model, batch=batch,
                                input_shape=parse_shape(input_shape), min_busbw_gbps=min_busbw, verbose=verbose)
         info = launcher.detect()
