@@ -91,6 +91,10 @@ def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, s
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(job_port))
+    if nproc > 1 and "OMP_NUM_THREADS" not in env:
+        # As torchrun does (torch/distributed/run.py): N ranks each using every core would oversubscribe
+        # the CPU many times over, and a watched run must perform like a torchrun one.
+        env["OMP_NUM_THREADS"] = "1"
     env[ADDR_ENV] = channel
     env[EXIT_ON_LOST_ENV] = "1"
     return env
