@@ -52,3 +52,18 @@ def have_netns() -> bool:
     """Network-namespace tests need root and iproute2's `ip`, `tc` and `unshare`."""
     return (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip") is not None
             and shutil.which("tc") is not None and shutil.which("unshare") is not None)
+
+
+def communicate_all(procs: Sequence[subprocess.Popen[str]], timeout: float = 150) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of every process; any still running at the end is killed, never left."""
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results

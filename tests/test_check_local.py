@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import clean_env, free_port, run_cli
+from tests.support import clean_env, communicate_all, free_port, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -81,24 +81,10 @@ def start_srun_style_ranks(world: int, port: int, tmp_path: Path, extra_env: dic
     return procs
 
 
-def finish(procs: list[subprocess.Popen[str]], timeout: float = 150) -> list[tuple[int, str, str]]:
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
-            results.append((proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return results
-
-
 def test_srun_style_launch_with_rank0_hosting_the_store(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     procs = start_srun_style_ranks(2, free_port(), tmp_path, args=("--json", str(out), "--timeout", "20"))
-    (code0, stdout0, err0), (code1, stdout1, _) = finish(procs)
+    (code0, stdout0, err0), (code1, stdout1, _) = communicate_all(procs)
     assert code0 == 0, stdout0 + err0
     assert code1 == 0
     assert "launcher slurm" in stdout0 and stdout1 == ""  # only rank 0 prints
@@ -112,7 +98,7 @@ def test_srun_style_rank_with_wrong_master_addr_says_what_it_could_not_reach(tmp
     wrong = free_port()
     procs = start_srun_style_ranks(2, port, tmp_path, extra_env={1: {"MASTER_PORT": str(wrong)}},
                                    args=("--timeout", "4"))
-    (code0, stdout0, _), (code1, _, err1) = finish(procs)
+    (code0, stdout0, _), (code1, _, err1) = communicate_all(procs)
     assert code0 == 1 and code1 == 1
     assert f"rank 1 on {socket.gethostname()}: cannot reach the control plane at MASTER_ADDR:MASTER_PORT " \
            f"127.0.0.1:{wrong}" in err1

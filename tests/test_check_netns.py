@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.netns import NetnsHosts
-from tests.support import clean_env
+from tests.support import clean_env, communicate_all
 
 pytestmark = [pytest.mark.requires_netns, pytest.mark.slow]
 
@@ -39,16 +39,7 @@ def run_two_hosts(tmp_path: Path, master_addr_b: str, timeout: str) -> tuple[lis
             procs.append(subprocess.Popen(
                 hosts.command(rank, hostname, argv), env=rank_env(rank, 2, master, hosts.ifname(rank)),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
-        results = []
-        try:
-            for proc in procs:
-                out, err = proc.communicate(timeout=150)
-                results.append((proc.returncode, out, err))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        results = communicate_all(procs)
     return results, json.loads(report.read_text()) if report.exists() else {}
 
 
