@@ -14,6 +14,7 @@ Python API: :func:`strip_prefix` and :func:`load_checkpoint_into`.
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import struct
@@ -645,6 +646,7 @@ class StripReport:
     state_dicts: list[dict[str, Any]]
     renamed_keys: int
     converted_from_legacy: bool = False
+    written: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -677,6 +679,9 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
         summary.append({"location": loc.name, "renamed_keys": len(renames),
                         "prefixes": [{"prefix": p, "keys": n} for p, n in counts.items()]})
         total += len(renames)
+    if total == 0 and out.exists() and os.path.samefile(out, ckpt.path):
+        # --in-place with nothing to strip: leave the file (and its mtime) alone.
+        return StripReport(str(ckpt.path), str(out), ckpt.format, summary, 0, written=False)
     try:
         with ckpt_io.atomic_output(out, mode_from=ckpt.path) as fh:
             if ckpt.zip is not None:

@@ -187,6 +187,10 @@ def test_strip_refuses_to_overwrite_input_unless_in_place(ex: Path, tmp_path: Pa
     assert res.returncode == 0, res.stderr
     assert next(iter(torch.load(src, weights_only=True)["net"])) == "fc1.weight"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp.pt"]  # no temp file left
+    stat = src.stat()
+    res = cli(["ckpt", "strip", str(src), "--in-place"])
+    assert res.returncode == 0 and "nothing to strip" in res.stdout
+    assert src.stat().st_mtime_ns == stat.st_mtime_ns
 
 
 def test_strip_given_prefix_and_key(tmp_path: Path) -> None:

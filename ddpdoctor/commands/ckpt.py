@@ -28,7 +28,7 @@ def _emit_json(data: dict[str, Any]) -> None:
 
 @ckpt_app.command("inspect")
 def inspect_cmd(
-    path: str = typer.Argument(..., help="Checkpoint file (.pt/.pth torch zip or legacy, or .safetensors)."),
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file (.pt/.pth torch zip or legacy, or .safetensors)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
 ) -> None:
@@ -49,11 +49,11 @@ def inspect_cmd(
 
 @ckpt_app.command("strip")
 def strip_cmd(
-    path: str = typer.Argument(..., help="Checkpoint file to read (never modified without --in-place)."),
-    output: str = typer.Option(None, "-o", "--output", help="Where to write the stripped checkpoint."),
-    prefix: list[str] = typer.Option(None, "--prefix", help="Prefix to remove (repeatable); default: the "
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file to read (never modified without --in-place)."),
+    output: str = typer.Option(None, "-o", "--output", metavar="OUT", help="Where to write the stripped checkpoint."),
+    prefix: list[str] = typer.Option(None, "--prefix", metavar="P", help="Prefix to remove (repeatable); default: the "
                                      "detected module. and _orig_mod."),
-    key: str = typer.Option(None, "--key", help="Only the state_dict at this entry (nested: a/b)."),
+    key: str = typer.Option(None, "--key", metavar="K", help="Only the state_dict at this entry (nested: a/b)."),
     in_place: bool = typer.Option(False, "--in-place", help="Replace PATH itself (still atomic)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print what was done as JSON."),
@@ -71,16 +71,19 @@ def strip_cmd(
     for sd in rep.state_dicts:
         pre = ", ".join(f"{p['prefix']!r} from {p['keys']} keys" for p in sd["prefixes"]) or "nothing to remove"
         typer.echo(f"{sd['location']}: {pre}")
+    if not rep.written:
+        typer.echo(f"nothing to strip: {rep.path} left unchanged")
+        return
     note = " (converted from the legacy format to the zip format)" if rep.converted_from_legacy else ""
     typer.echo(f"wrote {rep.output}: {rep.renamed_keys} keys renamed{note}")
 
 
 @ckpt_app.command("diff")
 def diff_cmd(
-    path: str = typer.Argument(..., help="Checkpoint file."),
-    model: str = typer.Option(..., "--model", help="MODULE:FACTORY building the model, e.g. mypkg.net:build "
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file."),
+    model: str = typer.Option(..., "--model", metavar="MODULE:FACTORY", help="MODULE:FACTORY building the model, e.g. mypkg.net:build "
                               "(or path/to/file.py:build)."),
-    key: str = typer.Option(None, "--key", help="Compare the state_dict at this entry (nested: a/b)."),
+    key: str = typer.Option(None, "--key", metavar="K", help="Compare the state_dict at this entry (nested: a/b)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:

@@ -1,0 +1,135 @@
+"""Benchmark `ddpdoctor ckpt strip` against `cp` and the plain PyTorch way (prints ratios; asserts nothing).
+
+    python tests/perf/ckpt_strip.py                 # ~1 GiB checkpoint (the issue's setting)
+    python tests/perf/ckpt_strip.py --size-mib 256  # quicker
+
+Builds a DDP-style checkpoint (``{"epoch", "model": {"module.<layer>.weight": ...}}``), then times, each
+in its own process with its peak RSS (``os.wait4``):
+
+- ``cp`` of the file (and ``cp`` + ``sync FILE``, since strip fsyncs its output before the rename);
+- the plain PyTorch way: ``torch.load(weights_only=True)`` + ``consume_prefix_in_state_dict_if_present`` +
+  ``torch.save`` (holds the whole checkpoint in memory);
+- ``ddpdoctor ckpt strip`` (renames keys in ``data.pkl``, copies tensor records in the kernel).
+
+Targets from the issue: strip <= 1.5x the time of cp, strip peak RSS < 256 MB whatever the size. The
+output is checked to load with ``torch.load(weights_only=True)`` and ``mmap=True``, equal tensor for tensor.
+Building and checking run in child processes, so this process stays small: a child's peak RSS starts from
+its parent's RSS at fork time on Linux, which would otherwise pollute the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+PLAIN_WAY = """
+import sys, torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+ckpt = torch.load(sys.argv[1], weights_only=True)
+consume_prefix_in_state_dict_if_present(ckpt["model"], "module.")
+torch.save(ckpt, sys.argv[2])
+"""
+
+
+def build(path: Path, size_mib: int, tensors: int) -> None:
+    """A DDP-style checkpoint of about ``size_mib`` MiB in ``tensors`` float32 tensors."""
+    import torch
+
+    per = max(1, size_mib * (1 << 20) // 4 // tensors)
+    gen = torch.Generator().manual_seed(0)
+    model = OrderedDict((f"module.layers.{i}.weight", torch.rand(per, generator=gen)) for i in range(tensors))
+    torch.save({"epoch": 7, "model": model, "config": {"lr": 3e-4}}, path)
+
+
+def run(cmd: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
+    return elapsed, usage.ru_maxrss * 1024
+
+
+def verify(src: Path, out: Path) -> None:
+    """The stripped file loads both ways and every tensor equals the original's."""
+    import torch
+
+    orig = torch.load(src, weights_only=True, mmap=True)
+    for mmap in (False, True):
+        new = torch.load(out, weights_only=True, mmap=mmap)
+        assert new["epoch"] == 7 and new["config"] == {"lr": 3e-4}
+        assert list(new["model"]) == [k[len("module."):] for k in orig["model"]]
+        for key, value in new["model"].items():
+            assert torch.equal(value, orig["model"]["module." + key]), key
+        del new
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mib", type=int, default=1024, help="checkpoint size (default 1024 MiB)")
+    parser.add_argument("--tensors", type=int, default=64, help="number of tensors (default 64)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per method; the median is reported")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temp dir, removed after)")
+    parser.add_argument("--phase", choices=["build", "verify"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase == "build":
+        build(Path(args.dir) / "ddp.pt", args.size_mib, args.tensors)
+        return
+    if args.phase == "verify":
+        verify(Path(args.dir) / "ddp.pt", Path(args.dir) / "strip.pt")
+        return
+
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ddpdoctor-perf-"))
+    work.mkdir(parents=True, exist_ok=True)
+    me = [sys.executable, __file__, "--dir", str(work), "--size-mib", str(args.size_mib),
+          "--tensors", str(args.tensors)]
+    try:
+        src = work / "ddp.pt"
+        subprocess.run([*me, "--phase", "build"], check=True)
+        size = src.stat().st_size
+        print(f"checkpoint: {size / 2**20:.0f} MiB, {args.tensors} tensors, in {work}")
+        methods = {
+            "cp": ["cp", str(src), str(work / "cp.pt")],
+            "cp + sync": ["sh", "-c", f"cp {src} {work / 'cps.pt'} && sync {work / 'cps.pt'}"],
+            "plain torch": [sys.executable, "-c", PLAIN_WAY, str(src), str(work / "plain.pt")],
+            "ddpdoctor strip": [sys.executable, "-m", "ddpdoctor", "ckpt", "strip", str(src), "-o",
+                                str(work / "strip.pt")],
+        }
+        run(methods["cp"])  # warm the page cache so every method reads the same way
+        times: dict[str, list[float]] = {name: [] for name in methods}
+        rss: dict[str, list[int]] = {name: [] for name in methods}
+        for _ in range(args.repeat):  # interleaved, so load from other processes hits every method alike
+            for name, cmd in methods.items():
+                t, r = run(cmd)
+                times[name].append(t)
+                rss[name].append(r)
+        results = {name: (statistics.median(times[name]), max(rss[name])) for name in methods}
+        subprocess.run([*me, "--phase", "verify"], check=True)
+        base = results["cp"][0]
+        print(f"{'method':<16} {'time_s':>8} {'x cp':>6} {'peak_rss_MB':>12}")
+        for name, (t, r) in results.items():
+            print(f"{name:<16} {t:8.2f} {t / base:6.2f} {r / 1e6:12.0f}")
+        strip_t, strip_rss = results["ddpdoctor strip"]
+        plain_t, plain_rss = results["plain torch"]
+        print(f"strip/cp time ratio: {strip_t / base:.2f} (target <= 1.5); plain/cp: {plain_t / base:.2f}; "
+              f"strip/(cp + sync): {strip_t / results['cp + sync'][0]:.2f}; plain/strip: {plain_t / strip_t:.2f}")
+        print(f"strip peak RSS: {strip_rss / 1e6:.0f} MB (target < 256 MB); plain: {plain_rss / 1e6:.0f} MB")
+        print("output verified: torch.load(weights_only=True) and mmap=True, tensors equal")
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
