@@ -76,7 +76,7 @@ class Record:
         self.t0 = time.time()
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "group": self.group, "members": self.members, "seq": self.seq,
+        return {"op": self.op, "group": self.group or None, "members": self.members, "seq": self.seq,
                 "sig": self.sig, "desc": self.desc, "site": self.site}
 
 
