@@ -29,7 +29,7 @@ from typing import Any
 
 from ddpdoctor.errors import EXIT_PROBLEM, DoctorError
 from ddpdoctor.runtime.launcher import LaunchInfo
-from ddpdoctor.watch_aggregate import OK, Aggregator
+from ddpdoctor.watch_aggregate import CRASH, OK, Aggregator
 from ddpdoctor.watch_channel import ADDR_ENV, Server
 from ddpdoctor.watch_report import render
 
@@ -202,7 +202,11 @@ class RankZeroSupervisor(threading.Thread):
         while status is None:
             _drain(self.server, self.agg, POLL_S)
             status = self.agg.verdict()
-        if status != OK:
+            if status is None and any(s.crashed for s in self.agg.ranks.values()):
+                # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
+                # once a rank has died: report now, without stacks, or never.
+                status = CRASH
+        if status not in (OK, CRASH):
             collect_stacks(self.server, self.agg)
         result = self.agg.result(status)
         self.exit_code = int(result["exit_code"])
