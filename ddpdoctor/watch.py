@@ -173,6 +173,7 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
             collect_stacks(server, agg)
     except _Interrupted as exc:
         teardown(procs)
+        print(f"ddpdoctor watch: interrupted ({exc}); every rank was stopped", file=sys.stderr, flush=True)
         raise KeyboardInterrupt(str(exc)) from None
     finally:
         for sig, handler in previous.items():

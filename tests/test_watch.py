@@ -218,3 +218,39 @@ def test_object_collectives_count_once_and_p2p_size_mismatch_names_send_and_recv
     # all_gather_object runs all_gather inside torch: recorded once, as what the script called.
     assert [rank["issued"] for rank in data["ranks"]] == [{"WORLD": 2}, {"WORLD": 2}]
     assert leftovers("p2p_mismatch.py") == []
+
+
+def test_under_torchrun_a_crashed_rank_is_reported_by_rank0(tmp_path: Path) -> None:
+    report = tmp_path / "watch.json"
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "-m", "ddpdoctor", "watch", "--hang-timeout", "3", "--json", str(report),
+           str(EXAMPLES / "crash_rank.py"), "--mode", "raise"]
+    env = clean_env({"DDPDOCTOR_WATCH_PORT": str(free_port())})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(EXAMPLES))
+    assert proc.returncode != 0
+    data = json.loads(report.read_text())
+    assert data["status"] == "crash" and data["crash_order"] == [1]
+    assert "ValueError: corrupt sample" in data["ranks"][1]["error"]
+    assert leftovers("crash_rank.py") == []
+
+
+def test_interrupting_watch_tears_down_every_rank(tmp_path: Path) -> None:
+    import signal
+
+    cmd = [sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", "--hang-timeout", "600",
+           str(EXAMPLES / "hang_eval_barrier.py")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        deadline = time.monotonic() + 120
+        # The supervisor's own command line names the script too: wait for it plus two ranks.
+        while len(leftovers("hang_eval_barrier.py")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(leftovers("hang_eval_barrier.py")) >= 3, "the ranks never started"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert leftovers("hang_eval_barrier.py") == []
