@@ -369,8 +369,8 @@ def plan_renames(keys: Iterable[str], prefixes: Iterable[str] | None = None, *, 
         if new in owner:
             raise DuplicateKeyError(
                 f"renaming would create duplicate key {new!r} in {where}: both {owner[new]!r} and {key!r} map to "
-                "it (the checkpoint mixes wrapped and unwrapped weights); pick one with --prefix/--key, or "
-                "clean it in Python")
+                "it (the checkpoint mixes wrapped and unwrapped weights); keep one copy of each key in Python "
+                "and save again")
         owner[new] = key
         if new != key:
             renames[key] = new
@@ -593,7 +593,11 @@ def inspect_checkpoint(ckpt: Checkpoint) -> dict[str, Any]:
                 f"{fix}   (or in Python: ddpdoctor.load_checkpoint_into(model, {str(ckpt.path)!r}))"))
         if not rep["prefixes"]:
             findings.append(_finding("pass", f"{rep['location']}: {rep['keys']} keys, no wrapper prefixes"))
-    if not locs:
+    if not locs and isinstance(ckpt.root, Reduced) and top is None:
+        findings.append(_finding(
+            "warn", f"the file pickles a whole object ({ckpt.root.func_name or '?'}), not a state_dict",
+            "save model.state_dict() instead: whole pickled models break when the code moves or changes"))
+    elif not locs:
         findings.append(_finding("warn", "no state_dict found (no mapping of names to tensors within 3 levels)",
                                  "name it with --key, e.g. --key model/state_dict"))
     if ckpt.unsafe_globals:
@@ -781,7 +785,11 @@ def best_fix(ckpt_shapes: dict[str, Any], model_shapes: dict[str, Any]) -> tuple
         if best is None or score > best[0]:
             best = (score, fix, cmp)
     assert best is not None  # the identity candidate never collides
-    return best[1], best[2]
+    fix = best[1]
+    if fix.strip == KNOWN_PREFIXES:
+        # Name only the wrapper prefixes these keys carry, in the order they appear.
+        fix = Fix(tuple(_used_prefixes(ckpt_shapes)), fix.add)
+    return fix, best[2]
 
 
 def _shapes(node: Any) -> dict[str, Any]:
@@ -824,8 +832,7 @@ def diff_against(ckpt: Checkpoint, model: nn.Module, key: str | None = None,
         rep.update(status="pass", summary=f"{loc.name} loads into the model with strict=True "
                                           f"({len(shapes)} keys)", remedy="")
     elif (fix.strip or fix.add) and after["loads_strict"]:
-        rep["fix"] = {"strip_prefixes": list(fix.strip if fix.strip != KNOWN_PREFIXES else _used_prefixes(shapes)),
-                      "add_prefix": fix.add, "description": fix.describe(), "loads_strict_after": True}
+        rep["fix"] = {"strip_prefixes": list(fix.strip), "add_prefix": fix.add, "description": fix.describe(), "loads_strict_after": True}
         rep.update(status="fail", summary=f"{loc.name} does not load as is ({len(raw['missing'])} missing, "
                    f"{len(raw['unexpected'])} unexpected keys); it loads with strict=True after: {fix.describe()}",
                    remedy=_fix_remedy(ckpt.path, fix, rep["fix"]["strip_prefixes"]))

@@ -310,3 +310,13 @@ def test_load_checkpoint_into_fixes_prefixes_both_ways(ex: Path, tmp_path: Path)
         ddpdoctor.load_checkpoint_into(MLP(width=16), ex / "ddp.pt")
     rep = ddpdoctor.load_checkpoint_into(MLP(), ex / "ddp_compiled.pt")
     assert rep.stripped_prefixes == ["module.", "_orig_mod."]
+
+
+def test_whole_pickled_model_needs_trust_and_is_explained(tmp_path: Path, cli: Any) -> None:
+    path = tmp_path / "whole.pt"
+    torch.save(make_mlp(), path)
+    res = cli(["ckpt", "inspect", str(path)])
+    assert res.returncode == 2 and "examples.ckpt_models.MLP" in res.stderr
+    res = cli(["ckpt", "inspect", str(path), "--trust"])
+    assert res.returncode == 0
+    assert "pickles a whole object (examples.ckpt_models.MLP), not a state_dict" in res.stdout
