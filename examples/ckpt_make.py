@@ -44,7 +44,8 @@ def make_all(outdir: Path) -> None:
                        outdir / "legacy_ddp.pt", _use_new_zipfile_serialization=False)
             # torch.compile only wraps here (OptimizedModule); nothing is compiled until forward.
             torch.save(DDP(torch.compile(make_mlp())).state_dict(), outdir / "ddp_compiled.pt")
-            torch.save(torch.compile(DDP(make_mlp())).state_dict(), outdir / "compiled_ddp.pt")
+            compiled_ddp: torch.nn.Module = torch.compile(DDP(make_mlp()))  # type: ignore[assignment]
+            torch.save(compiled_ddp.state_dict(), outdir / "compiled_ddp.pt")
             plain = make_mlp().state_dict()
             torch.save({"model_state_dict": plain}, outdir / "plain.pt")
             mixed = OrderedDict(ddp.state_dict())
