@@ -15,6 +15,7 @@ arithmetic (``_get_offset`` in ``torch.serialization._load``) therefore holds fo
 
 from __future__ import annotations
 
+import os
 import struct
 import zipfile
 import zlib
@@ -114,7 +115,9 @@ def _local_header(name: bytes, size: int, cursor: int) -> bytes:
     if big:
         body = b""
         if size >= _U32:
-            body += struct.pack("<QQ", size, size)
+            # miniz writes the local header before the payload: compressed size 0 here, the real
+            # value is in the data descriptor and the central directory.
+            body += struct.pack("<QQ", size, 0)
         if cursor >= _U32:
             body += struct.pack("<Q", cursor)
         zip64 = struct.pack("<HH", 1, len(body)) + body
@@ -167,6 +170,9 @@ def rewrite(src: TorchZip, out: BinaryIO, new_pickle: bytes) -> None:
     central: list[bytes] = []
     cursor = 0
     with src.path.open("rb") as fin:
+        if hasattr(os, "posix_fadvise"):
+            # Same hint `cp` gives the kernel: read-ahead aggressively, the file is read once front to back.
+            os.posix_fadvise(fin.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         for rec in src.records:
             name = rec.name.encode("utf-8")
             if rec.name == pkl_name:

@@ -1,0 +1,78 @@
+"""The zip writer reproduces torch.save's layout byte for byte, zip64 records included.
+
+torch.save under ``torch.serialization.skip_data()`` writes every header but seeks over tensor bytes, so a
+>4 GiB checkpoint costs a few KB of disk (a sparse file): its headers are the reference for ours.
+"""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpdoctor import ckpt_zip
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("big") / "big.pt"
+    # torch.empty does not touch its pages: 4 GiB of address space, no RAM.
+    sd = {"module.huge": torch.empty(2**30 + 16, dtype=torch.float32), "module.after": torch.empty(100),
+          "module.empty": torch.empty(0)}
+    with torch.serialization.skip_data():
+        torch.save(sd, path)
+    assert path.stat().st_size > 2**32
+    if path.stat().st_blocks * 512 > 2**30:
+        pytest.skip("this filesystem does not keep the file sparse")
+    return path
+
+
+def _raw(path: Path, offset: int, size: int) -> bytes:
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        return fh.read(size)
+
+
+def test_local_headers_and_descriptors_match_torch(big: Path) -> None:
+    zf = ckpt_zip.open_zip(big)
+    assert any(r.size >= 2**32 for r in zf.records) and any(r.header_offset >= 2**32 for r in zf.records)
+    for rec in zf.records:
+        name = rec.name.encode()
+        mine = ckpt_zip._local_header(name, rec.size, rec.header_offset)
+        assert mine == _raw(big, rec.header_offset, len(mine)), rec.name
+        assert rec.header_offset + len(mine) == rec.data_offset and rec.data_offset % 64 == 0
+        desc = ckpt_zip._descriptor(rec.crc, rec.size, rec.header_offset)
+        assert desc == _raw(big, rec.data_offset + rec.size, len(desc)), rec.name
+
+
+def test_central_directory_and_end_records_match_torch(big: Path) -> None:
+    zf = ckpt_zip.open_zip(big)
+    with zipfile.ZipFile(big) as z:
+        infos = sorted(z.infolist(), key=lambda i: i.header_offset)
+    size = big.stat().st_size
+    tail = _raw(big, size - 22, 22)
+    (_, _, _, _, count, cd_size, cd_offset_small, _) = struct.unpack("<4sHHHHIIH", tail)
+    locator = _raw(big, size - 22 - 20, 20)
+    eocd64 = _raw(big, struct.unpack("<4sIQI", locator)[2], 56)
+    cd_offset = struct.unpack("<4sQHHIIQQQQ", eocd64)[9]
+    central = b"".join(ckpt_zip._central_entry(r.name.encode(), r.crc, r.size, r.header_offset)
+                       for r in zf.records)
+    assert len(infos) == count == len(zf.records)
+    assert central == _raw(big, cd_offset, cd_size)
+    ends = ckpt_zip._end_records(count, cd_offset, cd_size)
+    assert ends == _raw(big, cd_offset + cd_size, len(ends))
+    assert cd_offset_small == min(cd_offset, 0xFFFFFFFF)
+
+
+def test_rewrite_with_the_same_pickle_reproduces_the_file_byte_for_byte(tmp_path: Path) -> None:
+    src = tmp_path / "ckpt.pt"
+    torch.save({"module.w": torch.randn(100, 3), "module.e": torch.empty(0), "epoch": 2,
+                "module.b": torch.ones(7, dtype=torch.bfloat16)}, src)
+    zf = ckpt_zip.open_zip(src)
+    out = tmp_path / "out.pt"
+    with out.open("w+b") as fh:
+        ckpt_zip.rewrite(zf, fh, zf.read("data.pkl"))
+    assert out.read_bytes() == src.read_bytes()
