@@ -254,3 +254,16 @@ def test_interrupting_watch_tears_down_every_rank(tmp_path: Path) -> None:
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err
     assert leftovers("hang_eval_barrier.py") == []
+
+
+def test_under_torchrun_a_clean_run_passes_through(tmp_path: Path) -> None:
+    report = tmp_path / "watch.json"
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "-m", "ddpdoctor", "watch", "--json", str(report), str(EXAMPLES / "train_ok.py"), "--epochs", "1",
+           "--steps", "2"]
+    env = clean_env({"DDPDOCTOR_WATCH_PORT": str(free_port())})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(EXAMPLES))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TRAIN_OK steps=2" in proc.stdout
+    data = json.loads(report.read_text())
+    assert data["status"] == "ok" and [r["state"] for r in data["ranks"]] == ["exited", "exited"]
