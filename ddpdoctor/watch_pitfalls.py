@@ -163,9 +163,9 @@ def merge(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> list[di
             entry["ranks"].append(rank)
     warnings = []
     for (kind, key), entry in grouped.items():
-        if kind == "dataloader_without_distributed_sampler" and world_size < 2:
-            continue
-        if kind == "torch_save" and len(entry["ranks"]) < 2:
+        # Both are about several ranks doing the same thing: one rank alone (a rank-0-only evaluation
+        # loader, rank 0 saving) is how it should be.
+        if kind in ("dataloader_without_distributed_sampler", "torch_save") and len(entry["ranks"]) < 2:
             continue
         summary, remedy = MESSAGES[kind]
         warnings.append({"kind": kind, "site": entry["site"], "ranks": entry["ranks"],

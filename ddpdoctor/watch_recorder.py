@@ -238,6 +238,8 @@ def _collective_maker(rec: Recorder, op: str, original: Callable[..., Any]) -> C
 
     def make(args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Record:
         group, members = rec.group_of(get_group(args, kwargs))
+        # A rank outside the group returns at once without taking part: nothing to number or compare.
+        seq = rec.next_seq(group) if members is None or rec.rank in members else None
         desc = describe(get_tensor(args, kwargs)) if tensor_param else ""
         root = get_root(args, kwargs)
         # Where shapes may differ, only the dtype is compared: "float32[8] x2" -> "float32".
@@ -245,7 +247,7 @@ def _collective_maker(rec: Recorder, op: str, original: Callable[..., Any]) -> C
         if root is not None:
             sig += f" {root_param}={root}"
             desc += f"{', ' if desc else ''}{root_param}={root}"
-        return Record(op, group, members, rec.next_seq(group), sig, desc, site)
+        return Record(op, group, members, seq, sig, desc, site)
 
     return make
 
