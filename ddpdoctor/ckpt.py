@@ -215,7 +215,14 @@ def _storage_meta(pid: Any) -> tuple[str | None, str | None, int]:
         return None, None, 0
     storage_type, key, _location, numel = pid[1:]
     dtype, size = _storage_dtype(storage_type.name if isinstance(storage_type, Global) else "UntypedStorage")
-    return dtype, str(_text(key)), int(numel) * size
+    return dtype, str(_text(key)), numel * size if type(numel) is int else 0
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    """A shape from a pickled size tuple; None if it is not plain integers."""
+    if isinstance(value, (tuple, list)) and all(type(d) is int for d in value):
+        return tuple(value)
+    return None
 
 
 def tensor_meta(obj: Any) -> TensorMeta | None:
@@ -232,8 +239,7 @@ def tensor_meta(obj: Any) -> TensorMeta | None:
             dtype, key, nbytes = _storage_meta(args[0].pid) if isinstance(args[0], PidRef) else (None, None, 0)
             if name == "torch._utils._rebuild_tensor_v3" and len(args) >= 7:
                 dtype = _dtype_name(args[6]) or dtype
-            shape = tuple(int(d) for d in args[2]) if isinstance(args[2], (tuple, list)) else None
-            return TensorMeta(shape, dtype, key, nbytes)
+            return TensorMeta(_shape(args[2]), dtype, key, nbytes)
         if name in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
                     "torch.nn.parameter.Parameter", "torch._utils._rebuild_device_tensor_from_cpu_tensor") \
                 and args:
@@ -242,7 +248,7 @@ def tensor_meta(obj: Any) -> TensorMeta | None:
             inner = Reduced(args[0], args[2])
             return tensor_meta(inner) or TensorMeta(None, None, None, 0)
         if name == "torch._utils._rebuild_meta_tensor_no_storage" and len(args) >= 2:
-            return TensorMeta(tuple(int(d) for d in args[1]), _dtype_name(args[0]), None, 0)
+            return TensorMeta(_shape(args[1]), _dtype_name(args[0]), None, 0)
         return TensorMeta(None, None, None, 0)
     # Real tensors exist only if torch was imported (legacy format, torch.load); never import it here.
     torch = sys.modules.get("torch")
@@ -313,8 +319,10 @@ def _resolve_key(root: Any, key: str) -> StateDictLoc:
                               f"(its keys: {keys})")
         node = match[-1]
         path = (*path, part)
-    if mapping_pairs(node) is None:
-        raise DoctorError(f"--key {key}: that entry is not a mapping of names to tensors")
+    pairs = mapping_pairs(node)
+    if pairs is None or not all(isinstance(k, str) for k, _ in pairs) \
+            or not any(tensor_meta(v) is not None for _, v in pairs):
+        raise DoctorError(f"--key {key}: that entry is not a state_dict (a mapping of names to tensors)")
     return StateDictLoc(path, node)
 
 

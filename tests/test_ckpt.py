@@ -320,3 +320,15 @@ def test_whole_pickled_model_needs_trust_and_is_explained(tmp_path: Path, cli: A
     res = cli(["ckpt", "inspect", str(path), "--trust"])
     assert res.returncode == 0
     assert "pickles a whole object (examples.ckpt_models.MLP), not a state_dict" in res.stdout
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    ("nope", "no entry 'nope' in the checkpoint (its keys: epoch, net, optimizer, config)"),
+    ("optimizer", "not a state_dict"),
+    ("optimizer/state", "not a state_dict"),
+    ("epoch/x", "is not a mapping"),
+])
+def test_strip_bad_key_is_exit_2(ex: Path, tmp_path: Path, cli: Any, key: str, expected: str) -> None:
+    res = cli(["ckpt", "strip", str(ex / "ddp.pt"), "-o", str(tmp_path / "o.pt"), "--key", key])
+    assert res.returncode == 2 and expected in res.stderr, res.stderr
+    assert list(tmp_path.iterdir()) == []
