@@ -19,7 +19,6 @@ import pickle
 import re
 import struct
 import sys
-import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -129,9 +128,10 @@ def _torch_load(path: Path, *, trust: bool, mmap: bool) -> Any:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         useful = [ln for ln in lines if not ln.startswith(("Weights only load failed", "Check the documentation"))]
         raise DoctorError(f"{path} could not be unpickled: {(useful or lines or ['?'])[0]}") from None
-    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, IndexError, KeyError) as exc:
+    except Exception as exc:
+        # A damaged file makes torch.load raise almost anything (AssertionError, KeyError, struct.error...).
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DoctorError(f"{path} is damaged and cannot be loaded: {first}") from None
+        raise DoctorError(f"{path} is damaged and cannot be loaded: {type(exc).__name__}: {first}") from None
 
 
 def open_checkpoint(path: str | Path, *, trust: bool = False) -> Checkpoint:

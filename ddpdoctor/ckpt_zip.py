@@ -78,7 +78,8 @@ def open_zip(path: Path) -> TorchZip:
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, struct.error,
+            NotImplementedError, KeyError, IndexError) as exc:
         raise DoctorError(f"{path} is a damaged zip (truncated or corrupt: {exc}); "
                           "use another copy of the checkpoint") from None
     names = [i.filename for i in infos]
@@ -96,6 +97,8 @@ def open_zip(path: Path) -> TorchZip:
             if info.compress_type != zipfile.ZIP_STORED:
                 raise DoctorError(f"{path}: record {info.filename} is compressed; torch checkpoints are "
                                   "stored uncompressed (was the file re-zipped?) — re-save it with torch.save")
+            if not 0 <= info.header_offset < file_size:
+                raise DoctorError(f"{path} is corrupt: record {info.filename} starts outside the file")
             fh.seek(info.header_offset)
             head = fh.read(_LOCAL.size)
             if len(head) != _LOCAL.size or head[:4] != b"PK\x03\x04":

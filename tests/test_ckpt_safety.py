@@ -222,3 +222,40 @@ def test_output_is_a_directory_is_refused(tmp_path: Path, cli: Any) -> None:
     torch.save({"module.w": torch.ones(2)}, src)
     code, _, err = cli(["ckpt", "strip", str(src), "-o", str(tmp_path)])
     assert code == 2 and "is a directory" in err
+
+
+@pytest.mark.parametrize(("name", "count"), [("zip", 250), ("legacy", 60), ("safetensors", 150)])
+def test_random_corruption_never_crashes(tmp_path: Path, cli: Any, name: str, count: int) -> None:
+    """Flipped bytes, truncations and deletions anywhere: exit 0/1/2, never 3 (a ddpdoctor bug)."""
+    import random
+
+    sd = {f"module.{k}": v for k, v in make_mlp().state_dict().items()}
+    good = tmp_path / "good"
+    if name == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(sd, str(good))
+    else:
+        torch.save({"net": sd, "epoch": 1}, good, _use_new_zipfile_serialization=name == "zip")
+    src = good.read_bytes()
+    rng = random.Random(name)
+    bad = tmp_path / "bad.pt"
+    for _ in range(count):
+        data = bytearray(src)
+        mode = rng.random()
+        if mode < 0.6:
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif mode < 0.8:
+            del data[rng.randrange(len(data)):]
+        else:
+            start = rng.randrange(len(data))
+            del data[start:start + rng.randint(1, 64)]
+        bad.write_bytes(bytes(data))
+        for args in (["ckpt", "inspect", str(bad)], ["ckpt", "strip", str(bad), "-o", str(tmp_path / "o.pt")]):
+            code, _, err = cli(args)
+            assert code in (0, 1, 2), err
+            if code == 2:
+                assert len(err.strip().splitlines()) == 1, err
+                assert not (tmp_path / "o.pt").exists()
+        (tmp_path / "o.pt").unlink(missing_ok=True)
