@@ -156,7 +156,7 @@ def open_checkpoint(path: str | Path, *, trust: bool = False) -> Checkpoint:
     except ckpt_pickle.UnsafeGlobalError as exc:
         raise DoctorError(_unsafe_message(p, exc.name)) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
-            AttributeError, struct.error) as exc:
+            AttributeError, struct.error, RecursionError) as exc:
         raise DoctorError(f"{p}: its data.pkl is damaged ({type(exc).__name__}: {exc})") from None
     unsafe: list[str] = []
     if trust:
@@ -697,7 +697,10 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
     try:
         with ckpt_io.atomic_output(out, mode_from=ckpt.path) as fh:
             if ckpt.zip is not None:
-                new_pickle = ckpt_pickle.dumps(ckpt.root)
+                try:
+                    new_pickle = ckpt_pickle.dumps(ckpt.root)
+                except RecursionError:
+                    raise DoctorError(f"{ckpt.path}: its pickle nests objects too deeply to rewrite") from None
                 ckpt_pickle.loads(new_pickle, trust=True)  # cheap self-check before anything is renamed
                 ckpt_zip.rewrite(ckpt.zip, fh, new_pickle)
             elif ckpt.safetensors is not None:
