@@ -948,7 +948,11 @@ def load_checkpoint_into(model: nn.Module, path: str | Path, *, key: str | None 
     fmt = detect_format(p)
     if fmt == FORMAT_SAFETENSORS:
         ckpt_safetensors.open_safetensors(p)  # validate the header first: a clear error, not a Rust panic
-        from safetensors.torch import load_file
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise DoctorError("loading .safetensors needs the safetensors package: "
+                              "pip install 'ddpdoctor[safetensors]' (inspect and strip do not)") from None
 
         root: Any = load_file(str(p), device="cpu")
     else:

@@ -310,6 +310,11 @@ def test_load_checkpoint_into_fixes_prefixes_both_ways(ex: Path, tmp_path: Path)
         ddpdoctor.load_checkpoint_into(MLP(width=16), ex / "ddp.pt")
     rep = ddpdoctor.load_checkpoint_into(MLP(), ex / "ddp_compiled.pt")
     assert rep.stripped_prefixes == ["module.", "_orig_mod."]
+    for name in ("ddp.safetensors", "legacy_ddp.pt"):
+        fresh = MLP()
+        rep = ddpdoctor.load_checkpoint_into(fresh, ex / name)
+        assert rep.stripped_prefixes == ["module."] and rep.loaded_keys == 9, name
+        assert torch.equal(fresh.fc2.weight, saved["module.fc2.weight"]), name
 
 
 def test_whole_pickled_model_needs_trust_and_is_explained(tmp_path: Path, cli: Any) -> None:
