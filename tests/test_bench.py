@@ -260,14 +260,19 @@ def test_bandwidth_check_fails_below_threshold(tmp_path: Path) -> None:
     assert [r["bytes"] for r in rows] == [256 << 10, 1 << 20, 4 << 20] and all(r["wrong"] == 0 for r in rows)
 
 
-def test_bandwidth_check_in_ddpdoctor_check() -> None:
+def test_bandwidth_check_in_ddpdoctor_check(tmp_path: Path) -> None:
     from ddpdoctor.checks import CHECK_IDS
 
     if "bandwidth" not in CHECK_IDS:
         pytest.skip("the bandwidth check is not registered in checks/__init__.py yet")
-    proc = run_cli(["check", "--nproc", "2", "--only", "bandwidth", "--min-busbw", "100000"], timeout=180)
+    out = tmp_path / "check.json"
+    proc = run_cli(["check", "--nproc", "2", "--only", "bandwidth", "--min-busbw", "100000", "--json", str(out)],
+                   timeout=180)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "below --min-busbw 100000 GB/s" in proc.stdout
+    assert "below --min-busbw" in proc.stdout
+    findings = json.loads(out.read_text())["findings"]
+    assert [f["summary"] for f in findings if f["status"] == "fail"] == [
+        next(f["summary"] for f in findings if "below --min-busbw 100000 GB/s" in f["summary"])]
 
 
 # -- across "hosts": network namespaces -----------------------------------------------------------

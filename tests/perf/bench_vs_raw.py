@@ -7,8 +7,9 @@ itself (torchrun), and on each rank alternates, size by size and round by round,
   warmup, timed loop, each rank's time combined, then the untimed correctness call), and
 - a bare loop: barrier, the same warmup, ``dist.all_reduce`` ``iters`` times under ``time.perf_counter``,
 
-so drifts in machine load hit both alike. It prints the median busbw of each and their ratio per size
-(target: >= 0.97 at every size >= 1 MiB). It prints numbers; it asserts nothing.
+so drifts in machine load hit both alike. A second bare loop in each round gives the noise floor (bare vs
+bare). It prints the median busbw of each and the median of the per-round ratios per size (target:
+ddpdoctor/bare >= 0.97 at every size >= 1 MiB). It prints numbers; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -51,25 +52,29 @@ def rank_main(args: argparse.Namespace) -> None:
     sizes = [(1 << 20) * (4 ** i) for i in range(10) if 4 ** i <= args.max_mib]
     tool: dict[int, list[float]] = {s: [] for s in sizes}
     bare: dict[int, list[float]] = {s: [] for s in sizes}
+    bare2: dict[int, list[float]] = {s: [] for s in sizes}
+    kinds = ("tool", "bare", "bare2")
     for rnd in range(args.rounds):
         for size in sizes:
-            # Alternate which goes first, so neither always runs on a warmer cache.
-            order = ("tool", "bare") if rnd % 2 == 0 else ("bare", "tool")
-            for which in order:
+            # Rotate which goes first, so none always runs on a warmer cache or a quieter machine.
+            for which in kinds[rnd % 3:] + kinds[:rnd % 3]:
                 if which == "tool":
                     row = measure_row("all_reduce", size, "float", args.iters, args.warmup, True,
                                       torch.device("cpu"))
                     assert row.wrong == 0
                     tool[size].append(row.busbw_gbps)
                 else:
-                    bare[size].append(bare_busbw(size, args.iters, args.warmup))
+                    (bare if which == "bare" else bare2)[size].append(bare_busbw(size, args.iters, args.warmup))
     if dist.get_rank() == 0:
         print(f"all_reduce, {dist.get_world_size()} ranks, gloo, iters {args.iters}, warmup {args.warmup}, "
               f"{args.rounds} interleaved rounds (median busbw)")
-        print(f"{'size':>10} {'ddpdoctor GB/s':>15} {'bare GB/s':>10} {'ratio':>7}")
+        print(f"{'size':>10} {'ddpdoctor GB/s':>15} {'bare GB/s':>10} {'ddpdoctor/bare':>15} "
+              f"{'bare/bare (noise)':>18}")
         for size in sizes:
             t, b = statistics.median(tool[size]), statistics.median(bare[size])
-            print(f"{size >> 20:>6} MiB {t:>15.3f} {b:>10.3f} {t / b:>7.3f}")
+            ratio = statistics.median(x / y for x, y in zip(tool[size], bare[size], strict=True))
+            noise = statistics.median(x / y for x, y in zip(bare2[size], bare[size], strict=True))
+            print(f"{size >> 20:>6} MiB {t:>15.3f} {b:>10.3f} {ratio:>15.3f} {noise:>18.3f}")
         sys.stdout.flush()
     dist.barrier()
     os._exit(0)
