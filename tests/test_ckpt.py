@@ -35,8 +35,8 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+@pytest.fixture(name="cli")
+def cli_fixture(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
     """Run ``ddpdoctor ARGS`` in-process through ``cli.main`` (the console entry point).
 
     Same code path as the installed command, without paying torch's import per call; the tests marked

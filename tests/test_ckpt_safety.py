@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import os
 import pickle
+import subprocess
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 
 from examples.ckpt_models import make_mlp
 from tests.support import REPO, run_cli
+from tests.test_ckpt import cli_fixture  # noqa: F401 - provides the in-process `cli` fixture
 
 
 class _Evil:
@@ -28,20 +30,8 @@ class _Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``ddpdoctor ARGS`` in-process through ``cli.main`` (the console entry point): (code, out, err)."""
-    from ddpdoctor.cli import main
-
-    monkeypatch.chdir(REPO)
-
-    def run(args: list[str]) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(args)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+def _triple(res: subprocess.CompletedProcess[str]) -> tuple[int, str, str]:
+    return res.returncode, res.stdout, res.stderr
 
 
 def _evil_checkpoints(tmp: Path) -> tuple[Path, list[Path]]:
@@ -62,7 +52,7 @@ def test_malicious_checkpoint_is_refused_and_never_runs(tmp_path: Path, cli: Any
         for args in (["ckpt", "inspect", str(path)],
                      ["ckpt", "strip", str(path), "-o", str(tmp_path / "out.pt")],
                      ["ckpt", "diff", str(path), "--model", "examples.ckpt_models:make_mlp"]):
-            code, _out, err = cli(args)
+            code, _out, err = _triple(cli(args))
             assert code == 2, (args, err)
             assert "system" in err and "--trust" in err, err
             assert len(err.strip().splitlines()) == 1
@@ -79,11 +69,11 @@ def test_malicious_checkpoint_is_refused_and_never_runs(tmp_path: Path, cli: Any
 def test_trust_still_never_runs_code_for_inspect_and_strip(tmp_path: Path, cli: Any) -> None:
     """--trust lifts the refusal; inspect/strip replay the pickle without importing or calling anything."""
     marker, paths = _evil_checkpoints(tmp_path)
-    code, out, _ = cli(["ckpt", "inspect", str(paths[0]), "--trust"])
+    code, out, _ = _triple(cli(["ckpt", "inspect", str(paths[0]), "--trust"]))
     assert code == 0
     assert "needs non-weights-only globals: posix.system" in out
     out_path = tmp_path / "stripped.pt"
-    code, _, err = cli(["ckpt", "strip", str(paths[0]), "-o", str(out_path), "--trust"])
+    code, _, err = _triple(cli(["ckpt", "strip", str(paths[0]), "-o", str(out_path), "--trust"]))
     assert code == 0, err
     assert not marker.exists()
     # The payload is carried over untouched (strip keeps every other entry), so it is still refused.
@@ -167,7 +157,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case: str, tmp_path: Pa
     for args in (["ckpt", "inspect", str(src)], ["ckpt", "inspect", str(src), "--json"],
                  ["ckpt", "strip", str(src), "-o", str(out_dir / "o.pt")],
                  ["ckpt", "diff", str(src), "--model", "examples.ckpt_models:make_mlp"]):
-        code, out, err = cli(args)
+        code, out, err = _triple(cli(args))
         assert code == 2, (args, out, err)
         assert err.startswith("ddpdoctor: error: ") and expected in err, err
         assert len(err.strip().splitlines()) == 1, err
@@ -198,7 +188,7 @@ def test_unwritable_or_missing_output_dir(tmp_path: Path, cli: Any) -> None:
     ro = _unwritable_dir(tmp_path)
     for out, expected in ((ro / "o.pt", "cannot write to output directory"),
                           (tmp_path / "nope" / "o.pt", "does not exist")):
-        code, _, err = cli(["ckpt", "strip", str(src), "-o", str(out)])
+        code, _, err = _triple(cli(["ckpt", "strip", str(src), "-o", str(out)]))
         assert code == 2 and expected in err, err
         assert len(err.strip().splitlines()) == 1
         assert not out.exists()
@@ -220,7 +210,7 @@ def test_bad_input_real_process_has_no_traceback(tmp_path: Path) -> None:
 def test_output_is_a_directory_is_refused(tmp_path: Path, cli: Any) -> None:
     src = tmp_path / "ddp.pt"
     torch.save({"module.w": torch.ones(2)}, src)
-    code, _, err = cli(["ckpt", "strip", str(src), "-o", str(tmp_path)])
+    code, _, err = _triple(cli(["ckpt", "strip", str(src), "-o", str(tmp_path)]))
     assert code == 2 and "is a directory" in err
 
 
@@ -253,7 +243,7 @@ def test_random_corruption_never_crashes(tmp_path: Path, cli: Any, name: str, co
             del data[start:start + rng.randint(1, 64)]
         bad.write_bytes(bytes(data))
         for args in (["ckpt", "inspect", str(bad)], ["ckpt", "strip", str(bad), "-o", str(tmp_path / "o.pt")]):
-            code, _, err = cli(args)
+            code, _, err = _triple(cli(args))
             assert code in (0, 1, 2), err
             if code == 2:
                 assert len(err.strip().splitlines()) == 1, err
