@@ -76,3 +76,31 @@ def test_rewrite_with_the_same_pickle_reproduces_the_file_byte_for_byte(tmp_path
     with out.open("w+b") as fh:
         ckpt_zip.rewrite(zf, fh, zf.read("data.pkl"))
     assert out.read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize("broken", ["copy_file_range", "copy_file_range+sendfile"])
+def test_copy_falls_back_when_the_kernel_copy_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         broken: str) -> None:
+    """Old kernels, FUSE or cross-device copies refuse copy_file_range (EXDEV, EOPNOTSUPP...)."""
+    import errno
+    import os
+
+    from ddpdoctor import ckpt_io
+
+    def refuser(code: int) -> object:
+        def refuse(*_args: object) -> int:
+            raise OSError(code, os.strerror(code))
+        return refuse
+
+    monkeypatch.setattr(os, "copy_file_range", refuser(errno.EXDEV))
+    if "sendfile" in broken:
+        monkeypatch.setattr(os, "sendfile", refuser(errno.EINVAL))
+    src = tmp_path / "src.bin"
+    payload = os.urandom(3 * (1 << 20) + 123)
+    src.write_bytes(payload)
+    out = tmp_path / "out.bin"
+    with src.open("rb") as fin, out.open("w+b") as fout:
+        fout.write(b"head")
+        ckpt_io.copy_range(fin, fout, 10, len(payload) - 10)
+        fout.write(b"tail")
+    assert out.read_bytes() == b"head" + payload[10:] + b"tail"
