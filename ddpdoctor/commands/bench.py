@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from ddpdoctor.bench import BenchConfig, check_plot_available, parse_dtype, parse_ops, parse_size, size_sweep
 from ddpdoctor.errors import DoctorError
 
-BACKENDS = ("auto", "gloo", "nccl")
-
+if TYPE_CHECKING:
+    from ddpdoctor.runtime.launcher import LaunchInfo
 
 def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, iters: int, warmup: int,
                  dtype: str, check: int, pairs: bool, min_busbw: float | None, json_path: str | None,
@@ -29,10 +29,6 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, it
         raise DoctorError(f"-c/--check takes 0 (off) or 1 (on), got: {check}")
     if min_busbw is not None and min_busbw < 0:
         raise DoctorError(f"--min-busbw must be a bandwidth in GB/s >= 0, got: {min_busbw:g}")
-    if backend not in BACKENDS:
-        raise DoctorError(f"--backend must be one of {', '.join(BACKENDS)}, got: {backend!r}")
-    if not timeout > 0:
-        raise DoctorError(f"--timeout must be a positive number of seconds, got: {timeout:g}")
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise DoctorError(f"{flag} {path!r}: the folder does not exist")
@@ -75,33 +71,15 @@ def register(app: typer.Typer) -> None:
                                                "(default: $MASTER_PORT, else a free one)."),
     ) -> None:
         """Bandwidth sweep like nccl-tests (algbw, busbw, #wrong) across ranks and nodes; --pairs finds slow links."""
-        from ddpdoctor.runtime import launcher
+        from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
 
-        if nproc is not None and nproc < 1:
-            raise DoctorError(f"--nproc must be at least 1, got: {nproc}")
-        if master_port is not None and not 0 < master_port < 65536:
-            raise DoctorError(f"--master-port must be in 1-65535, got: {master_port}")
+        validate_launch_options(nproc, backend, master_port, timeout)
         config = build_config(op, min_bytes, max_bytes, step_factor, iters, warmup, dtype, check, pairs,
                               min_busbw, json_path, plot_path, backend, timeout)
-        info = launcher.detect()
-        if info.is_launched:
+
+        def run_here(info: LaunchInfo) -> int:
             from ddpdoctor.bench_run import run_bench
 
-            code = run_bench(info, config)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # Like `check`: leave without running the process group's teardown, which can block on a
-            # peer that already left.
-            os._exit(code)
+            return run_bench(info, config)
 
-        import torch
-
-        from ddpdoctor.cli import invocation_args
-        from ddpdoctor.runtime.selflaunch import default_nproc, self_launch
-
-        if backend == "nccl" and not torch.cuda.is_available():
-            raise DoctorError("--backend nccl needs a CUDA GPU and none is visible; use --backend gloo")
-        env_port = os.environ.get("MASTER_PORT")
-        requested = master_port if master_port is not None else (int(env_port) if env_port else None)
-        code = self_launch(invocation_args(), nproc or default_nproc(), requested, timeout)
-        raise typer.Exit(code)
+        run_here_or_self_launch(run_here, nproc=nproc, backend=backend, master_port=master_port, timeout=timeout)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-import sys
 from typing import TYPE_CHECKING
 
 import typer
@@ -13,9 +13,6 @@ from ddpdoctor.errors import DoctorError
 
 if TYPE_CHECKING:
     from ddpdoctor.check_api import Check
-
-BACKENDS = ("auto", "gloo", "nccl")
-
 
 def _split_ids(values: list[str]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
@@ -68,16 +65,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check connectivity, ports, env consistency and more on every rank; one report from rank 0."""
         from ddpdoctor.check_api import CheckOptions
-        from ddpdoctor.runtime import launcher
+        from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
+        from ddpdoctor.runtime.rank import RunConfig, run_rank
 
-        if nproc is not None and nproc < 1:
-            raise DoctorError(f"--nproc must be at least 1, got: {nproc}")
-        if not timeout > 0:
-            raise DoctorError(f"--timeout must be a positive number of seconds, got: {timeout}")
-        if backend not in BACKENDS:
-            raise DoctorError(f"--backend must be one of {', '.join(BACKENDS)}, got: {backend!r}")
-        if master_port is not None and not 0 < master_port < 65536:
-            raise DoctorError(f"--master-port must be in 1-65535, got: {master_port}")
+        validate_launch_options(nproc, backend, master_port, timeout)
         if checkpoint is not None and not os.path.exists(checkpoint):
             raise DoctorError(f"--checkpoint {checkpoint!r}: no such file")
         checks = select_checks(only, skip)
@@ -89,26 +80,6 @@ def register(app: typer.Typer) -> None:
                               "--input-shape 4,16 (or --skip unused_params)")
         options = CheckOptions(timeout_s=timeout, checkpoint=checkpoint, model=model, batch=batch,
                                input_shape=parse_shape(input_shape), min_busbw_gbps=min_busbw, verbose=verbose)
-        info = launcher.detect()
-
-        from ddpdoctor.runtime.rank import RunConfig, run_rank
-
         config = RunConfig(checks=checks, backend=backend, options=options, json_path=json_path)
-        if info.is_launched:
-            code = run_rank(info, config)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # A check thread abandoned inside a C++ collective must not keep the rank alive.
-            os._exit(code)
-
-        import torch
-
-        from ddpdoctor.cli import invocation_args
-        from ddpdoctor.runtime.selflaunch import default_nproc, self_launch
-
-        if backend == "nccl" and not torch.cuda.is_available():
-            raise DoctorError("--backend nccl needs a CUDA GPU and none is visible; use --backend gloo")
-        env_port = os.environ.get("MASTER_PORT")
-        requested = master_port if master_port is not None else (int(env_port) if env_port else None)
-        code = self_launch(invocation_args(), nproc or default_nproc(), requested, timeout)
-        raise typer.Exit(code)
+        run_here_or_self_launch(functools.partial(run_rank, config=config), nproc=nproc, backend=backend,
+                                master_port=master_port, timeout=timeout)

@@ -1,0 +1,60 @@
+"""The start of every multi-rank command: run here as one rank of a launched job, or self-launch.
+
+``check`` and ``bench`` share it: under torchrun/srun/mpirun this process is a rank (it runs
+``run_here`` and leaves with ``os._exit``, because a thread abandoned inside a C++ collective, or gloo's
+teardown waiting on a peer that already left, must not keep it alive); with no launcher it starts
+``nproc`` local ranks running the same command line and exits with rank 0's code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+import typer
+
+from ddpdoctor.errors import DoctorError
+from ddpdoctor.runtime.launcher import LaunchInfo
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def validate_launch_options(nproc: int | None, backend: str, master_port: int | None, timeout: float) -> None:
+    """The options every multi-rank command takes; DoctorError (exit 2) for a bad one."""
+    if nproc is not None and nproc < 1:
+        raise DoctorError(f"--nproc must be at least 1, got: {nproc}")
+    if backend not in BACKENDS:
+        raise DoctorError(f"--backend must be one of {', '.join(BACKENDS)}, got: {backend!r}")
+    if master_port is not None and not 0 < master_port < 65536:
+        raise DoctorError(f"--master-port must be in 1-65535, got: {master_port}")
+    if not timeout > 0:
+        raise DoctorError(f"--timeout must be a positive number of seconds, got: {timeout:g}")
+
+
+def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, nproc: int | None, backend: str,
+                            master_port: int | None, timeout: float) -> NoReturn:
+    """Never returns: leaves with the rank's exit code, or raises typer.Exit with rank 0's."""
+    from ddpdoctor.runtime import launcher
+
+    info = launcher.detect()
+    if info.is_launched:
+        code = run_here(info)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    import torch
+
+    from ddpdoctor.cli import invocation_args
+    from ddpdoctor.runtime.selflaunch import default_nproc, self_launch
+
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise DoctorError("--backend nccl needs a CUDA GPU and none is visible; use --backend gloo")
+    env_port = os.environ.get("MASTER_PORT")
+    if master_port is None and env_port:
+        if not env_port.isdigit():
+            raise DoctorError(f"MASTER_PORT must be an integer, got: {env_port!r}")
+        master_port = int(env_port)
+    raise typer.Exit(self_launch(invocation_args(), nproc or default_nproc(), master_port, timeout))
