@@ -35,7 +35,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
     if not path:
         return [ctx.finding(SKIP, "no --checkpoint given: checkpoint loading not checked",
                             "pass --checkpoint PATH (and --model MODULE:FACTORY) to check a resume")]
-    from ddpdoctor import ckpt, modelspec
+    from ddpdoctor import ckpt
 
     try:
         checkpoint = ckpt.open_checkpoint(path)
@@ -44,7 +44,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
                             "fix or replace the checkpoint before launching the job", checkpoint=path)]
     if ctx.options.model:
         try:
-            model = modelspec.build_model(ctx.options.model)
+            model = ckpt.build_model_for_shapes(ctx.options.model)
             rep = ckpt.diff_against(checkpoint, model, model_spec=ctx.options.model)
         except DoctorError as exc:
             return [ctx.finding(FAIL, str(exc), "fix --model or the checkpoint", checkpoint=path,

@@ -812,6 +812,24 @@ def _shapes(node: Any) -> dict[str, Any]:
     return out
 
 
+def build_model_for_shapes(spec: str) -> nn.Module:
+    """The model from ``MODULE:FACTORY``, built on the meta device when the factory allows it.
+
+    Comparing keys and shapes needs no weights; under ``torch.device("meta")`` (a context manager since
+    torch 2.0) a 70B-parameter factory costs no memory. A factory that cannot build on meta (it moves
+    tensors to a device, uses numpy...) is called again normally.
+    """
+    import torch
+
+    from ddpdoctor import modelspec
+
+    try:
+        with torch.device("meta"):
+            return modelspec.build_model(spec)
+    except DoctorError:
+        return modelspec.build_model(spec)
+
+
 def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     """Key -> shape of everything ``model.load_state_dict(strict=True)`` expects."""
     return {k: tuple(v.shape) for k, v in model.state_dict().items() if hasattr(v, "shape")}

@@ -41,3 +41,10 @@ def make_broken() -> nn.Module:
 def make_not_a_model() -> dict[str, int]:
     """Returns something that is not an nn.Module."""
     return {"width": 8}
+
+
+def make_mlp_numpy_init() -> nn.Module:
+    """Initialises through numpy, which a meta-device build cannot do: diff falls back to a real build."""
+    model = MLP()
+    model.fc1.weight.data.numpy()[:] = 0.5
+    return model

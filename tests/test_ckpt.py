@@ -337,3 +337,13 @@ def test_strip_bad_key_is_exit_2(ex: Path, tmp_path: Path, cli: Any, key: str, e
     res = cli(["ckpt", "strip", str(ex / "ddp.pt"), "-o", str(tmp_path / "o.pt"), "--key", key])
     assert res.returncode == 2 and expected in res.stderr, res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_diff_builds_the_model_on_meta_when_it_can(ex: Path, cli: Any) -> None:
+    """Comparing shapes needs no weights: a huge model costs no memory; numpy-initialised ones still work."""
+    model = ckpt.build_model_for_shapes(MODEL)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    real = ckpt.build_model_for_shapes("examples.ckpt_models:make_mlp_numpy_init")
+    assert isinstance(real, MLP) and float(real.fc1.weight.detach()[0, 0]) == 0.5
+    res = cli(["ckpt", "diff", str(ex / "plain.pt"), "--model", "examples.ckpt_models:make_mlp_numpy_init"])
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -92,10 +92,10 @@ def diff_cmd(
 
     Exit 0 when the checkpoint loads with strict=True as is, 1 otherwise.
     """
-    from ddpdoctor import ckpt, modelspec
+    from ddpdoctor import ckpt
 
     checkpoint = ckpt.open_checkpoint(path, trust=trust)
-    net = modelspec.build_model(model)
+    net = ckpt.build_model_for_shapes(model)
     rep = ckpt.diff_against(checkpoint, net, key, model_spec=model)
     if json_out:
         _emit_json(rep)
