@@ -69,7 +69,7 @@ def _drain(server: Server, agg: Aggregator, timeout: float) -> None:
         timeout = 0.0
 
 
-def collect_stacks(server: Server, agg: Aggregator, alive: Any = None) -> None:
+def collect_stacks(server: Server, agg: Aggregator) -> None:
     """Ask every connected rank for its main thread's stack; wait a little for the answers."""
     asked = [r for r, s in agg.ranks.items() if not s.finished and r in server.ranks]
     for rank in asked:
@@ -108,26 +108,31 @@ def teardown(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             strays.extend(psutil.Process(proc.pid).children(recursive=True))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+
+    def signal_all(sig: int) -> None:
         for proc in procs:
+            # start_new_session: the rank's pid is its process group id. Signal 0 first: only a group
+            # that still has members is signalled (its id could otherwise be reused one day).
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)  # start_new_session: the rank's pid is its process group id
+                os.killpg(proc.pid, 0)
+                os.killpg(proc.pid, sig)
         for stray in strays:
             with contextlib.suppress(psutil.Error):
                 stray.send_signal(sig)
-        deadline = time.monotonic() + (TERM_GRACE_S if sig == signal.SIGTERM else 5.0)
+
+    def wait_all(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if all(p.poll() is not None for p in procs) and not any(_alive(s) for s in strays):
-                break
+                return True
             time.sleep(POLL_S)
-        else:
-            continue
-        if sig == signal.SIGTERM:
-            # Leaders are gone; members of their groups (DataLoader workers) get SIGKILL regardless.
-            for proc in procs:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            break
+        return False
+
+    signal_all(signal.SIGTERM)
+    wait_all(TERM_GRACE_S)
+    # Whatever is left (a rank whose script ignores SIGTERM, DataLoader workers of a rank that exited).
+    signal_all(signal.SIGKILL)
+    wait_all(5.0)
 
 
 def _alive(proc: Any) -> bool:
@@ -154,7 +159,7 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
     server = Server("127.0.0.1", 0)
     job_port = free_port("127.0.0.1")
     channel = f"127.0.0.1:{server.port}"
-    agg = Aggregator(nproc, hang_timeout_s)
+    agg = Aggregator(nproc, hang_timeout_s, owns_processes=True)
     procs: list[subprocess.Popen[bytes]] = []
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     status: str | None = None

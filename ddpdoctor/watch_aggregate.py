@@ -43,9 +43,14 @@ class RankState:
     stack: list[str] | None = None
     pitfalls: list[dict[str, Any]] = field(default_factory=list)
     ended_at: float | None = None
+    # True when ddpdoctor started the process: then only its real end counts (after the exit message a
+    # rank may still run atexit handlers, uploading logs or checkpoints; it must not be torn down then).
+    owned: bool = False
 
     @property
     def finished(self) -> bool:
+        if self.owned:
+            return self.returncode is not None
         return self.said_exit or self.returncode is not None or self.lost
 
     @property
@@ -67,7 +72,8 @@ class RankState:
             return True
         if self.returncode is not None and not self.said_exit:
             return self.returncode != 0  # os._exit / interpreter abort: it never reached the script's end
-        return self.lost and not self.said_exit
+        # A closed channel alone says "dead" only when there is no process to ask.
+        return self.lost and not self.said_exit and not self.owned
 
     @property
     def state(self) -> str:
@@ -96,10 +102,10 @@ def _op_class(op: str) -> str:
 class Aggregator:
     """Merges the ranks' messages; ``verdict`` says when the job is done, hung or mismatched."""
 
-    def __init__(self, world_size: int, hang_timeout_s: float) -> None:
+    def __init__(self, world_size: int, hang_timeout_s: float, owns_processes: bool = False) -> None:
         self.world_size = world_size
         self.hang_timeout_s = hang_timeout_s
-        self.ranks = {r: RankState(r) for r in range(world_size)}
+        self.ranks = {r: RankState(r, owned=owns_processes) for r in range(world_size)}
         self.last_progress = time.monotonic()
         # (group, seq) -> arrivals [(rank, record)]; dropped once every member has arrived.
         self.expect: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}

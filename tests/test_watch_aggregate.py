@@ -135,3 +135,15 @@ def test_pitfalls_merge_across_ranks_and_single_rank_jobs_skip_the_sampler_warni
     solo = Aggregator(1, hang_timeout_s=2)
     solo.feed(0, {"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": [loader]}, 1.0)
     assert solo.result(OK)["warnings"] == []
+
+
+def test_a_launched_rank_is_finished_only_when_its_process_ended() -> None:
+    # After its exit message a rank may still run atexit handlers (uploading logs): not torn down then.
+    agg = Aggregator(1, hang_timeout_s=2, owns_processes=True)
+    hello_all(agg)
+    agg.feed(0, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 1.0)
+    agg.feed(0, None, 1.1)  # its channel closed, the process still runs
+    assert agg.verdict(60.0) is None
+    assert agg.ranks[0].state == "running" and not agg.ranks[0].crashed
+    agg.process_exited(0, 0, 61.0)
+    assert agg.verdict(61.0) == OK
