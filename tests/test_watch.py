@@ -267,3 +267,37 @@ def test_under_torchrun_a_clean_run_passes_through(tmp_path: Path) -> None:
     assert "TRAIN_OK steps=2" in proc.stdout
     data = json.loads(report.read_text())
     assert data["status"] == "ok" and [r["state"] for r in data["ranks"]] == ["exited", "exited"]
+
+
+WORKERS_SCRIPT = """\
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+dist.init_process_group("gloo")
+data = TensorDataset(torch.randn(64, 4))
+loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data), num_workers=2, persistent_workers=True)
+for (batch,) in loader:
+    dist.all_reduce(batch)
+    break
+if dist.get_rank() == 0:
+    dist.barrier()
+else:
+    for (batch,) in loader:
+        dist.all_reduce(batch)
+"""
+
+
+def test_teardown_kills_dataloader_workers_too(tmp_path: Path) -> None:
+    script = tmp_path / "workers_mismatch.py"
+    script.write_text(WORKERS_SCRIPT)
+    report = tmp_path / "watch.json"
+    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report), str(script)],
+                   timeout=240, cwd=tmp_path)
+    data = json.loads(report.read_text())
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert data["status"] == "mismatch"
+    by_rank = groups_by_rank(data["divergence"])
+    assert (by_rank[0]["op"], by_rank[1]["op"]) == ("barrier", "all_reduce")
+    assert leftovers("workers_mismatch.py") == [], "DataLoader worker processes survived"

@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
                                             "allow_interspersed_args": False})
     def watch(
         ctx: typer.Context,
-        script: str = typer.Argument(..., help="The training script; every argument after it goes to the script."),
+        script: str = typer.Argument(..., metavar="SCRIPT [ARGS]...",
+                                     help="The training script; every argument after it goes to the script."),
         nproc: int | None = typer.Option(None, "--nproc", help="Local ranks to self-launch when no launcher is "
                                          "present (default: one per GPU, or 2 without GPUs)."),
         hang_timeout: float = typer.Option(300.0, "--hang-timeout", help="Seconds without collective progress "
