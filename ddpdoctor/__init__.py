@@ -8,12 +8,12 @@ Importing ``ddpdoctor`` is cheap (no torch). The Python API is loaded on first u
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import os
 import sys
-from importlib.machinery import ModuleSpec
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 __version__ = "0.1.0"
 
@@ -35,29 +35,28 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-class _CheckoutChecksFinder(importlib.abc.MetaPathFinder):
-    """Finds ``ddpdoctor.checks`` in a source checkout, where ``checks/`` sits beside the package.
+def _install_checkout_finder() -> None:
+    """Make ``ddpdoctor.checks`` importable in a source checkout, where ``checks/`` sits beside the package.
 
     The wheel maps ``checks/`` to ``ddpdoctor.checks``; but ``python -m ddpdoctor`` (or ``torchrun -m
     ddpdoctor``) run from the repository root imports this directory instead of the installed package,
-    and there ``checks/`` is a sibling. This finder is consulted last, so an installed copy wins.
+    and there ``checks/`` is a sibling. The finder is consulted last, so an installed copy wins.
     """
-
-    def __init__(self, init_file: str) -> None:
-        self.init_file = init_file
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if name != "ddpdoctor.checks":
-            return None
-        return importlib.util.spec_from_file_location(
-            name, self.init_file, submodule_search_locations=[os.path.dirname(self.init_file)])
-
-
-def _install_checkout_finder() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sibling = os.path.join(os.path.dirname(here), "checks", "__init__.py")
-    if not os.path.isdir(os.path.join(here, "checks")) and os.path.isfile(sibling):
-        sys.meta_path.append(_CheckoutChecksFinder(sibling))
+    if os.path.isdir(os.path.join(here, "checks")) or not os.path.isfile(sibling):
+        return
+    import importlib.abc  # only here: it costs ~20 ms of start-up
+    import importlib.util
+
+    class CheckoutChecksFinder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+            if name != "ddpdoctor.checks":
+                return None
+            return importlib.util.spec_from_file_location(
+                name, sibling, submodule_search_locations=[os.path.dirname(sibling)])
+
+    sys.meta_path.append(CheckoutChecksFinder())
 
 
 _install_checkout_finder()
