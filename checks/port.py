@@ -72,7 +72,10 @@ def _run(ctx: CheckContext) -> list[Finding]:
                 WARN, f"MASTER_PORT {ctx.master_port} is also held by " + "; ".join(h.describe() for h in strangers),
                 f"another job may answer on this port; pick a free one (e.g. {ports.free_port()})"))
         span = ports.ephemeral_range()
-        if span and span[0] <= ctx.master_port <= span[1]:
+        # Under torchrun the agent has bound the port before any rank starts (with c10d rendezvous it
+        # even picks it from the ephemeral range itself): the race is over and the advice would be noise.
+        launcher_owns_port = ctx.launcher in ("torchrun", "local")
+        if span and span[0] <= ctx.master_port <= span[1] and not launcher_owns_port:
             findings.append(ctx.finding(
                 WARN, f"MASTER_PORT {ctx.master_port} is inside the ephemeral range {span[0]}-{span[1]}",
                 "an outgoing connection can take it first and make the job fail now and then with "
