@@ -242,7 +242,7 @@ class Aggregator:
     def _describe(self, group: str, seq: int, members: list[int] | None,
                   there: dict[int, dict[str, Any]]) -> dict[str, Any]:
         clusters: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for rank in members if members else sorted(self.ranks):
+        for rank in sorted(members) if members else sorted(self.ranks):
             state = self.ranks[rank]
             record = there.get(rank)
             if record is not None:

@@ -54,6 +54,7 @@ P2P_RECV = ("recv", "irecv")
 # Calls that block until peers arrive but have no sequence number of their own.
 SYNC_POINTS = ("init_process_group", "new_group", "batch_isend_irecv")
 
+MAX_WORKS = 256
 _SKIP_DIRS: tuple[str, ...] = ()
 _site_names: dict[str, str] = {}
 _dtype_names: dict[Any, str] = {}
@@ -150,6 +151,7 @@ class Recorder:
         self._groups: dict[int, tuple[str, list[int] | None]] = {}
         self._local = threading.local()
         self.uses_ddp = False
+        self.works: collections.OrderedDict[int, tuple[Any, Record]] = collections.OrderedDict()
 
     # -- naming ------------------------------------------------------------------------------------
 
@@ -173,8 +175,8 @@ class Recorder:
         return known
 
     def group_seqs(self) -> dict[str, int]:
-        """Collectives issued so far per group (point-to-point channels left out)."""
-        return {k: v for k, v in list(self._seq.items()) if ":p2p:" not in k}
+        """Collectives issued so far per group, and messages per point-to-point channel."""
+        return dict(self._seq)
 
     def next_seq(self, key: Any) -> int:
         seq = self._seq.get(key, 0) + 1
@@ -197,6 +199,15 @@ class Recorder:
             self.current = None
         self.progress += 1
 
+    def remember_works(self, result: Any, rec: Record) -> None:
+        """Note which call an async Work came from, so a rank blocked in ``work.wait()`` is named."""
+        for work in result if isinstance(result, list) else (result,):
+            if hasattr(work, "wait"):
+                # The Work itself is kept (not its id: ids are reused) until waited on, at most MAX_WORKS.
+                self.works[id(work)] = (work, rec)
+                if len(self.works) > MAX_WORKS:
+                    self.works.popitem(last=False)
+
     def wrap(self, name: str, original: Callable[..., Any], make: Callable[[tuple[Any, ...], dict[str, Any], str],
                                                                               Record]) -> Callable[..., Any]:
         """A wrapper that records ``make(args, kwargs, site)`` around each outermost call."""
@@ -210,10 +221,13 @@ class Recorder:
             self.start(rec)
             local.depth = 1
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 local.depth = 0
                 self.finish(rec)
+            if result is not None and not isinstance(result, (int, bool)):
+                self.remember_works(result, rec)
+            return result
 
         wrapper.__ddpdoctor_original__ = original  # type: ignore[attr-defined]
         return wrapper
@@ -322,5 +336,19 @@ def install(rank: int, world_size: int) -> Recorder:
         return backward(*args, **kwargs)
 
     torch.autograd.backward = watched_backward
+
+    # work.wait() of an async collective (async_op=True, isend/irecv): shown, not numbered. Inside a
+    # synchronous collective torch waits on its own Work; the depth guard keeps that out.
+    def wait_record(args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Record:
+        entry = rec.works.pop(id(args[0]), None) if args else None
+        if entry is not None and entry[0] is args[0]:
+            issued = entry[1]
+            label = f"#{issued.seq} {issued.op}" if issued.seq is not None else issued.op
+            return Record(f"wait for {label} ({issued.site})", "", None, None, "", "", site)
+        return Record("wait (async collective)", "", None, None, "", "", site)
+
+    work_cls = getattr(c10d, "Work", None)
+    if work_cls is not None and hasattr(work_cls, "wait"):
+        work_cls.wait = rec.wrap("wait", work_cls.wait, wait_record)
     _installed = rec
     return rec

@@ -43,8 +43,16 @@ def divergence_line(div: dict[str, Any]) -> str:
             other = f" #{seq}" if group["state"] == "elsewhere" and seq is not None else ""
             desc = f" {group['desc']}" if group.get("desc") else ""
             parts.append(f"{who} in {group['op']}{other}{desc} at {group['site']}")
-    where = "" if div["group"] == "WORLD" else f" on {div['group']}"
-    return f"collective #{div['seq']}{where}: " + "; ".join(parts)
+    return f"{point_name(div['group'], div['seq'])}: " + "; ".join(parts)
+
+
+def point_name(group: str, seq: int) -> str:
+    """'collective #57', 'collective #3 on <group>', or 'message #2 from rank 1 to rank 0'."""
+    if ":p2p:" in group:
+        base, channel = group.split(":p2p:", 1)
+        src, dst = channel.split("->", 1)
+        return f"message #{seq} from rank {src} to rank {dst}" + ("" if base == "WORLD" else f" on {base}")
+    return f"collective #{seq}" + ("" if group == "WORLD" else f" on {group}")
 
 
 def headline(result: dict[str, Any]) -> str:

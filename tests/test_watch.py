@@ -216,7 +216,8 @@ def test_object_collectives_count_once_and_p2p_size_mismatch_names_send_and_recv
     assert (by_rank[1]["op"], by_rank[1]["site"]) == ("recv", "p2p_mismatch.py:12")
     assert "float32[4]" in by_rank[0]["desc"] and "float32[5]" in by_rank[1]["desc"]
     # all_gather_object runs all_gather inside torch: recorded once, as what the script called.
-    assert [rank["issued"] for rank in data["ranks"]] == [{"WORLD": 2}, {"WORLD": 2}]
+    assert [rank["issued"] for rank in data["ranks"]] == [{"WORLD": 2, "WORLD:p2p:0->1": 1},
+                                                         {"WORLD": 2, "WORLD:p2p:0->1": 1}]
     assert leftovers("p2p_mismatch.py") == []
 
 
@@ -301,3 +302,36 @@ def test_teardown_kills_dataloader_workers_too(tmp_path: Path) -> None:
     by_rank = groups_by_rank(data["divergence"])
     assert (by_rank[0]["op"], by_rank[1]["op"]) == ("barrier", "all_reduce")
     assert leftovers("workers_mismatch.py") == [], "DataLoader worker processes survived"
+
+
+ASYNC_SCRIPT = """\
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.zeros(4)
+if dist.get_rank() == 0:
+    req = dist.irecv(t, src=1)
+    req.wait()
+else:
+    time.sleep(600)
+"""
+
+
+def test_a_rank_blocked_in_work_wait_is_waiting_and_names_the_async_call(tmp_path: Path) -> None:
+    script = tmp_path / "async_hang.py"
+    script.write_text(ASYNC_SCRIPT)
+    report = tmp_path / "watch.json"
+    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report), str(script)],
+                   timeout=240, cwd=tmp_path)
+    data = json.loads(report.read_text())
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert data["status"] == "hang"
+    rank0, rank1 = data["ranks"]
+    assert rank0["state"] == "waiting"
+    assert rank0["waiting_in"]["op"] == "wait for #1 irecv (async_hang.py:8)"
+    assert rank0["waiting_in"]["site"] == "async_hang.py:9"
+    assert rank1["state"] == "running" and rank1["stack"][-1].startswith("async_hang.py:11")
+    assert "message #1 from rank 1 to rank 0" in proc.stderr
+    assert leftovers("async_hang.py") == []
