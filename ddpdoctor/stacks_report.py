@@ -315,7 +315,7 @@ def _fake(ranks: Sequence[int]) -> list[ProcessStacks]:
 
 def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], source: str,
             host: str | None = None) -> dict[str, Any]:
-    """The documented ``--json`` document (see docs/stacks.md)."""
+    """The documented ``--json`` document (see the stacks section of README.md)."""
     return {
         "tool": "ddpdoctor",
         "version": __version__,

@@ -9,7 +9,7 @@ copy, counting with ``register_post_accumulate_grad_hook`` how often each parame
 accumulated per backward (the same event DDP's reducer hooks), so the caller's model, its gradients, its
 buffers, its train/eval mode and the RNG state are left exactly as they were.
 
-Behaviour of DDP that the recommendations rely on (checked with torch 2.13 on gloo; see docs/unused.md):
+Behaviour of DDP that the recommendations rely on (checked with torch 2.13 on gloo; see the unused section of README.md):
 a parameter never used by ``forward`` works with ``static_graph=True`` or ``find_unused_parameters=True``;
 a parameter used on some steps (or some ranks) needs ``find_unused_parameters=True``; a parameter that only
 feeds an output left out of the loss needs ``find_unused_parameters=True`` (``static_graph=True`` fails,

@@ -446,7 +446,7 @@ def test_kb_keywords_keep_the_prefilter_to_few_passes() -> None:
 
 
 def test_docs_table_lists_every_id() -> None:
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "explain.md").read_text()
+    doc = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for s in load_kb():
         assert f"`{s.id}`" in doc, s.id
 

@@ -1,12 +1,17 @@
-import os, sys
-import torch, torch.distributed as dist, torch.nn as nn
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
 dist.init_process_group("gloo")
 r = dist.get_rank()
 mode = os.environ["MODE"]
 class M(nn.Module):
     def __init__(self):
         super().__init__()
-        self.a = nn.Linear(4, 4); self.b = nn.Linear(4, 4)
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
     def forward(self, x):
         return self.a(x)
 if mode == "model":

@@ -1,5 +1,10 @@
-import os, signal, time
-import torch, torch.distributed as dist
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
 dist.init_process_group("gloo")
 r = dist.get_rank()
 t = torch.ones(4)
