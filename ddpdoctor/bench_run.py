@@ -134,12 +134,10 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
 
     run = RankRun(info, RunConfig(checks=[_NEEDS_PG], backend=config.backend,
                                   options=CheckOptions(timeout_s=config.timeout_s)))
-    if not run.connect():
+    joined = run.join()
+    if joined is None:
         return EXIT_PROBLEM
-    plan = run.rendezvous()
-    if plan is None:
-        return EXIT_PROBLEM
-    pg_problem = run.init_process_group(plan)
+    _, pg_problem = joined
     lead = info.rank == 0
     out: Callable[[str], None] = (lambda s: print(s, flush=True)) if lead else (lambda s: None)
     if pg_problem is not None:

@@ -55,6 +55,17 @@ def watch(tmp_path: Path, example: str, nproc: int, *script_args: str,
     return proc, json.loads(report.read_text())
 
 
+def watch_inline(tmp_path: Path, name: str, source: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Write ``source`` as tmp_path/name and run it under ``watch`` on 2 ranks with a 3 s hang timeout."""
+    script = tmp_path / name
+    script.write_text(source)
+    report = tmp_path / "watch.json"
+    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report), str(script)],
+                   timeout=240, cwd=tmp_path)
+    assert report.exists(), f"no report; stderr:\n{proc.stderr[-3000:]}"
+    return proc, json.loads(report.read_text())
+
+
 def groups_by_rank(divergence: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {rank: group for group in divergence["groups"] for rank in group["ranks"]}
 
@@ -201,12 +212,7 @@ dist.destroy_process_group()
 
 
 def test_object_collectives_count_once_and_p2p_size_mismatch_names_send_and_recv(tmp_path: Path) -> None:
-    script = tmp_path / "p2p_mismatch.py"
-    script.write_text(P2P_SCRIPT)
-    report = tmp_path / "watch.json"
-    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report), str(script)],
-                   timeout=240, cwd=tmp_path)
-    data = json.loads(report.read_text())
+    proc, data = watch_inline(tmp_path, "p2p_mismatch.py", P2P_SCRIPT)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert data["status"] == "mismatch"
     div = data["divergence"]
@@ -291,12 +297,7 @@ else:
 
 
 def test_teardown_kills_dataloader_workers_too(tmp_path: Path) -> None:
-    script = tmp_path / "workers_mismatch.py"
-    script.write_text(WORKERS_SCRIPT)
-    report = tmp_path / "watch.json"
-    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report), str(script)],
-                   timeout=240, cwd=tmp_path)
-    data = json.loads(report.read_text())
+    proc, data = watch_inline(tmp_path, "workers_mismatch.py", WORKERS_SCRIPT)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert data["status"] == "mismatch"
     by_rank = groups_by_rank(data["divergence"])
@@ -320,12 +321,7 @@ else:
 
 
 def test_a_rank_blocked_in_work_wait_is_waiting_and_names_the_async_call(tmp_path: Path) -> None:
-    script = tmp_path / "async_hang.py"
-    script.write_text(ASYNC_SCRIPT)
-    report = tmp_path / "watch.json"
-    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report), str(script)],
-                   timeout=240, cwd=tmp_path)
-    data = json.loads(report.read_text())
+    proc, data = watch_inline(tmp_path, "async_hang.py", ASYNC_SCRIPT)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert data["status"] == "hang"
     rank0, rank1 = data["ranks"]

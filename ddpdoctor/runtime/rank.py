@@ -91,6 +91,7 @@ class RankRun:
         self.check_findings: dict[str, list[Finding]] = {}
         self.backend = config.backend
         self.device = "cpu"
+        self.plan: dict[str, Any] | None = None
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -112,6 +113,19 @@ class RankRun:
                   f"MASTER_ADDR:MASTER_PORT {where}: {err}. Check that MASTER_ADDR is rank 0's host as "
                   "this node resolves it, and that the port is open between the nodes.", file=sys.stderr)
         return False
+
+    def join(self) -> tuple[dict[str, Any], str | None] | None:
+        """Connect, rendezvous and initialise the process group under test.
+
+        Returns (plan, why the process group is unusable or None), or None when this rank cannot take
+        part (it has said why on stderr).
+        """
+        if not self.connect():
+            return None
+        plan = self.rendezvous()
+        if plan is None:
+            return None
+        return plan, self.init_process_group(plan)
 
     def rendezvous(self) -> dict[str, Any] | None:
         """Say hello; rank 0 decides who joined. Returns the plan, or None if rank 0 never published one."""
@@ -138,7 +152,8 @@ class RankRun:
                       "rank 0 is not running ddpdoctor or died (its host's output says why)", file=sys.stderr)
                 return None
         self.peers = {int(r): RankInfo.from_json(d) for r, d in plan["peers"].items() if d}
-        return dict(plan)
+        self.plan = dict(plan)
+        return self.plan
 
     def init_process_group(self, plan: dict[str, Any]) -> str | None:
         """Initialise the process group under test; returns why it is unusable, or None when it is up."""
@@ -337,14 +352,11 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
     run = RankRun(info, config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)
-    plan: dict[str, Any] | None = None
     try:
-        if not run.connect():
+        joined = run.join()
+        if joined is None:
             return EXIT_PROBLEM
-        plan = run.rendezvous()
-        if plan is None:
-            return EXIT_PROBLEM
-        pg_problem = run.init_process_group(plan)
+        plan, pg_problem = joined
         run.run_checks(pg_problem)
         run.post()
         if info.rank != 0:
@@ -361,4 +373,4 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
             "job down when a rank exits)", [0], "see the ranks that did not report: one of them died first"))
         with contextlib.suppress(Exception):  # the store may be gone with the launcher
             run.post()
-        return run.finish(run.collect(plan, time.monotonic() + min(2.0, config.timeout_s)))
+        return run.finish(run.collect(run.plan, time.monotonic() + min(2.0, config.timeout_s)))
