@@ -11,7 +11,6 @@ names it (the runtime records ranks that never joined or never reported under th
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 
@@ -23,22 +22,24 @@ POLL_S = 0.02
 
 
 def _run(ctx: CheckContext) -> list[Finding]:
-    ctx.store.set(f"arrived/{ctx.rank}", json.dumps({"t": time.time()}))
+    # Only the ranks that joined the rendezvous are expected: ranks that never joined are already
+    # reported by the runtime, and waiting for them here would only burn the deadline a second time.
+    expected = sorted(ctx.peers) if ctx.peers else list(range(ctx.world_size))
+    arrived_at = time.monotonic()
+    ctx.store.set(f"arrived/{ctx.rank}", "1")
     ctx.store.add("count", 1)
     # A deadline shorter than the check's own leaves time to write the finding before the runtime gives up.
-    deadline = time.monotonic() + max(0.1, ctx.remaining_s() * 0.8)
-    while int(ctx.store.add("count", 0)) < ctx.world_size and time.monotonic() < deadline:
+    deadline = arrived_at + max(0.1, ctx.remaining_s() * 0.8)
+    while int(ctx.store.add("count", 0)) < len(expected) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    keys = [f"arrived/{r}" for r in range(ctx.world_size)]
-    present = [r for r, key in enumerate(keys) if ctx.store.check([key])]
-    missing = [r for r in range(ctx.world_size) if r not in present]
+    # How long this rank waited for the last one: host clocks need not agree, durations do.
+    waited_ms = round((time.monotonic() - arrived_at) * 1000, 1)
+    missing = [r for r in expected if not ctx.store.check([f"arrived/{r}"])]
     if missing:
         return [ctx.finding(FAIL, f"barrier: rank{'s' if len(missing) > 1 else ''} {format_rank_list(missing)} "
                             "did not arrive", "see which ranks did not arrive below; they are stuck or dead",
                             missing=missing)]
-    times = [json.loads(ctx.store.get(key))["t"] for key in keys]
-    return [ctx.finding(PASS, ARRIVED, skew_ms=round((max(times) - min(times)) * 1000, 1), world_size=ctx.world_size,
-                        last=int(max(range(len(times)), key=lambda r: times[r])))]
+    return [ctx.finding(PASS, ARRIVED, waited_ms=waited_ms, expected=len(expected))]
 
 
 def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:
@@ -55,10 +56,13 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
                               "(data loading, a filesystem call, a crash in the training script)",
                               {"waiting": sorted(r for f in late for r in f.ranks)}))
     elif arrived:
-        skew = max(float(f.details["skew_ms"]) for f in arrived)
-        result.append(Finding("barrier", PASS, f"all {arrived[0].details['world_size']} ranks arrived; skew {skew:.1f} ms "
-                              f"(last: rank {arrived[0].details['last']})", sorted(r for f in arrived for r in f.ranks),
-                              details={"skew_ms": skew}))
+        # The first rank to arrive waited longest (the skew); the one that waited least came last.
+        skew = max(float(f.details["waited_ms"]) for f in arrived)
+        last = min(arrived, key=lambda f: float(f.details["waited_ms"])).ranks[0]
+        result.append(Finding("barrier", PASS, f"all {arrived[0].details['expected']} ranks arrived; skew "
+                              f"{skew:.1f} ms (last: rank {last})", sorted(r for f in arrived for r in f.ranks),
+                              details={"skew_ms": skew, "waited_ms": {str(f.ranks[0]): f.details["waited_ms"]
+                                                                       for f in arrived}}))
     return result + collapse([f for f in late if not f.details.get("missing")])
 
 

@@ -52,6 +52,14 @@ def interfaces() -> dict[str, list[str]]:
     return result
 
 
+def usable_interfaces() -> list[str]:
+    """Interfaces NCCL/gloo can actually use: up, with an address (an addressless ``ifb0`` is not)."""
+    import psutil
+
+    stats = psutil.net_if_stats()
+    return sorted(name for name, addrs in interfaces().items() if addrs and name in stats and stats[name].isup)
+
+
 def shm_bytes(path: str = "/dev/shm") -> int | None:
     """Size of the shared-memory filesystem, or None where there is none (macOS)."""
     try:

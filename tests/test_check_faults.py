@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -56,24 +55,28 @@ def unreported(report: dict) -> list[dict]:  # type: ignore[type-arg]
 def test_rank_that_never_starts_is_named_within_the_deadline(tmp_path: Path) -> None:
     start = time.monotonic()
     proc, report = run_faulty_job(tmp_path, "sleep", 1, "--timeout", "4")
-    assert proc.returncode != 0
+    assert proc.returncode == 1
     assert report["status"] == "fail"
     missing = unreported(report)
     assert [f["ranks"] for f in missing] == [[1]]
     assert "never joined" in missing[0]["summary"]
-    # The report is printed by rank 0, root cause first.
-    assert "rank" in proc.stdout and "did not report" in proc.stdout.split("Result:")[0]
+    # The report is printed by rank 0, root cause first: the first row of the table is the missing rank.
+    table_rows = proc.stdout.split("-----\n", 1)[1].splitlines()
+    assert table_rows[0].startswith("barrier") and "did not report" in table_rows[0]
+    # ...and only once: the barrier check does not wait for (and report) a rank that never joined.
+    assert sum("rank 1" in f["summary"] for f in report["findings"]) == 1
     # Checks that need all ranks were skipped with the reason, local checks still ran on rank 0.
     by_check = {f["check"]: f for f in report["findings"] if f["ranks"] == [0]}
     assert by_check["connectivity"]["status"] == "skip"
     assert "never joined" in by_check["connectivity"]["summary"]
-    assert time.monotonic() - start < 140
+    # Rendezvous, checks and collection each have the 4 s deadline; allow for a slow, loaded machine.
+    assert time.monotonic() - start < 3 * 4 + 60
     assert leftover_processes(str(tmp_path)) == []
 
 
 def test_rank_killed_inside_a_check_is_named(tmp_path: Path) -> None:
     proc, report = run_faulty_job(tmp_path, "kill-in-check", 1, "--timeout", "8")
-    assert proc.returncode != 0
+    assert proc.returncode == 1
     assert report["status"] == "fail"
     missing = unreported(report)
     assert missing, report["findings"]
@@ -102,8 +105,3 @@ def test_socket_ifname_naming_no_interface_fails_env(tmp_path: Path) -> None:
     assert proc.returncode == 1
     summaries = [f["summary"] for f in report["findings"] if f["status"] == "fail"]
     assert any("GLOO_SOCKET_IFNAME=nosuch0 names nosuch0, which this host does not have" in s for s in summaries)
-
-
-def test_python_executable_is_the_one_under_test() -> None:
-    # The fault wrapper and the CLI must run in this interpreter's environment (where ddpdoctor is installed).
-    assert Path(sys.executable).exists()

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,10 +69,11 @@ def test_master_port_from_environment_is_checked_the_same_way() -> None:
 
 
 def start_srun_style_ranks(world: int, port: int, tmp_path: Path, extra_env: dict[int, dict[str, str]] | None = None,
-                           args: tuple[str, ...] = ()) -> list[subprocess.Popen[str]]:
-    """Start `world` ranks the way srun does: same command, SLURM_* variables; rank 0 hosts the store."""
+                           args: tuple[str, ...] = (), only: list[int] | None = None) -> list[subprocess.Popen[str]]:
+    """Start the ranks of a `world` the way srun does (same command, SLURM_* variables; rank 0 hosts the
+    store): all of them, or the ranks listed in `only`."""
     procs = []
-    for rank in range(world):
+    for rank in range(world) if only is None else only:
         env = clean_env({"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world), "SLURM_LOCALID": str(rank),
                          "SLURM_NODEID": "0", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "777",
                          "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": str(world),
@@ -92,7 +94,7 @@ def test_srun_style_launch_with_rank0_hosting_the_store(tmp_path: Path) -> None:
     assert data["status"] == "pass" and data["world_size"] == 2
 
 
-def test_srun_style_rank_with_wrong_master_addr_says_what_it_could_not_reach(tmp_path: Path) -> None:
+def test_srun_style_rank_with_wrong_master_port_says_what_it_could_not_reach(tmp_path: Path) -> None:
     # Rank 1 is pointed at a port where nothing listens: it cannot reach the control plane.
     port = free_port()
     wrong = free_port()
@@ -103,3 +105,21 @@ def test_srun_style_rank_with_wrong_master_addr_says_what_it_could_not_reach(tmp
     assert f"rank 1 on {socket.gethostname()}: cannot reach the control plane at MASTER_ADDR:MASTER_PORT " \
            f"127.0.0.1:{wrong}" in err1
     assert "did not report" in stdout0 and "never joined" in stdout0
+
+
+def test_two_processes_claiming_one_rank_are_named(tmp_path: Path) -> None:
+    # A broken task layout: two processes both claim rank 1 of a world of 2. They start first and wait
+    # for rank 0's store (as they would for a slow head node), so both are in before rank 0 looks.
+    out = tmp_path / "r.json"
+    port = free_port()
+    claimants = start_srun_style_ranks(2, port, tmp_path, args=("--timeout", "30", "--only", "env"), only=[1, 1])
+    time.sleep(10)  # both claimants have imported torch and poll for the store (generous: CI may be loaded)
+    [rank0] = start_srun_style_ranks(2, port, tmp_path, args=("--json", str(out), "--timeout", "30", "--only", "env"),
+                                     only=[0])
+    results = communicate_all([rank0, *claimants])
+    assert results[0][0] == 1 and out.exists(), results[0][1] + results[0][2]
+    data = json.loads(out.read_text())
+    claimed = [f for f in data["findings"] if "claimed by 2 processes" in f["summary"]]
+    assert len(claimed) == 1 and claimed[0]["ranks"] == [1] and claimed[0]["status"] == "fail"
+    pids = {c["pid"] for c in claimed[0]["details"]["claimants"]}
+    assert pids == {p.pid for p in claimants}

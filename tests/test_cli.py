@@ -17,6 +17,8 @@ from tests.support import clean_env, run_cli
     (["check", "--only", "nosuch"], "unknown check id 'nosuch'"),
     (["check", "--skip", "env,bogus"], "unknown check id 'bogus'"),
     (["check", "--timeout", "-1"], "--timeout must be a positive"),
+    (["check", "--timeout", "inf"], "--timeout must be a positive"),
+    (["check", "--json", "/nonexistent/dir/r.json"], "does not exist"),
     (["check", "--backend", "mpi"], "--backend must be one of"),
     (["check", "--input-shape", "4,x"], "--input-shape takes positive sizes"),
     (["check", "--checkpoint", "/nonexistent/ckpt.pt"], "no such file"),
@@ -33,9 +35,14 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_in_process_runner_sees_the_same_validation() -> None:
-    result = CliRunner().invoke(app, ["check", "--nproc", "0"])
-    assert result.exit_code != 0
+def test_in_process_main_maps_bad_input_to_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--nproc", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "ddpdoctor: error: --nproc must be at least 1, got: 0"
+
+
+def test_typer_app_is_usable_in_process() -> None:
+    result = CliRunner().invoke(app, ["check", "--help"])
+    assert result.exit_code == 0 and "--nproc" in result.output
 
 
 def test_help_and_version_do_not_import_torch() -> None:

@@ -49,7 +49,7 @@ def test_slurm_srun_environment_takes_master_from_the_first_node() -> None:
         "slurm", 9, 16, 1, 8)
     assert info.master_addr == "gpu07"
     assert info.nodes == ("gpu07", "gpu08")
-    assert info.master_port == 20000 + 4242
+    assert info.master_port == 29500 + 4242 % 2500
     assert not info.agent_store
 
 
@@ -77,6 +77,9 @@ def test_no_launcher_means_self_launch() -> None:
 @pytest.mark.parametrize("env", [
     {"RANK": "x", "WORLD_SIZE": "2"},
     {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "99999"},
+    {"RANK": "5", "WORLD_SIZE": "2"},
+    {"RANK": "0", "WORLD_SIZE": "0"},
+    {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"},
 ])
 def test_bad_launcher_values_are_one_line_errors(env: dict[str, str]) -> None:
     with pytest.raises(DoctorError):

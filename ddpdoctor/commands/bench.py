@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import typer
 
 from ddpdoctor.bench import BenchConfig, check_plot_available, parse_dtype, parse_ops, parse_size, size_sweep
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.runtime.entry import validate_output_path
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.launcher import LaunchInfo
@@ -30,8 +30,7 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, it
     if min_busbw is not None and min_busbw < 0:
         raise DoctorError(f"--min-busbw must be a bandwidth in GB/s >= 0, got: {min_busbw:g}")
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
-        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise DoctorError(f"{flag} {path!r}: the folder does not exist")
+        validate_output_path(flag, path)
     if plot_path is not None:
         check_plot_available()
     return BenchConfig(ops=tuple(ops), sizes=tuple(sizes), iters=iters, warmup=warmup, dtype=parse_dtype(dtype),

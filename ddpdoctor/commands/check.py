@@ -65,10 +65,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check connectivity, ports, env consistency and more on every rank; one report from rank 0."""
         from ddpdoctor.check_api import CheckOptions
-        from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
+        from ddpdoctor.runtime.entry import (
+            run_here_or_self_launch,
+            validate_launch_options,
+            validate_output_path,
+        )
         from ddpdoctor.runtime.rank import RunConfig, run_rank
 
         validate_launch_options(nproc, backend, master_port, timeout)
+        validate_output_path("--json", json_path)
         if checkpoint is not None and not os.path.exists(checkpoint):
             raise DoctorError(f"--checkpoint {checkpoint!r}: no such file")
         checks = select_checks(only, skip)

@@ -30,6 +30,24 @@ def connect_store(info: LaunchInfo, timeout_s: float) -> Any:
     )
 
 
+def wait_until_reachable(addr: str, port: int, deadline: float) -> bool:
+    """Poll a plain TCP connect until it succeeds or the deadline passes.
+
+    Done before building a TCPStore client, whose own failure prints dozens of C++ frames before the
+    one line that matters.
+    """
+    import socket
+
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
 class ControlPlane:
     """JSON key/values on a c10d store, with deadline-bounded waits."""
 

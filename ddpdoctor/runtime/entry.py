@@ -8,6 +8,7 @@ teardown waiting on a peer that already left, must not keep it alive); with no l
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from ddpdoctor.errors import DoctorError
 from ddpdoctor.runtime.launcher import LaunchInfo
 
 BACKENDS = ("auto", "gloo", "nccl")
+MAX_TIMEOUT_S = 86400
 
 
 def validate_launch_options(nproc: int | None, backend: str, master_port: int | None, timeout: float) -> None:
@@ -29,8 +31,21 @@ def validate_launch_options(nproc: int | None, backend: str, master_port: int | 
         raise DoctorError(f"--backend must be one of {', '.join(BACKENDS)}, got: {backend!r}")
     if master_port is not None and not 0 < master_port < 65536:
         raise DoctorError(f"--master-port must be in 1-65535, got: {master_port}")
-    if not timeout > 0:
-        raise DoctorError(f"--timeout must be a positive number of seconds, got: {timeout:g}")
+    if not (timeout > 0 and math.isfinite(timeout)) or timeout > MAX_TIMEOUT_S:
+        raise DoctorError(f"--timeout must be a positive number of seconds up to {MAX_TIMEOUT_S}, got: {timeout:g}")
+
+
+def validate_output_path(flag: str, path: str | None) -> None:
+    """Fail before launching anything, not after a whole run, when an output file cannot be written."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise DoctorError(f"{flag} {path!r}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise DoctorError(f"{flag} {path!r}: the folder {folder!r} is not writable")
+    if os.path.isdir(path):
+        raise DoctorError(f"{flag} {path!r} is a directory; give a file name")
 
 
 def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, nproc: int | None, backend: str,
@@ -40,6 +55,9 @@ def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, nproc: int
 
     info = launcher.detect()
     if info.is_launched:
+        if info.rank == 0 and info.launcher != "local" and (nproc is not None or master_port is not None):
+            print(f"ddpdoctor: note: --nproc/--master-port apply to self-launch only; running as one rank of "
+                  f"the {info.launcher} job (world size {info.world_size})", file=sys.stderr)
         code = run_here(info)
         sys.stdout.flush()
         sys.stderr.flush()

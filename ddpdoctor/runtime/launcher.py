@@ -126,7 +126,17 @@ def _port(env: Mapping[str, str], default: int) -> int:
 
 def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """The launcher this process runs under, or launcher="none" when it should self-launch."""
-    env = os.environ if env is None else env
+    info = _detect(os.environ if env is None else env)
+    if info.world_size < 1 or not 0 <= info.rank < info.world_size:
+        raise DoctorError(f"rank {info.rank} is outside world size {info.world_size} (from {info.launcher}'s "
+                          "environment): fix RANK/WORLD_SIZE or the launcher's task count")
+    if not 0 <= info.local_rank < max(1, info.local_world_size):
+        raise DoctorError(f"local rank {info.local_rank} is outside local world size {info.local_world_size} "
+                          f"(from {info.launcher}'s environment)")
+    return info
+
+
+def _detect(env: Mapping[str, str]) -> LaunchInfo:
     if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
         info = _from_torchrun(env)
         if env.get("DDPDOCTOR_SELF_LAUNCHED") == "1":
@@ -144,8 +154,7 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
     if "PMI_RANK" in env:
         return _from_mpi(env, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
-    if "PMIX_RANK" in env:
-        return _from_mpi(env, "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE")
+    # PMIx alone exports no world size: such launches set RANK/WORLD_SIZE/LOCAL_RANK themselves ("env").
     return LaunchInfo("none", 0, 1, 0, 1, "127.0.0.1", _port(env, DEFAULT_MASTER_PORT), False, "local")
 
 
@@ -175,8 +184,9 @@ def _from_slurm(env: Mapping[str, str]) -> LaunchInfo:
         per_node = parse_tasks_per_node(tasks_spec)
         local_world_size = per_node[node_id] if node_id < len(per_node) else per_node[-1]
     job = env.get("SLURM_JOB_ID", "0")
-    # Concurrent jobs whose first node is the same host must not fight over one port.
-    default_port = 20000 + (int(job) % 20000 if job.isdigit() else 0)
+    # Concurrent jobs whose first node is the same host must not fight over one port; 29500-31999 stays
+    # below Linux's ephemeral range (32768+), where an outgoing connection could take the port first.
+    default_port = 29500 + (int(job) % 2500 if job.isdigit() else 0)
     master_addr = env.get("MASTER_ADDR") or (nodes[0] if nodes else "127.0.0.1")
     return LaunchInfo(
         launcher="slurm",

@@ -29,14 +29,15 @@ from types import FrameType
 from typing import Any
 
 from ddpdoctor.check_api import Check, CheckContext, CheckOptions, collapse
-from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM
+from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
 from ddpdoctor.report import Report, render_table
-from ddpdoctor.runtime.control import ControlPlane, connect_store
+from ddpdoctor.runtime.control import ControlPlane, connect_store, wait_until_reachable
 from ddpdoctor.runtime.deadline import innermost_line, run_with_deadline
 from ddpdoctor.runtime.launcher import LaunchInfo
 
 RESULT_FILE_ENV = "DDPDOCTOR_RESULT_FILE"
+CLAIM_SETTLE_S = 0.3
 
 
 @dataclass
@@ -61,15 +62,18 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
-def resolve_backend(requested: str) -> tuple[str, str]:
-    """(backend, device) for this rank: NCCL on the local GPU when there is one, else gloo on CPU."""
+def resolve_backend(requested: str, local_rank: int) -> tuple[str, str]:
+    """(backend, device) for this rank: NCCL on its local GPU when there is one, else gloo on CPU.
+
+    ``local_rank`` comes from the launcher detection: srun and mpirun do not set LOCAL_RANK, and reading it
+    would put every rank of a node on cuda:0 (NCCL's "Duplicate GPU detected").
+    """
     import torch
 
     backend = requested
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and torch.distributed.is_nccl_available() else "gloo"
     if backend == "nccl":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
             return backend, f"cuda:{torch.cuda.current_device()}"
@@ -97,22 +101,30 @@ class RankRun:
 
     def connect(self) -> bool:
         timeout = self.config.timeout_s
+        is_client = self.info.rank != 0 or self.info.agent_store
+        if is_client and not wait_until_reachable(self.info.master_addr, self.info.master_port,
+                                                  time.monotonic() + timeout):
+            self._cannot_reach(f"nothing answered within {timeout:g} s")
+            return False
         outcome = run_with_deadline(lambda: connect_store(self.info, timeout), timeout + 2, "ddpdoctor-store")
         if outcome.ok:
             self.control = ControlPlane(outcome.value)
             self.control.store = self.control.prefixed(f"ddpdoctor/{self.info.run_id}/")
             return True
         err = str(outcome.error).splitlines()[0] if outcome.error else f"no answer within {timeout:g} s"
-        where = f"{self.info.master_addr}:{self.info.master_port}"
         if self.info.rank == 0 and not self.info.agent_store and "in use" in err.lower():
             from ddpdoctor.ports import busy_port_message
 
             print(f"ddpdoctor: rank 0: {busy_port_message(self.info.master_port)}", file=sys.stderr)
         else:
-            print(f"ddpdoctor: rank {self.info.rank} on {self.me.host}: cannot reach the control plane at "
-                  f"MASTER_ADDR:MASTER_PORT {where}: {err}. Check that MASTER_ADDR is rank 0's host as "
-                  "this node resolves it, and that the port is open between the nodes.", file=sys.stderr)
+            self._cannot_reach(err)
         return False
+
+    def _cannot_reach(self, why: str) -> None:
+        where = f"{self.info.master_addr}:{self.info.master_port}"
+        print(f"ddpdoctor: rank {self.info.rank} on {self.me.host}: cannot reach the control plane at "
+              f"MASTER_ADDR:MASTER_PORT {where}: {why}. Check that MASTER_ADDR is rank 0's host as "
+              "this node resolves it, and that the port is open between the nodes.", file=sys.stderr)
 
     def join(self) -> tuple[dict[str, Any], str | None] | None:
         """Connect, rendezvous and initialise the process group under test.
@@ -132,14 +144,14 @@ class RankRun:
         assert self.control is not None
         control, ws, timeout = self.control, self.info.world_size, self.config.timeout_s
         control.put(f"hello/{self.info.rank}", self.me.to_json())
-        claims = control.add(f"claims/{self.info.rank}", 1)
-        if claims > 1:
-            self.runtime_findings.append(Finding(
-                "env", FAIL, f"rank {self.info.rank} is claimed by {claims} processes", [self.info.rank],
-                "every process needs a distinct RANK: check the launcher's --node-rank / SLURM task layout"))
+        claim = control.add(f"claims/{self.info.rank}", 1)
+        control.put(f"claimant/{self.info.rank}/{claim}", self.me.to_json())
         if self.info.rank == 0:
             deadline = self.start + timeout
             present = control.wait_keys([f"hello/{r}" for r in range(ws)], deadline)
+            # A moment for a second process claiming the same rank (a broken task layout) to show up too,
+            # so the report can name both; everyone else is already waiting for the plan anyway.
+            time.sleep(CLAIM_SETTLE_S)
             joined = sorted(int(k.split("/")[1]) for k in present)
             peers = {str(r): control.get_nowait(f"hello/{r}") for r in joined}
             plan: dict[str, Any] = {"joined": joined, "missing": [r for r in range(ws) if r not in joined],
@@ -151,13 +163,18 @@ class RankRun:
                 print(f"ddpdoctor: rank {self.info.rank}: rank 0 never published the plan within the deadline; "
                       "rank 0 is not running ddpdoctor or died (its host's output says why)", file=sys.stderr)
                 return None
+        if self.info.rank not in plan["joined"]:
+            print(f"ddpdoctor: rank {self.info.rank} on {self.me.host}: joined after rank 0's rendezvous "
+                  f"deadline (--timeout {timeout:g} s) and is reported as never joined; start every rank "
+                  "together, or raise --timeout", file=sys.stderr)
+            return None
         self.peers = {int(r): RankInfo.from_json(d) for r, d in plan["peers"].items() if d}
         self.plan = dict(plan)
         return self.plan
 
     def init_process_group(self, plan: dict[str, Any]) -> str | None:
         """Initialise the process group under test; returns why it is unusable, or None when it is up."""
-        self.backend, self.device = resolve_backend(self.config.backend)
+        self.backend, self.device = resolve_backend(self.config.backend, self.info.local_rank)
         if not any(check.needs_process_group for check in self.config.checks):
             return "no selected check needs it"
         if plan["missing"]:
@@ -216,9 +233,11 @@ class RankRun:
                     pg_problem = f"{check.id} was abandoned while inside a collective"
             elif outcome.error is not None:
                 message = str(outcome.error).splitlines()[0] if str(outcome.error) else ""
+                internal = not _is_peer_failure(outcome.error)
                 self.runtime_findings.append(Finding(
                     check.id, ERROR, f"the check raised {type(outcome.error).__name__}: {message}"[:300],
-                    [self.info.rank], _remedy_for_exception(outcome.error), {"traceback": outcome.error_text}))
+                    [self.info.rank], _remedy_for_exception(outcome.error),
+                    {"traceback": outcome.error_text, "internal": internal}))
                 if check.needs_process_group:
                     pg_problem = f"{check.id} raised {type(outcome.error).__name__}"
             else:
@@ -234,14 +253,17 @@ class RankRun:
             # Posted after every check: if this rank dies later, rank 0 still has what it found so far.
             self.post(final=False)
 
-    def post(self, final: bool = True) -> None:
-        assert self.control is not None
-        self.control.put(f"result/{self.info.rank}", {
+    def _own_result(self) -> dict[str, Any]:
+        return {
             "info": self.me.to_json(),
             "backend": self.backend,
             "checks": {cid: [f.to_json() for f in fs] for cid, fs in self.check_findings.items()},
             "runtime": [f.to_json() for f in self.runtime_findings],
-        })
+        }
+
+    def post(self, final: bool = True) -> None:
+        assert self.control is not None
+        self.control.put(f"result/{self.info.rank}", self._own_result())
         if final:
             self.control.put(f"progress/{self.info.rank}", "done")
             self.control.put(f"done/{self.info.rank}", True)
@@ -261,6 +283,8 @@ class RankRun:
                 partial = self.control.get_nowait(f"result/{rank}")
                 if partial is not None:
                     results[rank] = partial
+        else:  # the store is gone (the launcher went with it): this rank's own findings at least
+            results[self.info.rank] = self._own_result()
         findings: list[Finding] = []
         runtime: list[Finding] = []
         for check in self.config.checks:
@@ -275,7 +299,7 @@ class RankRun:
         for res in results.values():
             runtime.extend(Finding.from_json(f) for f in res["runtime"])
         findings.extend(collapse(runtime))
-        findings[:0] = self._unreported(joined, finished)
+        findings[:0] = self._unreported(joined, finished) + self._duplicate_claims()
         backend = next((res["backend"] for res in results.values() if res.get("backend")), self.backend)
         ranks = [self.peers.get(r) or RankInfo.from_json(res["info"]) for r, res in results.items()]
         ranks += [self.peers[r] for r in self.peers if r not in results]
@@ -283,6 +307,23 @@ class RankRun:
             ranks = [self.me]
         return Report(ws, backend, self.info.launcher, ranks, findings,
                       [c.id for c in self.config.checks], time.monotonic() - self.start)
+
+    def _duplicate_claims(self) -> list[Finding]:
+        """Two processes that both think they are rank N: the launcher's task layout is wrong."""
+        if self.control is None:
+            return []
+        found = []
+        for rank in range(self.info.world_size):
+            count = self.control.add(f"claims/{rank}", 0)
+            if count > 1:
+                claimants = [RankInfo.from_json(c) for i in range(1, count + 1)
+                             if (c := self.control.get_nowait(f"claimant/{rank}/{i}"))]
+                named = ", ".join(f"pid {c.pid} on {c.host}" for c in claimants)
+                found.append(Finding(
+                    "env", FAIL, f"rank {rank} is claimed by {count} processes ({named})", [rank],
+                    "every process needs a distinct RANK: check --node-rank on each torchrun, or the "
+                    "SLURM task layout (one srun per job step)", {"claimants": [c.to_json() for c in claimants]}))
+        return found
 
     def _unreported(self, joined: list[int], finished: set[int]) -> list[Finding]:
         ws, timeout = self.info.world_size, self.config.timeout_s
@@ -312,21 +353,34 @@ class RankRun:
 
     def finish(self, report: Report) -> int:
         """Print the report, write --json and the self-launch result file; the exit code."""
+        for sig in (signal.SIGTERM, signal.SIGINT):  # the report is printed once, whole
+            signal.signal(sig, signal.SIG_IGN)
         print(render_table(report, verbose=self.config.options.verbose), flush=True)
         data = report.to_json()
-        if self.config.json_path:
-            write_json_atomic(self.config.json_path, data)
         code = EXIT_PROBLEM if report.status == FAIL else EXIT_OK
+        if any(f.details.get("internal") for f in report.findings):
+            code = EXIT_BUG
+        if self.config.json_path:
+            try:
+                write_json_atomic(self.config.json_path, data)
+            except OSError as exc:
+                print(f"ddpdoctor: cannot write --json {self.config.json_path}: {exc.strerror or exc}",
+                      file=sys.stderr, flush=True)
+                code = max(code, EXIT_PROBLEM)
         result_file = os.environ.get(RESULT_FILE_ENV)
         if result_file:
             write_json_atomic(result_file, {"exit_code": code, "report": data})
         return code
 
 
-def _remedy_for_exception(exc: BaseException) -> str:
-    """A collective that breaks mid-check is the job's problem; anything else is ours."""
+def _is_peer_failure(exc: BaseException) -> bool:
+    """A collective that breaks mid-check (a peer died, a link broke) is the job's problem, not ours."""
     text = f"{type(exc).__module__}.{type(exc).__name__} {exc}".lower()
-    if any(word in text for word in ("torch.distributed", "gloo", "nccl", "connection", "timed out", "timeout")):
+    return any(word in text for word in ("torch.distributed", "gloo", "nccl", "connection", "timed out", "timeout"))
+
+
+def _remedy_for_exception(exc: BaseException) -> str:
+    if _is_peer_failure(exc):
         return ("a peer died or a link broke during this check: see the ranks that did not report and the "
                 "connectivity findings")
     return "this is a ddpdoctor bug: please report it with the traceback (run with --verbose)"
@@ -373,4 +427,9 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
             "job down when a rank exits)", [0], "see the ranks that did not report: one of them died first"))
         with contextlib.suppress(Exception):  # the store may be gone with the launcher
             run.post()
-        return run.finish(run.collect(run.plan, time.monotonic() + min(2.0, config.timeout_s)))
+        try:
+            report = run.collect(run.plan, time.monotonic() + min(2.0, config.timeout_s))
+        except Exception:  # the launcher's store went away with it: report what this rank knows
+            run.control = None
+            report = run.collect(run.plan, time.monotonic())
+        return run.finish(report)

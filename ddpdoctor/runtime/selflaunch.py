@@ -40,6 +40,7 @@ def choose_port(requested: int | None) -> int:
 
 def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeout_s: float) -> int:
     """Run ``python -m ddpdoctor ARGV`` on ``nproc`` local ranks; rank 0's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -61,6 +62,10 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
     failure = ""
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "ddpdoctor", *argv)
+    except SignalException as exc:
+        # Ctrl-C or a scheduler's SIGTERM: the launcher has already stopped every rank.
+        print(f"ddpdoctor: interrupted ({exc.sigval.name}); all local ranks stopped", file=sys.stderr)
+        return 130
     except ChildFailedError as exc:
         failure = "; ".join(f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
                             for rank, f in sorted(exc.failures.items()))

@@ -1,0 +1,60 @@
+"""The env check's cross-rank judgement, as a pure function of each rank's facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.checks.env import FACTS, _combine
+from ddpdoctor.findings import Finding, RankInfo
+
+VERSIONS = {"torch": "2.13.0", "python": "3.11.7", "cuda": "12.4", "nccl": "2.21.5"}
+
+
+def facts(rank: int, host: str, variables: dict[str, str], **versions: str) -> Finding:
+    details: dict[str, Any] = {"vars": variables, "versions": {**VERSIONS, **versions}, "world_size": 4,
+                               "local_world_size": 2, "host": host}
+    return Finding("env", "pass", FACTS, [rank], details=details)
+
+
+def judge(*per_rank: Finding) -> list[Finding]:
+    peers = {f.ranks[0]: RankInfo(f.ranks[0], f.ranks[0] % 2, f.details["host"], 100) for f in per_rank}
+    return _combine({f.ranks[0]: [f] for f in per_rank}, peers)
+
+
+def test_a_differing_nccl_variable_fails_naming_the_outlier_rank_against_rank_0() -> None:
+    base = {"NCCL_IB_DISABLE": "1"}
+    out = judge(facts(0, "a", base), facts(1, "a", {"NCCL_IB_DISABLE": "0"}), facts(2, "b", base), facts(3, "b", base))
+    assert [(f.status, f.ranks) for f in out] == [("fail", [1])]
+    assert out[0].summary == "NCCL_IB_DISABLE differs across ranks: '1' on ranks 0,2-3; '0' on rank 1"
+
+
+def test_on_a_tie_the_rank_that_differs_from_rank_0_is_blamed() -> None:
+    out = judge(facts(0, "a", {"TORCH_NCCL_BLOCKING_WAIT": "1"}), facts(1, "a", {}))
+    assert out[0].ranks == [1]
+
+
+def test_logging_variables_and_per_task_gpu_binding_may_differ() -> None:
+    out = judge(facts(0, "a", {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "8"}),
+                facts(1, "a", {"CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "4"}))
+    assert [f.status for f in out] == ["pass"]
+    assert "CUDA_VISIBLE_DEVICES" in out[0].summary and "differ per rank, as allowed" in out[0].summary
+
+
+def test_socket_ifname_differing_across_hosts_warns_but_within_a_host_fails() -> None:
+    across = judge(facts(0, "a", {"NCCL_SOCKET_IFNAME": "eth0"}), facts(1, "a", {"NCCL_SOCKET_IFNAME": "eth0"}),
+                   facts(2, "b", {"NCCL_SOCKET_IFNAME": "ens5"}), facts(3, "b", {"NCCL_SOCKET_IFNAME": "ens5"}))
+    assert [(f.status, f.ranks) for f in across] == [("warn", [2, 3])]
+    within = judge(facts(0, "a", {"NCCL_SOCKET_IFNAME": "eth0"}), facts(1, "a", {"NCCL_SOCKET_IFNAME": "ib0"}))
+    assert [(f.status, f.ranks) for f in within] == [("fail", [1])]
+
+
+def test_version_mismatch_names_only_the_outliers() -> None:
+    out = judge(facts(0, "a", {}), facts(1, "a", {}), facts(2, "b", {}, torch="2.12.0"), facts(3, "b", {}))
+    assert [(f.status, f.ranks) for f in out] == [("fail", [2])]
+    assert "torch version differs" in out[0].summary and "'2.12.0' on rank 2" in out[0].summary
+
+
+def test_consistent_ranks_pass() -> None:
+    out = judge(facts(0, "a", {"NCCL_IB_HCA": "mlx5"}), facts(1, "b", {"NCCL_IB_HCA": "mlx5"}))
+    assert [f.status for f in out] == ["pass"]
+    assert out[0].ranks == [0, 1]
