@@ -11,7 +11,7 @@ set -euo pipefail
 HEAD=${HEAD:?set HEAD to the hostname of the first node}
 NNODES=${NNODES:-2}
 NODE_RANK=${NODE_RANK:?set NODE_RANK (0 on the head node)}
-NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l | awk '{print ($1 > 0) ? $1 : 2}')}
+NPROC=${NPROC:-$({ nvidia-smi -L 2>/dev/null || true; } | wc -l | awk '{print ($1 > 0) ? $1 : 2}')}
 PORT=${PORT:-29500}
 
 exec torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$NPROC" \
