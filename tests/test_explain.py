@@ -375,6 +375,37 @@ def test_healthy_log_has_no_diagnosis() -> None:
     assert result.diagnoses == [] and result.lines_scanned == 2001
 
 
+# Lines a healthy multi-rank job really prints (NCCL_DEBUG=INFO start-up and teardown, c10d's retried connect
+# warnings, PyTorch's deprecation/exit warnings, wandb/urllib3 retries of an HTTP upload). None is a DDP failure.
+HEALTHY_REALISTIC = """\
+node-a:1001:1001 [1] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No such file or directory No plugin found (libnccl-net.so), using internal implementation
+node-a:1001:1001 [1] NCCL INFO Failed to open libibverbs.so[.1]
+node-a:1001:1001 [1] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0
+node-a:1001:1001 [1] NCCL INFO TUNER/Plugin: Failed to find ncclTunerPlugin_v2, using internal tuner instead.
+node-a:1001:1001 [1] NCCL INFO Allocated 4194656 bytes of shared memory in /dev/shm/nccl-8rVB6h
+node-a:1001:1001 [1] NCCL INFO [Service thread] Connection closed by localRank 1
+node-a:1001:1001 [1] NCCL INFO comm 0x55d1c7f0 rank 1 nranks 8 cudaDev 1 busId 11000 - Destroy COMPLETE
+[W1122 01:39:41.000000000 socket.cpp:663] [c10d] The client socket has failed to connect to [node-1]:29500 (errno: 111 - Connection refused).
+[rank0]:[W1122 01:39:42.1234 ProcessGroupNCCL.cpp:4115] Warning: Guessing device ID based on global rank. This can cause a hang if rank to GPU mapping is heterogeneous.
+[rank0]:[W1122 01:59:42.1234 ProcessGroupNCCL.cpp:1250] Warning: WARNING: process group has NOT been destroyed before we destruct ProcessGroupNCCL. On normal program exit, the application should call destroy_process_group to ensure that any pending NCCL operations have finished in this process. (function operator())
+[uv_loop_close] [I1122 02:36:35.843471704 TCPStoreLibUvBackend.cpp:1354] [c10d] uv_loop_close failed with:-16 errn:EBUSY desc:resource busy or locked
+WARNING:urllib3.connectionpool:Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection broken by 'ProtocolError('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))': /api/v1/runs
+wandb: Network error (ConnectionError), entering retry loop.
+Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0
+epoch 3 step 1200 | loss 0.4123 | error rate 0.031 | tokens/s 51234
+I1122 01:39:40.561000 1000 torch/distributed/elastic/agent/server/api.py:932] Local worker group finished (WorkerState.SUCCEEDED). Waiting 300 seconds for other agents to finish
+"""
+
+
+def test_realistic_healthy_lines_are_not_diagnosed() -> None:
+    # An HTTP retry quoting 'Connection reset by peer' used to be reported as a DDP peer that went away.
+    result = explain_text(HEALTHY_REALISTIC)
+    assert ids(result) == []
+    # The same words from gloo's transport are still a peer that went away.
+    gloo = "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4567\n"
+    assert ids(explain_text(gloo)) == ["remote-process-exited"]
+
+
 def test_json_shape_matches_the_contract() -> None:
     data = json.loads(json.dumps(explain_text(UNUSED_CUTIE).to_json()))
     (d,) = data["diagnoses"]
