@@ -215,7 +215,7 @@ def analyze(facts_by_rank: Mapping[int, Mapping[str, Any]],
         for r, f in sorted(skipped.items()):
             by_reason[str(f.get("skip_reason") or "no usable GPU")].append(r)
         return [_finding(SKIP, f"no GPU check: {reason}", rs,
-                         details={"nvml_available": any(facts_by_rank[r].get("nvml_available") for r in rs)})
+                         nvml_available=any(facts_by_rank[r].get("nvml_available") for r in rs))
                 for reason, rs in by_reason.items()]
     if skipped:
         findings.append(_finding(

@@ -117,6 +117,8 @@ def test_real_combine_of_skipping_ranks_is_one_skip_not_pass() -> None:
     assert len(merged) == 1
     assert merged[0].status == SKIP and merged[0].ranks == [0, 1]
     assert merged[0].summary.startswith("no GPU check: PyTorch")
+    # The JSON a tool reads: details.nvml_available, not details.details.nvml_available.
+    assert merged[0].details == {"nvml_available": False}
     assert overall_status(merged) == PASS  # a skip never fails the run, and never claims a pass either
 
 
