@@ -36,6 +36,7 @@ MAX_RANKS = 65536  # a bound on memory per diagnosis, above the largest jobs in 
 MAX_DETAIL_VALUES = 8
 MAX_DETAIL_CHARS = 200
 LOOKBACK_LINES = 10  # torchrun's failure summary: the "rank :" line sits a few lines above "exitcode :"
+TRACEBACK_LOOKBACK_LINES = 60  # a Python traceback: its header sits above every frame of the stack
 
 # Report order: what the user must fix, then what crashed, then which rank lagged, then echoes, then hints.
 ROLE_ORDER = ("cause", "crash", "lagging-rank", "symptom", "warning")
@@ -369,15 +370,15 @@ class Scanner:
         return last, line_no - 1
 
     @staticmethod
-    def _lookback(block: bytearray, start: int, tail: bytes) -> list[str]:
-        """Up to ``LOOKBACK_LINES`` lines before the line at ``start``, nearest first."""
+    def _lookback(block: bytearray, start: int, tail: bytes, count: int = LOOKBACK_LINES) -> list[str]:
+        """Up to ``count`` lines (within 8 KiB) before the line at ``start``, nearest first."""
         before = bytes(block[max(0, start - 8192):start])
         if start < 8192:
             before = tail + before
         lines = before.decode("utf-8", errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
-        return [ln.rstrip("\r") for ln in reversed(lines[-LOOKBACK_LINES:])]
+        return [ln.rstrip("\r") for ln in reversed(lines[-count:])]
 
     # -- matching ----------------------------------------------------------------------------------
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
@@ -403,6 +404,8 @@ class Scanner:
                     return None
                 if rank is None:
                     rank = summary_rank
+            if sig.context == "python-traceback" and self._ignored_exception(lookback):
+                return None
             groups.pop("local_rank", None)
             if "signal_number" in groups:
                 groups.setdefault("signal", _signal_name(int(groups["signal_number"])))
@@ -438,6 +441,24 @@ class Scanner:
         if number is not None and int(number) in _SIGTERM_LIKE and not root:
             return False, rank
         return True, rank
+
+    @staticmethod
+    def _ignored_exception(lookback: Any) -> bool:
+        """Whether the traceback ending at this line follows Python's "Exception ignored in: ..." header.
+
+        Python prints exceptions raised in ``__del__`` and at interpreter exit that way and carries on,
+        e.g. DataLoader workers' "AssertionError: can only test a child process" at the end of a run that
+        finished fine; such a line did not end the rank.
+        """
+        lines = [_LINE_PREFIX_RANK.sub("", ln, count=1) for ln in lookback(TRACEBACK_LOOKBACK_LINES)]
+        for i, ln in enumerate(lines):
+            if ln.startswith("Traceback (most recent call last)"):
+                return i + 1 < len(lines) and lines[i + 1].startswith("Exception ignored in")
+            if ln.startswith("Exception ignored in"):  # no frames: the header right above the exception
+                return True
+            if not ln[:1].isspace():  # frames and their code are indented; anything else ends the walk
+                return False
+        return False
 
     @staticmethod
     def _line_rank(text: str, file_rank: int | None) -> int | None:

@@ -406,6 +406,36 @@ def test_realistic_healthy_lines_are_not_diagnosed() -> None:
     assert ids(explain_text(gloo)) == ["remote-process-exited"]
 
 
+# Python's report of an exception in __del__ at exit (cpython Python/errors.c: "Exception ignored in"), as
+# DataLoader workers print it at the end of runs that finished fine; then the same exception really raised.
+IGNORED_AT_EXIT = """\
+[rank1]:Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f3b2c1d5e50>
+[rank1]:Traceback (most recent call last):
+[rank1]:  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1479, in __del__
+[rank1]:    self._shutdown_workers()
+[rank1]:  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1443, in _shutdown_workers
+[rank1]:    if w.is_alive():
+[rank1]:       ^^^^^^^^^^^^
+[rank1]:  File "/usr/lib/python3.11/multiprocessing/process.py", line 160, in is_alive
+[rank1]:    assert self._parent_pid == os.getpid(), 'can only test a child process'
+[rank1]:           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+[rank1]:AssertionError: can only test a child process
+[rank0]:TRAIN_OK steps=32
+"""
+RAISED = """\
+[rank1]:Traceback (most recent call last):
+[rank1]:  File "/work/train.py", line 40, in <module>
+[rank1]:    assert batch.shape[0] > 0, 'can only test a child process'
+[rank1]:AssertionError: can only test a child process
+"""
+
+
+def test_exception_ignored_at_exit_is_not_a_crash() -> None:
+    assert ids(explain_text(IGNORED_AT_EXIT)) == []
+    raised = explain_text(RAISED)
+    assert ids(raised) == ["python-exception"] and diag(raised, "python-exception").ranks == {1}
+
+
 def test_json_shape_matches_the_contract() -> None:
     data = json.loads(json.dumps(explain_text(UNUSED_CUTIE).to_json()))
     (d,) = data["diagnoses"]
