@@ -246,6 +246,10 @@ class Scanner:
         self.kb = kb if kb is not None else load_kb()
         self._prefilter = build_prefilter(k for s in self.kb for k in s.keywords)
         self._by_id = {s.id: s for s in self.kb}
+        # Which keywords a line holds is found once per line, not once per signature: a glog-heavy log
+        # (every "[W1122 ..." line passes the prefilter) spent most of its time re-testing keywords.
+        self._keywords = tuple(sorted({k for s in self.kb for k in s.keywords}))
+        self._sig_keywords = {s.id: frozenset(s.keywords) for s in self.kb}
         self._pending: tuple[tuple[Signature, ...], int] | None = None  # follow-up lines owed to the next block
         self._found: dict[str, Diagnosis] = {}
         self.files: list[str] = []
@@ -384,8 +388,9 @@ class Scanner:
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
                     line_no: int, file_rank: int | None, lookback: Any) -> Signature | None:
         """Credit the line to the first signature that matches it; return that signature (or None)."""
+        present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
         for sig in sigs:
-            if gate and not any(k in text for k in sig.keywords):
+            if gate and self._sig_keywords[sig.id].isdisjoint(present):
                 continue
             index, m = _first_match(sig.patterns, text)
             if m is None:
