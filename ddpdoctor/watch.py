@@ -8,9 +8,10 @@ Two ways to run:
   its own session so its whole process tree can be killed, and watches. torch's elastic launcher is not
   used here: it tears the job down the moment one rank fails, before the other ranks' stacks are read.
 - **under a launcher** (``torchrun ... -m ddpdoctor watch script.py``): every rank runs the script
-  in-process; rank 0 also hosts the channel on MASTER_ADDR:MASTER_PORT+1 (``DDPDOCTOR_WATCH_PORT``
-  overrides) in a thread and plays the supervisor. On a verdict it tells every rank to exit, and the
-  launcher sees the failure.
+  in-process; rank 0 also hosts the channel in a thread and plays the supervisor. On a verdict it
+  tells every rank to exit, and the launcher sees the failure. The channel's port: ``DDPDOCTOR_WATCH_PORT``
+  when set; else, under torchrun (whose agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT for every
+  rank, ``TORCHELASTIC_USE_AGENT_STORE``), any free port, published in that store; else MASTER_PORT+1.
 
 Either way the verdict is one report on stderr (and ``--json``), then every rank is torn down.
 """
@@ -37,6 +38,7 @@ PORT_ENV = "DDPDOCTOR_WATCH_PORT"
 POLL_S = 0.05
 STACK_WAIT_S = 2.0
 TERM_GRACE_S = 1.5
+STORE_WAIT_S = 120.0
 _LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                   "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -227,12 +229,54 @@ class RankZeroSupervisor(threading.Thread):
         self.done.set()
 
 
+def _channel_key(info: LaunchInfo) -> str:
+    return f"ddpdoctor/watch/{info.run_id}/channel_port"  # run_id carries the restart count
+
+
+def _store_client(info: LaunchInfo) -> Any:
+    from ddpdoctor.runtime.control import connect_store, wait_until_reachable
+
+    if not wait_until_reachable(info.master_addr, info.master_port, time.monotonic() + STORE_WAIT_S):
+        raise OSError(f"torchrun's store at {info.master_addr}:{info.master_port} is not reachable")
+    return connect_store(info, STORE_WAIT_S)
+
+
+def _store_channel_port(info: LaunchInfo, port: int) -> None:
+    """Rank 0: publish the channel's port in torchrun's agent store."""
+    try:
+        _store_client(info).set(_channel_key(info), str(port))
+    except Exception as exc:  # torch raises RuntimeError/DistStoreError subclasses for store failures
+        raise DoctorError(f"rank 0 cannot publish the watch channel's port in torchrun's store ({exc}); "
+                          f"set {PORT_ENV} to a free port on every rank") from None
+
+
+def _published_channel_port(info: LaunchInfo) -> int | None:
+    """Other ranks: the port rank 0 published, or None (then the rank runs unwatched) after a deadline."""
+    from ddpdoctor.runtime.control import ControlPlane
+
+    try:
+        value = ControlPlane(_store_client(info)).wait_get(_channel_key(info), time.monotonic() + STORE_WAIT_S)
+    except Exception as exc:  # as above: the store's own errors
+        value, why = None, str(exc)
+    else:
+        why = f"rank 0 did not publish it within {STORE_WAIT_S:g} s"
+    if value is None:
+        print(f"ddpdoctor watch: rank {info.rank}: no watch channel port in torchrun's store ({why}); "
+              "this rank runs unwatched", file=sys.stderr, flush=True)
+        return None
+    return int(value)
+
+
 def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_timeout_s: float,
                        json_path: str | None) -> int:
     """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
     from ddpdoctor.watch_rank import run_script
 
-    port = int(os.environ.get(PORT_ENV) or info.master_port + 1)
+    fixed = os.environ.get(PORT_ENV)
+    # A fixed MASTER_PORT+1 collides with whatever else listens there (commonly a second job started
+    # with --master-port one higher); the agent's store lets rank 0 take any free port and say which.
+    publish = info.agent_store and not fixed
+    port = int(fixed or (0 if publish else info.master_port + 1))
     supervisor = None
     address = f"{info.master_addr}:{port}"
     if info.rank == 0:
@@ -241,9 +285,14 @@ def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_time
         except OSError as exc:
             raise DoctorError(f"rank 0 cannot listen on port {port} for the watch channel ({exc}); "
                               f"set {PORT_ENV} to a free port on every rank") from None
+        if publish:
+            _store_channel_port(info, server.port)
         supervisor = RankZeroSupervisor(server, info.world_size, hang_timeout_s, json_path)
         supervisor.start()
-        address = f"127.0.0.1:{port}"
+        address = f"127.0.0.1:{server.port}"
+    elif publish:
+        published = _published_channel_port(info)
+        address = f"{info.master_addr}:{published}" if published is not None else ""
     code = run_script(script, args, info.rank, info.world_size, address, exit_on_lost=False)
     if supervisor is None:
         return code

@@ -49,10 +49,20 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.client = Client.connect(self.address, 60)
+            if not self.address:
+                raise OSError("no channel address")  # the launcher-side lookup already said why
+            # Self-launched, the channel exists before this rank does: refusal means the supervisor died.
+            self.client = Client.connect(self.address, 15 if self.exit_on_lost else 60)
         except OSError as exc:
-            print(f"ddpdoctor watch: rank {self.recorder.rank}: cannot reach the watch channel at {self.address} "
-                  f"({exc}); this rank runs unwatched", file=sys.stderr)
+            if self.exit_on_lost:
+                # The self-launching supervisor listens before it starts any rank: no channel means it
+                # is gone (killed), and a rank running on unwatched would be an orphan nobody ends.
+                print(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor's channel at {self.address} "
+                      f"is gone ({exc}); ending this rank", file=sys.stderr, flush=True)
+                os._exit(1)
+            if self.address:
+                print(f"ddpdoctor watch: rank {self.recorder.rank}: cannot reach the watch channel at "
+                      f"{self.address} ({exc}); this rank runs unwatched", file=sys.stderr)
             while not self.stopping.wait(TICK_S):
                 self.recorder.pending.clear()
             return

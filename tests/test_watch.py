@@ -7,6 +7,8 @@ what a user reads on stderr, and checks that no process of the job survived.
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -161,15 +163,33 @@ def test_training_loop_pitfalls_are_warned_with_their_lines(tmp_path: Path) -> N
     assert "warning: DataLoader without a DistributedSampler" in proc.stderr
 
 
+def _port_with_next_one_taken() -> tuple[int, socket.socket]:
+    """A free port P and a listener holding P+1: a second job started with --master-port P+1."""
+    for _ in range(50):
+        port = free_port()
+        blocker = socket.socket()
+        try:
+            blocker.bind(("0.0.0.0", port + 1))
+            blocker.listen(1)
+            return port, blocker
+        except OSError:
+            blocker.close()
+    raise AssertionError("no port P with P+1 free")
+
+
 def test_under_torchrun_rank0_reports_the_hang_and_the_job_ends(tmp_path: Path) -> None:
+    """No DDPDOCTOR_WATCH_PORT, and MASTER_PORT+1 taken by someone else: the channel still works."""
     report = tmp_path / "watch.json"
-    port = free_port()
+    port, blocker = _port_with_next_one_taken()
     cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
            "-m", "ddpdoctor", "watch", "--hang-timeout", "3", "--json", str(report),
            str(EXAMPLES / "hang_eval_barrier.py")]
-    env = clean_env({"DDPDOCTOR_WATCH_PORT": str(free_port())})
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(EXAMPLES))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=clean_env(), cwd=str(EXAMPLES))
+    finally:
+        blocker.close()
     assert proc.returncode != 0
+    assert "runs unwatched" not in proc.stderr and "cannot listen" not in proc.stderr, proc.stderr[-2000:]
     data = json.loads(report.read_text())
     assert data["status"] == "hang"
     assert groups_by_rank(data["divergence"])[0]["site"] == site("hang_eval_barrier.py", "dist.barrier()  # BUG")
@@ -241,9 +261,9 @@ def test_under_torchrun_a_crashed_rank_is_reported_by_rank0(tmp_path: Path) -> N
     assert leftovers("crash_rank.py") == []
 
 
-def test_interrupting_watch_tears_down_every_rank(tmp_path: Path) -> None:
-    import signal
-
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_interrupting_watch_tears_down_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C, a scheduler's SIGTERM, even SIGKILL of the supervisor: no rank outlives it."""
     cmd = [sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", "--hang-timeout", "600",
            str(EXAMPLES / "hang_eval_barrier.py")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
@@ -253,13 +273,19 @@ def test_interrupting_watch_tears_down_every_rank(tmp_path: Path) -> None:
         while len(leftovers("hang_eval_barrier.py")) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert len(leftovers("hang_eval_barrier.py")) >= 3, "the ranks never started"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-2000:]
-    assert "interrupted" in err
+    if sig == signal.SIGKILL:
+        # Nobody can tear down for a killed supervisor: each rank sees its channel close and ends itself.
+        deadline = time.monotonic() + 30
+        while leftovers("hang_eval_barrier.py") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    else:
+        assert proc.returncode == 130, err[-2000:]
+        assert f"interrupted ({sig.name})" in err
     assert leftovers("hang_eval_barrier.py") == []
 
 
