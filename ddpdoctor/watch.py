@@ -39,6 +39,8 @@ POLL_S = 0.05
 STACK_WAIT_S = 2.0
 TERM_GRACE_S = 1.5
 STORE_WAIT_S = 120.0
+# A rank gives up on the channel after the store wait plus its 60 s of connect retries.
+UNWATCHED_AFTER_S = STORE_WAIT_S + 80.0
 _LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                   "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -207,8 +209,11 @@ class RankZeroSupervisor(threading.Thread):
 
     def run(self) -> None:
         status = None
+        started = time.monotonic()
         while status is None:
             _drain(self.server, self.agg, POLL_S)
+            if time.monotonic() - started > UNWATCHED_AFTER_S:
+                self._give_up_on_unconnected()
             status = self.agg.verdict()
             if status is None and any(s.crashed for s in self.agg.ranks.values()):
                 # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
@@ -227,6 +232,16 @@ class RankZeroSupervisor(threading.Thread):
             sys.stdout.flush()
             os._exit(EXIT_PROBLEM)
         self.done.set()
+
+    def _give_up_on_unconnected(self) -> None:
+        """A rank that never reached the channel (a firewall between nodes) runs unwatched to its end;
+        waiting for its exit message would keep rank 0, and so the whole job, alive forever."""
+        for state in self.agg.ranks.values():
+            if not state.connected and not state.finished:
+                state.said_exit = True
+                state.error = "never reached the watch channel; it ran unwatched"
+                print(f"ddpdoctor watch: rank {state.rank} never reached the watch channel within "
+                      f"{UNWATCHED_AFTER_S:g} s; it runs unwatched", file=sys.stderr, flush=True)
 
 
 def _channel_key(info: LaunchInfo) -> str:

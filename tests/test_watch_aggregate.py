@@ -147,3 +147,25 @@ def test_a_launched_rank_is_finished_only_when_its_process_ended() -> None:
     assert agg.ranks[0].state == "running" and not agg.ranks[0].crashed
     agg.process_exited(0, 0, 61.0)
     assert agg.verdict(61.0) == OK
+
+
+def test_rank0_supervisor_stops_waiting_for_a_rank_that_never_connected(monkeypatch: Any) -> None:
+    """Under a launcher, a rank behind a firewall runs unwatched; rank 0 must still finish (in-process:
+    the supervisor thread with a real socket, rank 0 as a real client, rank 1 never connecting)."""
+    import ddpdoctor.watch as watch
+    from ddpdoctor.watch_channel import Client, Server
+
+    monkeypatch.setattr(watch, "UNWATCHED_AFTER_S", 0.5)
+    server = Server("127.0.0.1", 0)
+    supervisor = watch.RankZeroSupervisor(server, 2, hang_timeout_s=600, json_path=None)
+    supervisor.start()
+    client = Client.connect(f"127.0.0.1:{server.port}", 10)
+    try:
+        client.send({"t": "hello", "rank": 0, "pid": 1, "host": "h", "world_size": 2})
+        client.send({"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": []})
+        assert supervisor.done.wait(30), "rank 0 waited forever for a rank that never connected"
+    finally:
+        client.close()
+        server.close()
+    assert supervisor.exit_code == 0
+    assert supervisor.agg.ranks[1].error == "never reached the watch channel; it ran unwatched"
