@@ -169,3 +169,28 @@ def test_rank0_supervisor_stops_waiting_for_a_rank_that_never_connected(monkeypa
         server.close()
     assert supervisor.exit_code == 0
     assert supervisor.agg.ranks[1].error == "never reached the watch channel; it ran unwatched"
+
+
+def test_three_ranks_two_diverging_differently_are_three_groups() -> None:
+    """Ranks 0,2 agree; rank 1 is in barrier; later rank 2 alone changes shape: each group named apart."""
+    agg = Aggregator(3, 5)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 5, "train.py:55", "float32[4]"), 4, 1)
+    start(agg, 2, rec("all_reduce", 5, "train.py:55", "float32[4]"), 4, 1)
+    start(agg, 1, rec("barrier", 5, "eval.py:40"), 4, 1)
+    assert agg.verdict(2) == MISMATCH
+    assert divergence_line(agg.divergence()) == ("collective #5: ranks 0,2 in all_reduce float32[4] at train.py:55; "
+                                                 "rank 1 in barrier at eval.py:40")
+
+    hang = Aggregator(3, 5)
+    hello_all(hang)
+    start(hang, 0, rec("all_reduce", 5, "train.py:55", "float32[4]"), 4, 1)
+    hang.feed(1, {"t": "beat", "progress": 8, "done": 4, "cur": None, "last": rec("all_reduce", 4, "train.py:55"),
+                  "seqs": {"WORLD": 4}}, 1)
+    hang.feed(1, {"t": "stack", "stack": ["train.py:70 in main: load()", "data.py:10 in load: time.sleep(9)"]}, 1)
+    hang.feed(2, {"t": "beat", "progress": 9, "done": 4, "cur": rec("backward", None, "train.py:50"),
+                  "last": rec("all_reduce", 4, "train.py:55"), "seqs": {"WORLD": 4}}, 1)
+    assert hang.verdict(10) == HANG
+    assert divergence_line(hang.divergence()) == (
+        "collective #5: rank 0 in all_reduce float32[4] at train.py:55; rank 1 not in any collective, running "
+        "data.py:10; rank 2 in backward at train.py:50")
