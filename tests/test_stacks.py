@@ -297,3 +297,12 @@ def test_signal_without_registered_ranks_refuses_to_signal(tmp_path: Path) -> No
     res = _cli(["--signal", "--stack-dir", str(tmp_path)])
     assert res.returncode == 2
     assert "no live process registered" in res.stderr and "SIGUSR1 would kill it" in res.stderr
+
+
+def test_unwritable_json_path_is_refused_before_any_dump(tmp_path: Path) -> None:
+    target = tmp_path / "no-such-dir" / "out.json"
+    res = _cli(["--pid", str(os.getpid()), "--json", str(target)])
+    assert res.returncode == 2 and "does not exist" in res.stderr
+    assert res.stdout == ""  # nothing was dumped or printed first
+    merged = run_cli(["stacks", "merge", str(tmp_path / "a.json"), "--json", str(target)])
+    assert merged.returncode == 2 and "does not exist" in merged.stderr

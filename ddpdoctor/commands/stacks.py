@@ -26,6 +26,12 @@ stacks_app = typer.Typer(
 )
 
 
+def _check_json_path(json_path: Optional[Path]) -> None:
+    """Refuse a --json path that cannot be written before the dumps, not after them."""
+    if json_path is not None and not json_path.parent.is_dir():
+        raise DoctorError(f"cannot write --json {json_path}: directory {json_path.parent} does not exist")
+
+
 def _finish(processes: list[ProcessStacks], source: str, json_path: Optional[Path], all_threads: bool) -> None:
     """Group, print, write JSON, and exit 1 when the ranks disagree or could not all be seen."""
     from ddpdoctor.stacks_report import analyze, render_text, to_json
@@ -60,6 +66,7 @@ def stacks(
     """Find the ranks (torchrun/SLURM environment), dump them in parallel, group by where they wait."""
     if ctx.invoked_subcommand is not None:
         return
+    _check_json_path(json_path)
     if signal_mode:
         if native:
             raise DoctorError("--native needs py-spy; --signal dumps only Python frames (drop one of them)")
@@ -86,6 +93,7 @@ def merge(
     """Group the stacks of several nodes' JSON files as one job."""
     from ddpdoctor.stacks_report import load_json_files
 
+    _check_json_path(json_path)
     processes, source = load_json_files(files)
     _finish(processes, source, json_path, all_threads)
 
