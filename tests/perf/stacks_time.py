@@ -46,6 +46,9 @@ def main() -> None:
         pids = [str(job.rank_pids[r]) for r in sorted(job.rank_pids)]
         agent = str(job.agents[0].pid)
         doctor = _best([sys.executable, "-m", "ddpdoctor", "stacks", "--job", agent], args.repeat, ok=(1,))
+        # The same command with nothing to dump (a pid that cannot exist): interpreter, CLI imports and
+        # option parsing only, so the report shows how much of the total is start-up rather than dumping.
+        cli_only = _best([sys.executable, "-m", "ddpdoctor", "stacks", "--pid", "4194304"], args.repeat, ok=(1,))
         one_dump = _best([py_spy, "dump", "--pid", pids[0]], args.repeat)
         startup = _best([sys.executable, "-c", "pass"], args.repeat)
         engines = []
@@ -65,6 +68,7 @@ def main() -> None:
     print(f"ranks: {args.ranks}  (best of {args.repeat})")
     print(f"ddpdoctor stacks (discover + {args.ranks} parallel py-spy + group): {doctor:.3f} s")
     print(f"  of which discovery + parallel py-spy (in-process):    {engine:.3f} s")
+    print(f"  of which CLI start-up (same command, nothing to dump): {cli_only:.3f} s")
     print(f"loop of {args.ranks} x `py-spy dump`:                        {loop:.3f} s")
     print(f"one `py-spy dump`: {one_dump:.3f} s   python start-up: {startup:.3f} s")
     print(f"ratio ddpdoctor / py-spy loop:                      {doctor / loop:.2f}")
