@@ -4,7 +4,8 @@ A ``.safetensors`` file is an 8-byte little-endian header length N, N bytes of J
 (``{"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, offsets relative
 to the end of the header), then the raw bytes (https://github.com/huggingface/safetensors#format). Renaming
 keys only rewrites the JSON; the data block is copied as is by the kernel. The header is padded with
-spaces to a multiple of 8 bytes, as the reference writer does, so tensors stay aligned.
+spaces (as the reference writer pads it to a multiple of 8) so the data block keeps its offset modulo the
+page size, and tensors stay aligned.
 """
 
 from __future__ import annotations
@@ -92,7 +93,12 @@ def rewrite(src: SafeTensors, out: BinaryIO, renamed: dict[str, str]) -> None:
     for name, entry in src.tensors.items():
         header[renamed.get(name, name)] = entry
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * ((-len(raw)) % 8)
+    if src.data_start % 8 == 0:
+        # Spaces are valid JSON padding; keeping the data block's page offset lets the kernel copy
+        # page-congruent ranges (about twice as fast as shifted ones) at the cost of < 4 KiB.
+        raw += b" " * ((src.data_start - 8 - len(raw)) % 4096)
+    else:
+        raw += b" " * ((-len(raw)) % 8)
     out.write(struct.pack("<Q", len(raw)) + raw)
     with src.path.open("rb") as fin:
         copy_range(fin, out, src.data_start, src.data_size)

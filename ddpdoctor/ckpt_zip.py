@@ -27,6 +27,10 @@ from ddpdoctor.ckpt_io import copy_range
 from ddpdoctor.errors import DoctorError
 
 _ALIGN = 64
+# Tensor payloads keep their source offset modulo the page size: the kernel copies page-congruent ranges
+# about twice as fast as shifted ones (measured on ext4: 1 GiB in 0.3 s against 0.5-0.6 s), and renaming
+# keys always shifts everything after data.pkl by a few bytes. Costs at most one page of padding per file.
+_PAGE = 4096
 _U32 = 0xFFFFFFFF
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
@@ -111,8 +115,11 @@ def open_zip(path: Path) -> TorchZip:
     return TorchZip(path, prefix, records)
 
 
-def _local_header(name: bytes, size: int, cursor: int) -> bytes:
-    """A local header as PyTorch's miniz writes it, padded so the payload is 64-byte aligned."""
+def _local_header(name: bytes, size: int, cursor: int, residue: int | None = None) -> bytes:
+    """A local header as PyTorch's miniz writes it, padded so the payload is 64-byte aligned.
+
+    With ``residue`` (a multiple of 64), the payload starts at an offset equal to it modulo the page size.
+    """
     big = size >= _U32 or cursor >= _U32
     zip64 = b""
     if big:
@@ -126,7 +133,7 @@ def _local_header(name: bytes, size: int, cursor: int) -> bytes:
         zip64 = struct.pack("<HH", 1, len(body)) + body
     # caffe2/serialize/inline_container.cc getPadding: 'FB' + u16 length + 'Z' * padding.
     start = cursor + _LOCAL.size + len(name) + len(zip64) + 4
-    pad = (-start) % _ALIGN
+    pad = (-start) % _ALIGN if residue is None else (residue - start) % _PAGE
     extra = zip64 + b"FB" + struct.pack("<H", pad) + b"Z" * pad
     flags = 0x0808 if size > 0 else 0x0800
     # CRC and sizes live in the data descriptor and the central directory; torch leaves them 0 here,
@@ -172,6 +179,7 @@ def rewrite(src: TorchZip, out: BinaryIO, new_pickle: bytes) -> None:
     pkl_name = f"{src.prefix}/data.pkl"
     central: list[bytes] = []
     cursor = 0
+    realign = False
     with src.path.open("rb") as fin:
         if hasattr(os, "posix_fadvise"):
             # Same hint `cp` gives the kernel: read-ahead aggressively, the file is read once front to back.
@@ -183,7 +191,17 @@ def rewrite(src: TorchZip, out: BinaryIO, new_pickle: bytes) -> None:
                 size, crc = len(new_pickle), zlib.crc32(new_pickle)
             else:
                 payload, size, crc = None, rec.size, rec.crc
-            header = _local_header(name, size, cursor)
+            residue = None
+            if realign and payload is None and rec.data_offset % _ALIGN == 0:
+                # Only the first record after data.pkl is padded further; the records after it then get
+                # torch's own padding and stay page-congruent. torch reads a payload's offset from its
+                # local header (getRecordOffset in inline_container.cc), and computes the later ones from
+                # the one before with miniz's padding rule (_get_offset in torch.serialization._load,
+                # used for map_location="meta"), which this keeps true.
+                residue, realign = rec.data_offset % _PAGE, False
+            if payload is not None:
+                realign = True
+            header = _local_header(name, size, cursor, residue)
             out.write(header)
             if payload is not None:
                 out.write(payload)

@@ -136,9 +136,20 @@ def test_strip_keeps_torch_zip_layout(ex: Path, tmp_path: Path, cli: Any,
     config.load.calculate_storage_offsets = True
     try:
         loaded = torch.load(out, weights_only=True, mmap=True)
+        # map_location="meta" always computes offsets that way (format_version >= 1).
+        meta = torch.load(out, weights_only=True, map_location="meta")
     finally:
         config.load.calculate_storage_offsets = old
     assert sorted(loaded["net"])[0] == "bn.bias"
+    assert meta["net"]["fc1.weight"].shape == loaded["net"]["fc1.weight"].shape
+    # Tensor payloads keep their page offset: the kernel copies page-congruent ranges twice as fast.
+    from ddpdoctor import ckpt_zip
+
+    src_recs = {r.name: r.data_offset for r in ckpt_zip.open_zip(ex / "ddp.pt").records}
+    out_recs = {r.name: r.data_offset for r in ckpt_zip.open_zip(out).records}
+    tensors = [n for n in src_recs if "/data/" in n]
+    assert tensors and all(out_recs[n] % 4096 == src_recs[n] % 4096 for n in tensors)
+    assert out.stat().st_size < (ex / "ddp.pt").stat().st_size + 4096
 
 
 @pytest.mark.parametrize("name", ["ddp_compiled.pt", "compiled_ddp.pt"])
@@ -219,6 +230,10 @@ def test_strip_safetensors_keeps_metadata(ex: Path, tmp_path: Path, cli: Any) ->
     with safe_open(str(out), "pt") as fh:
         assert fh.metadata() == {"format": "pt", "epoch": "3"}
     MLP().load_state_dict(new, strict=True)
+    # The data block keeps its page offset (a faster kernel copy), and tensors stay 8-byte aligned.
+    src_start = 8 + int.from_bytes((ex / "ddp.safetensors").read_bytes()[:8], "little")
+    out_start = 8 + int.from_bytes(out.read_bytes()[:8], "little")
+    assert out_start % 4096 == src_start % 4096 and out_start % 8 == 0
 
 
 def test_strip_legacy_format_converts_to_zip(ex: Path, tmp_path: Path, cli: Any) -> None:
