@@ -7,26 +7,22 @@ Each command family lives in ``ddpdoctor/commands/<family>.py`` and adds itself 
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
 
 from ddpdoctor import __version__
-from ddpdoctor.commands import bench, check, ckpt, env, explain, stacks, unused, watch
 from ddpdoctor.errors import EXIT_BUG, EXIT_USAGE, DoctorError
 
 # The click exceptions typer raises: from click itself, or from the copy newer typer releases vendor.
 _click_exc = sys.modules[typer.BadParameter.__module__]
 
-app = typer.Typer(
-    name="ddpdoctor",
-    help="Diagnose PyTorch DistributedDataParallel jobs: before training, while running, after a hang or crash.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# Command name -> the module under ddpdoctor/commands that registers it. Only the invoked command's
+# module is imported (the others cost start-up time a `ddpdoctor stacks` on a hung node should not pay);
+# `ddpdoctor --help` imports them all to list them.
+COMMANDS = {"check": "check", "env": "env", "bench": "bench", "ckpt": "ckpt", "stacks": "stacks",
+            "watch": "watch", "explain": "explain", "unused": "unused"}
 
 
 def _version_callback(value: bool) -> None:
@@ -35,16 +31,36 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
-                                 help="Print the version and exit."),
-) -> None:
-    """ddpdoctor: one-screen diagnoses for DDP training problems, with the fix."""
+def build_app(command: str | None = None) -> typer.Typer:
+    """The typer app with every command, or with only ``command`` when that names one."""
+    app = typer.Typer(
+        name="ddpdoctor",
+        help="Diagnose PyTorch DistributedDataParallel jobs: before training, while running, after a hang or crash.",
+        add_completion=False,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                     help="Print the version and exit."),
+    ) -> None:
+        """ddpdoctor: one-screen diagnoses for DDP training problems, with the fix."""
+
+    families = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for family in families:
+        importlib.import_module(f"ddpdoctor.commands.{family}").register(app)
+    return app
 
 
-for _family in (check, env, bench, ckpt, stacks, watch, explain, unused):
-    _family.register(app)
+def __getattr__(name: str) -> typer.Typer:
+    # `from ddpdoctor.cli import app` (tests, typer.testing) gets the full app, built on demand.
+    if name == "app":
+        return build_app()
+    raise AttributeError(f"module 'ddpdoctor.cli' has no attribute {name!r}")
 
 
 def bug_report(exc: BaseException) -> str:
@@ -75,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and turn every outcome into an exit code (0/1/2/3)."""
     args = sys.argv[1:] if argv is None else argv
     _invocation[:] = args
+    command = next((arg for arg in args if not arg.startswith("-")), None)
+    app = build_app(command)
     try:
         result = app(args=args, prog_name="ddpdoctor", standalone_mode=False)
     except _click_exc.UsageError as exc:
