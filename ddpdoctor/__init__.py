@@ -46,13 +46,14 @@ def _install_checkout_finder() -> None:
     sibling = os.path.join(os.path.dirname(here), "checks", "__init__.py")
     if os.path.isdir(os.path.join(here, "checks")) or not os.path.isfile(sibling):
         return
-    import importlib.abc  # only here: it costs ~20 ms of start-up
-    import importlib.util
+    class CheckoutChecksFinder:
+        """A meta path finder (the protocol needs only find_spec; importlib.abc would cost ~30 ms)."""
 
-    class CheckoutChecksFinder(importlib.abc.MetaPathFinder):
         def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
             if name != "ddpdoctor.checks":
                 return None
+            import importlib.util
+
             return importlib.util.spec_from_file_location(
                 name, sibling, submodule_search_locations=[os.path.dirname(sibling)])
 
