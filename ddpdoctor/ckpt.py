@@ -297,11 +297,23 @@ def find_state_dicts(root: Any, key: str | None = None) -> list[StateDictLoc]:
         # Mappings with non-string keys (optimizer "state": {0: {...}}) hold no model weights.
         if pairs is None or len(path) >= _MAX_DEPTH or not all(isinstance(k, str) for k, _ in pairs):
             return
+        # An optimizer state_dict keyed by parameter name (FSDP.optim_state_dict, DCP's get_state_dict)
+        # holds {"exp_avg": tensor, "step": tensor} per parameter: optimizer state, not model weights.
+        if _is_optimizer_state(pairs):
+            return
         for k, v in pairs:
             visit(v, (*path, k))
 
     visit(root, ())
     return found
+
+
+def _is_optimizer_state(pairs: list[tuple[Any, Any]]) -> bool:
+    """``torch.optim.Optimizer.state_dict()``'s shape: ``state`` and ``param_groups`` (a list)."""
+    # Keys of a shadow OrderedDict may be anything, unhashable ones included: compare, never hash.
+    keys = [k for k, _ in pairs if isinstance(k, str)]
+    groups = [v for k, v in pairs if isinstance(k, str) and k == "param_groups"]
+    return "state" in keys and len(groups) == 1 and isinstance(groups[0], list)
 
 
 def _resolve_key(root: Any, key: str) -> StateDictLoc:
@@ -406,8 +418,11 @@ def _rename_metadata_key(key: str, prefixes: tuple[str, ...], add: str) -> str:
 def _renamed_pairs(pairs: list[tuple[Any, Any]], rename: Any) -> list[tuple[Any, Any]]:
     """Pairs with keys renamed; on a collision the later entry wins, at the earlier one's position."""
     out: dict[Any, Any] = {}
-    for k, v in pairs:
-        out[rename(k) if isinstance(k, str) else k] = v
+    try:
+        for k, v in pairs:
+            out[rename(k) if isinstance(k, str) else k] = v
+    except TypeError:  # an unhashable key in a shadow OrderedDict: not module paths, leave it alone
+        return pairs
     return list(out.items())
 
 
@@ -478,10 +493,10 @@ def _summarize(value: Any) -> str:
         return f"str: {value[:60]!r}"
     pairs = mapping_pairs(value)
     if pairs is not None:
-        keys = {k for k, _ in pairs}
-        if {"state", "param_groups"} <= keys:
-            state = mapping_pairs(dict(pairs)["state"]) or []
-            groups = dict(pairs)["param_groups"]
+        if _is_optimizer_state(pairs):
+            entries = {k: v for k, v in pairs if isinstance(k, str)}
+            state = mapping_pairs(entries["state"]) or []
+            groups = entries["param_groups"]
             n_groups = len(groups) if isinstance(groups, list) else 0
             lr = ""
             if isinstance(groups, list) and groups:
@@ -578,7 +593,8 @@ def inspect_checkpoint(ckpt: Checkpoint) -> dict[str, Any]:
     others = []
     top = mapping_pairs(ckpt.root)
     if top is not None and () not in [loc.path for loc in locs]:
-        others = [{"key": str(k), "summary": _summarize(v)} for k, v in top if k not in sd_tops]
+        others = [{"key": str(k), "summary": _summarize(v)} for k, v in top
+                  if not (isinstance(k, str) and k in sd_tops)]
     findings = []
     fix = f"ddpdoctor ckpt strip {ckpt.path} -o {_stripped_name(ckpt.path)}"
     for loc, rep in zip(locs, sds, strict=True):

@@ -362,3 +362,46 @@ def test_diff_builds_the_model_on_meta_when_it_can(ex: Path, cli: Any) -> None:
     assert isinstance(real, MLP) and float(real.fc1.weight.detach()[0, 0]) == 0.5
     res = cli(["ckpt", "diff", str(ex / "plain.pt"), "--model", "examples.ckpt_models:make_mlp_numpy_init"])
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _adam_state(model: torch.nn.Module) -> dict[str, Any]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    return opt.state_dict()
+
+
+def test_real_world_layouts_lightning_and_named_optimizer_state(tmp_path: Path, cli: Any) -> None:
+    """Lightning nests `state_dict` with `model.` keys; FSDP/DCP optimizer states are keyed by name.
+
+    A per-parameter optimizer entry ({"exp_avg": t, "exp_avg_sq": t, "step": t}) maps strings to tensors
+    but is not a model state_dict: it must not be reported (or renamed) as one.
+    """
+    model = make_mlp()
+    sd, osd = model.state_dict(), _adam_state(model)
+    names = [n for n, _ in model.named_parameters()]
+    light = tmp_path / "epoch=3.ckpt"
+    torch.save({"epoch": 3, "global_step": 300, "pytorch-lightning_version": "2.4.0",
+                "state_dict": {f"model.{k}": v for k, v in sd.items()},
+                "callbacks": {"ModelCheckpoint{'monitor': 'val_loss'}": {"best_model_score": torch.tensor(0.5),
+                                                                         "best_model_path": "x.ckpt"}},
+                "optimizer_states": [osd], "hyper_parameters": {"lr": 1e-3}}, light)
+    named = tmp_path / "named_optim.pt"
+    torch.save({"model": {f"module.{k}": v for k, v in sd.items()},
+                "optimizer": {"state": {f"module.{names[i]}": s for i, s in osd["state"].items()},
+                              "param_groups": [dict(g, params=[f"module.{names[i]}" for i in g["params"]])
+                                               for g in osd["param_groups"]]}}, named)
+    rep = json.loads(cli(["ckpt", "inspect", str(light), "--json"]).stdout)
+    assert [s["location"] for s in rep["state_dicts"]] == ["state_dict"]
+    res = cli(["ckpt", "diff", str(light), "--model", MODEL])
+    assert res.returncode == 1 and "loads with strict=True after: remove 'model.'" in res.stdout
+    rep = json.loads(cli(["ckpt", "inspect", str(named), "--json"]).stdout)
+    assert [s["location"] for s in rep["state_dicts"]] == ["model"]
+    others = {e["key"]: e["summary"] for e in rep["other_entries"]}
+    assert others["optimizer"].startswith("optimizer state: 6 parameter states, 1 param group(s)")
+    out = tmp_path / "o.pt"
+    rep = json.loads(cli(["ckpt", "strip", str(named), "-o", str(out), "--json"]).stdout)
+    assert [s["location"] for s in rep["state_dicts"]] == ["model"] and rep["renamed_keys"] == 9
+    new = torch.load(out, weights_only=True)
+    assert list(new["optimizer"]["state"]) == [f"module.{n}" for n in names]  # kept exactly
+    MLP().load_state_dict(new["model"], strict=True)

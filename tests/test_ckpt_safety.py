@@ -249,3 +249,40 @@ def test_random_corruption_never_crashes(tmp_path: Path, cli: Any, name: str, co
                 assert len(err.strip().splitlines()) == 1, err
                 assert not (tmp_path / "o.pt").exists()
         (tmp_path / "o.pt").unlink(missing_ok=True)
+
+
+def _with_pickle(src: Path, dst: Path, new_pickle: bytes) -> None:
+    from ddpdoctor import ckpt_zip
+
+    with dst.open("wb") as fh:
+        ckpt_zip.rewrite(ckpt_zip.open_zip(src), fh, new_pickle)
+
+
+def test_unhashable_keys_in_shadow_mappings_are_not_internal_errors(tmp_path: Path, cli: Any) -> None:
+    """An OrderedDict is replayed as a list of pairs, so a crafted file can give it a list as a key.
+
+    Real pickle (and torch.load) would fail on such a file; ddpdoctor must not crash on it (exit 3).
+    """
+    from ddpdoctor import ckpt_pickle
+
+    base = tmp_path / "base.pt"
+    torch.save({"module.w": torch.ones(2)}, base)
+    top = tmp_path / "top.pt"
+    # OrderedDict() with items [1] -> 2 and 'v' -> 3.
+    _with_pickle(base, top, b"\x80\x02ccollections\nOrderedDict\nq\x00)R(]K\x01aK\x02X\x01\x00\x00\x00vK\x03u.")
+    meta = tmp_path / "meta.pt"
+    torch.save(make_mlp().state_dict(), meta)
+    from ddpdoctor import ckpt_zip
+
+    root, _ = ckpt_pickle.loads(ckpt_zip.open_zip(meta).read("data.pkl"))
+    [state] = root.states
+    state["_metadata"].dictitems.append(([1], 2))
+    bad_meta = tmp_path / "bad_meta.pt"
+    _with_pickle(meta, bad_meta, ckpt_pickle.dumps(root))
+    for path in (top, bad_meta):
+        for args in (["ckpt", "inspect", str(path)], ["ckpt", "strip", str(path), "-o", str(tmp_path / "o.pt")],
+                     ["ckpt", "diff", str(path), "--model", "examples.ckpt_models:make_mlp"]):
+            code, out, err = _triple(cli(args))
+            assert code in (0, 1, 2), (args, err)
+    code, out, _ = _triple(cli(["ckpt", "inspect", str(top)]))
+    assert code == 0 and "no state_dict found" in out
