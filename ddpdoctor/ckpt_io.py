@@ -20,6 +20,8 @@ from typing import BinaryIO
 from ddpdoctor.errors import DoctorError
 
 _CHUNK = 8 << 20
+# What a killed strip leaves next to its output: .<output name>.<random><PARTIAL_SUFFIX>.
+PARTIAL_SUFFIX = ".ddpdoctor-partial"
 # Kernel copies go in 64 MiB steps, each followed by a writeback kick (see _start_writeback).
 _KERNEL_CHUNK = 64 << 20
 
@@ -107,13 +109,16 @@ def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int) -> None:
 def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[BinaryIO]:
     """Yield a temp file next to ``target``; on success fsync it and rename it over ``target``.
 
-    On any failure the temp file is removed, so no partial output is left behind.
+    On any failure the temp file is removed, so no partial output is left behind. A process killed
+    mid-write (SIGKILL, the OOM killer) cannot clean up: it leaves ``.<target>.<random>.ddpdoctor-partial``,
+    never a file under the target's name. (O_TMPFILE would leave nothing, but linking it in through
+    /proc/self/fd fails with EXDEV on some kernels and sandboxes, so it cannot be relied on.)
     """
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise DoctorError(f"output directory {directory} does not exist; create it first")
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=directory)
     except OSError as exc:
         raise DoctorError(f"cannot write to output directory {directory}: {exc.strerror or exc}") from None
     tmp = Path(tmp_name)
@@ -121,9 +126,9 @@ def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[Binar
         with os.fdopen(fd, "w+b") as fh:
             yield fh
             fh.flush()
+            if mode_from is not None:
+                os.fchmod(fh.fileno(), mode_from.stat().st_mode & 0o777)
             os.fsync(fh.fileno())
-        if mode_from is not None:
-            os.chmod(tmp, mode_from.stat().st_mode & 0o777)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -6,7 +6,9 @@ import argparse
 import hashlib
 import os
 import pickle
+import signal
 import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +17,9 @@ from typing import Any
 import pytest
 import torch
 
+from ddpdoctor.ckpt_io import PARTIAL_SUFFIX
 from examples.ckpt_models import make_mlp
-from tests.support import REPO, run_cli
+from tests.support import REPO, clean_env, run_cli
 from tests.test_ckpt import cli_fixture  # noqa: F401 - provides the in-process `cli` fixture
 
 
@@ -286,3 +289,41 @@ def test_unhashable_keys_in_shadow_mappings_are_not_internal_errors(tmp_path: Pa
             assert code in (0, 1, 2), (args, err)
     code, out, _ = _triple(cli(["ckpt", "inspect", str(top)]))
     assert code == 0 and "no state_dict found" in out
+
+
+_KILL_MID_WRITE = """
+import os, signal, sys
+from ddpdoctor import ckpt_zip
+from ddpdoctor.cli import main
+
+calls = []
+real_copy = ckpt_zip.copy_range
+
+def copy_then_die(*args):
+    real_copy(*args)
+    calls.append(1)
+    if len(calls) == 6:  # some tensor records are written, the rest never will be
+        os.kill(os.getpid(), signal.SIGKILL)
+
+ckpt_zip.copy_range = copy_then_die
+sys.exit(main(["ckpt", "strip", sys.argv[1], "-o", sys.argv[2]]))
+"""
+
+
+def test_sigkill_mid_write_leaves_input_intact_and_no_output(tmp_path: Path) -> None:
+    """A strip killed by SIGKILL half way: input unchanged, nothing under OUT's name, the leftover named."""
+    src = tmp_path / "ddp.pt"
+    torch.save({"model": {f"module.layer{i}.weight": torch.rand(1 << 18) for i in range(8)}}, src)
+    before = _snapshot(tmp_path)
+    out = tmp_path / "o.pt"
+    res = subprocess.run([sys.executable, "-c", _KILL_MID_WRITE, str(src), str(out)], cwd=REPO, env=clean_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    assert not out.exists()
+    leftovers = sorted(set(_snapshot(tmp_path)) - set(before))
+    assert len(leftovers) == 1 and leftovers[0].startswith(".o.pt.") and leftovers[0].endswith(PARTIAL_SUFFIX)
+    assert 0 < (tmp_path / leftovers[0]).stat().st_size < src.stat().st_size
+    assert {k: v for k, v in _snapshot(tmp_path).items() if k in before} == before
+    # The next run is not disturbed by the leftover.
+    assert run_cli(["ckpt", "strip", str(src), "-o", str(out)], cwd=REPO).returncode == 0
+    assert len(torch.load(out, weights_only=True, mmap=True)["model"]) == 8
