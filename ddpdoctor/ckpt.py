@@ -50,6 +50,8 @@ _TENSOR_REBUILDERS = {
     "torch.nn.parameter.Parameter",
 }
 _MAX_DEPTH = 3
+# torch nests tensor rebuilders at most three deep (Parameter -> _rebuild_from_type_v2 -> _rebuild_tensor_v2).
+_MAX_TENSOR_NESTING = 8
 
 
 class DuplicateKeyError(DoctorError, ValueError):
@@ -225,7 +227,7 @@ def _shape(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-def tensor_meta(obj: Any) -> TensorMeta | None:
+def tensor_meta(obj: Any, _depth: int = 0) -> TensorMeta | None:
     """Shape/dtype/storage of a tensor node (shadow, real tensor or safetensors entry); None otherwise."""
     if isinstance(obj, TensorMeta):
         return obj
@@ -233,6 +235,8 @@ def tensor_meta(obj: Any) -> TensorMeta | None:
         name = obj.func_name
         if name not in _TENSOR_REBUILDERS:
             return None
+        if _depth > _MAX_TENSOR_NESTING:  # a crafted chain of Parameter(Parameter(...)): a tensor, unknown
+            return TensorMeta(None, None, None, 0)
         args = obj.args if isinstance(obj.args, tuple) else ()
         if name in ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
                     "torch._utils._rebuild_qtensor", "torch._utils._rebuild_tensor") and len(args) >= 3:
@@ -243,10 +247,10 @@ def tensor_meta(obj: Any) -> TensorMeta | None:
         if name in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
                     "torch.nn.parameter.Parameter", "torch._utils._rebuild_device_tensor_from_cpu_tensor") \
                 and args:
-            return tensor_meta(args[0]) or TensorMeta(None, None, None, 0)
+            return tensor_meta(args[0], _depth + 1) or TensorMeta(None, None, None, 0)
         if name == "torch._tensor._rebuild_from_type_v2" and len(args) >= 3:
             inner = Reduced(args[0], args[2])
-            return tensor_meta(inner) or TensorMeta(None, None, None, 0)
+            return tensor_meta(inner, _depth + 1) or TensorMeta(None, None, None, 0)
         if name == "torch._utils._rebuild_meta_tensor_no_storage" and len(args) >= 2:
             return TensorMeta(_shape(args[1]), _dtype_name(args[0]), None, 0)
         return TensorMeta(None, None, None, 0)

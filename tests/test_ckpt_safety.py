@@ -327,3 +327,21 @@ def test_sigkill_mid_write_leaves_input_intact_and_no_output(tmp_path: Path) -> 
     # The next run is not disturbed by the leftover.
     assert run_cli(["ckpt", "strip", str(src), "-o", str(out)], cwd=REPO).returncode == 0
     assert len(torch.load(out, weights_only=True, mmap=True)["model"]) == 8
+
+
+def test_deeply_nested_tensor_rebuilders_are_not_internal_errors(tmp_path: Path, cli: Any) -> None:
+    """{'a': Parameter(Parameter(... 20000 deep ...))}: the pure-Python unpickler takes it, recursion must not."""
+    base = tmp_path / "base.pt"
+    torch.save({"module.w": torch.ones(2)}, base)
+    depth = 20000
+    pkl = (b"\x80\x02}q\x00X\x01\x00\x00\x00actorch._utils\n_rebuild_parameter\nq\x01" + b"h\x01" * (depth - 1)
+           + b"K\x01" + b"\x85R" * depth + b"s.")
+    deep = tmp_path / "deep.pt"
+    _with_pickle(base, deep, pkl)
+    code, out, err = _triple(cli(["ckpt", "inspect", str(deep)]))
+    assert code == 0 and "(top level): 1 keys" in out, err
+    code, _, err = _triple(cli(["ckpt", "strip", str(deep), "-o", str(tmp_path / "o.pt")]))
+    assert code == 2 and "nests objects too deeply" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o.pt").exists()
+    code, _, err = _triple(cli(["ckpt", "diff", str(deep), "--model", "examples.ckpt_models:make_mlp"]))
+    assert code == 1, err
