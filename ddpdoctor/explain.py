@@ -180,18 +180,54 @@ def rank_from_path(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def build_prefilter(keywords: Iterable[str]) -> list[re.Pattern[bytes]]:
-    """One regex per distinct first byte of the keywords: ``r(?:ror|rno)``, ``x(?:itcode|ception)``, ...
+# Bytes a prefilter regex may start with. ``re`` scans for a pattern's leading literal byte in a tight C
+# loop, at 1.5-3 GB/s here when the byte is as rare as a capital letter, but at under 300 MB/s for a byte
+# as common as "e" or " " (it enters the matcher at every occurrence); a character-class start ("[xEN]")
+# or one alternation of all keywords falls below 100 MB/s. So every keyword is searched from one of these
+# bytes, and few distinct ones are used: each costs one pass over the block.
+ANCHOR_LEAD_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZjqxz")
+MIN_ANCHOR_BYTES = 8  # an anchor shorter than this ("Error" of "OutOfMemoryError") would admit many lines
 
-    A pattern that starts with a literal byte is scanned by ``re`` in a tight C loop (about 1 GB/s here),
-    whereas one alternation of many keywords, or one ``bytes.find`` per keyword, falls well below
-    100 MB/s; so the cost is one pass per distinct first byte, and the knowledge base keeps that number small.
+
+def prefilter_anchors(keywords: Iterable[str]) -> dict[str, bytes]:
+    """For each keyword, the suffix of it the prefilter searches for: it starts with an anchor lead byte.
+
+    Any line holding a keyword holds its anchor, so the prefilter never drops a line a signature could
+    match. The lead bytes are chosen greedily, the one usable by most keywords first, so that few passes
+    cover every keyword; each keyword then uses its longest suffix starting with its chosen byte. A keyword
+    with no usable position keeps its first byte (correct, just slower if that byte is common).
+    """
+    leads: dict[str, dict[int, bytes]] = {}  # keyword -> usable lead byte -> longest anchor from it
+    for k in set(keywords):
+        kb = k.encode("utf-8")
+        options: dict[int, bytes] = {}
+        for i, byte in enumerate(kb):
+            if byte in ANCHOR_LEAD_BYTES and len(kb) - i >= min(MIN_ANCHOR_BYTES, len(kb)) and byte not in options:
+                options[byte] = kb[i:]
+        leads[k] = options or ({kb[0]: kb} if kb else {})
+    chosen: dict[str, bytes] = {}
+    todo = {k for k, options in leads.items() if options}
+    while todo:
+        counts: dict[int, int] = {}
+        for k in todo:
+            for byte in leads[k]:
+                counts[byte] = counts.get(byte, 0) + 1
+        best = max(sorted(counts), key=lambda b: counts[b])
+        for k in [k for k in todo if best in leads[k]]:
+            chosen[k] = leads[k][best]
+            todo.discard(k)
+    return chosen
+
+
+def build_prefilter(keywords: Iterable[str]) -> list[re.Pattern[bytes]]:
+    """One regex per anchor lead byte: ``x(?:pected to have finished reduction|itcode|...)``, ``N(?:CCL ...``.
+
+    ``re`` finds the leading literal byte in a tight C loop and tries the alternation only there; one
+    pass per distinct lead byte (see ``prefilter_anchors`` for how few there are).
     """
     groups: dict[bytes, set[bytes]] = {}
-    for k in keywords:
-        kb = k.encode("utf-8")
-        if kb:
-            groups.setdefault(kb[:1], set()).add(kb[1:])
+    for anchor in prefilter_anchors(keywords).values():
+        groups.setdefault(anchor[:1], set()).add(anchor[1:])
     out = []
     for lead, rests in sorted(groups.items()):
         alts = sorted(rests, key=lambda r: (-len(r), r))
@@ -291,8 +327,7 @@ class Scanner:
                     continue  # no complete line yet: read more
                 end = have if (eof or cut < 0) else cut + 1
                 if end:
-                    self._scan_block(buf, end, tail, name, file_index, lines_before, file_rank)
-                    lines_before += buf.count(b"\n", 0, end)
+                    lines_before = self._scan_block(buf, end, tail, name, file_index, lines_before, file_rank)
                     tail = bytes(buf[max(0, end - 8192):end])
                 rest = have - end
                 if rest:
@@ -303,8 +338,12 @@ class Scanner:
         self.lines_scanned += lines_before + (1 if tail and not tail.endswith(b"\n") else 0)
 
     def _scan_block(self, block: bytearray, size: int, tail: bytes, name: str, file_index: int,
-                    lines_before: int, file_rank: int | None) -> None:
-        """Find the keyword lines in ``block[:size]`` (complete lines only) and match them."""
+                    lines_before: int, file_rank: int | None) -> int:
+        """Find the keyword lines in ``block[:size]`` (complete lines only) and match them.
+
+        Returns the number of lines before the next block: newlines are counted once, hit to hit and
+        then to the end (counting the whole block again cost as much as a prefilter pass).
+        """
         hits: dict[int, int] = {}
         for rx in self._prefilter:
             m = rx.search(block, 0, size)
@@ -317,7 +356,7 @@ class Scanner:
         if pending is not None:  # a match at the end of the previous block wants to see these lines
             hits.setdefault(0, _line_end(block, 0, size))
         if not hits:
-            return
+            return lines_before + block.count(b"\n", 0, size)
         line_no = lines_before  # 0-based number of the line starting at counted_to
         counted_to = 0
         done_to = -1  # lines up to this offset were already handled as follow-ups
@@ -343,6 +382,7 @@ class Scanner:
                 counted_to = done_to
             elif sig is not None and sig.followup_lines:
                 self._pending = (tuple(self._by_id[i] for i in sig.followup_ids), sig.followup_lines)
+        return line_no + block.count(b"\n", counted_to, size)
 
     def _followups(self, block: bytearray, size: int, pos: int, line_no: int, follow: tuple[Signature, ...],
                    remaining: int, name: str, file_index: int, file_rank: int | None,
