@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.perf.explain_throughput import ERROR_BLOCKS, realistic_lines
 from tests.support import REPO, clean_env, free_port, run_cli, torchrun_cmd
 
 EXAMPLES = REPO / "examples" / "logs"
@@ -54,6 +55,25 @@ def test_nothing_recognised_exits_0() -> None:
     proc = run_cli(["explain"], input_text="epoch 1 step 10 loss 0.5\nall good\n")
     assert proc.returncode == 0, proc.stderr
     assert "no known DDP/NCCL/torchrun error found" in proc.stdout
+
+
+def test_realistic_noisy_logs_healthy_exits_0_and_one_oom_exits_1(tmp_path: Path) -> None:
+    """A noisy healthy multi-node log (glog warnings, NCCL INFO, c10d retries, tqdm, wandb retries) is not a
+    problem; the same log with one rank's CUDA OOM traceback in it is exactly that problem, at that line."""
+    lines = list(realistic_lines(20000, seed=5))
+    healthy = tmp_path / "healthy.log"
+    healthy.write_text("".join(lines))
+    proc = run_cli(["explain", str(healthy)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no known DDP/NCCL/torchrun error found (1 input, 20,000 lines)" in proc.stdout
+    crashed = tmp_path / "crashed.log"
+    crashed.write_text("".join(lines[:12345]) + ERROR_BLOCKS["cuda-oom"] + "".join(lines[12345:]))
+    proc = run_cli(["explain", "--json", str(crashed)])
+    assert proc.returncode == 1, proc.stderr
+    (d,) = json.loads(proc.stdout)["diagnoses"]
+    assert (d["id"], d["ranks"]) == ("cuda-oom", [5])
+    oom_line = 12345 + next(i for i, ln in enumerate(ERROR_BLOCKS["cuda-oom"].splitlines(), 1) if "OutOfMemoryError" in ln)
+    assert d["evidence"][0]["line"] == oom_line and "Tried to allocate 2.00 GiB" in d["evidence"][0]["text"]
 
 
 def test_missing_file_and_directory_exit_2_with_one_line(tmp_path: Path) -> None:
