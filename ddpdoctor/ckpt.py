@@ -14,6 +14,7 @@ Python API: :func:`strip_prefix` and :func:`load_checkpoint_into`.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import re
@@ -136,11 +137,32 @@ def _torch_load(path: Path, *, trust: bool, mmap: bool) -> Any:
         raise DoctorError(f"{path} is damaged and cannot be loaded: {type(exc).__name__}: {first}") from None
 
 
-def open_checkpoint(path: str | Path, *, trust: bool = False) -> Checkpoint:
-    """Open a checkpoint for inspection or rewriting; never runs code from it unless ``trust``.
+# torch.serialization.MAGIC_NUMBER: the first pickle of a legacy (pre-1.6) checkpoint.
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def _shadow_legacy(p: Path, fh: io.BytesIO) -> tuple[Any, list[str]]:
+    """A legacy file's main pickle as a shadow graph, every global recorded and none checked.
+
+    Layout (torch.serialization._legacy_save): pickles of the magic number, the protocol version and
+    sys_info, then the object (storages as persistent ids), then the storage keys, then raw storages.
+    """
+    magic = ckpt_pickle.ShadowUnpickler(fh, None).load()
+    if magic != _LEGACY_MAGIC:
+        raise DoctorError(f"{p} is a pickle but not a torch checkpoint (no torch magic number)")
+    ckpt_pickle.ShadowUnpickler(fh, None).load()  # protocol version
+    ckpt_pickle.ShadowUnpickler(fh, None).load()  # sys_info
+    main = ckpt_pickle.ShadowUnpickler(fh, None)
+    return main.load(), main.globals_seen
+
+
+def open_checkpoint(path: str | Path, *, trust: bool = False, for_rewrite: bool = False) -> Checkpoint:
+    """Open a checkpoint for inspection or rewriting; never runs code from it unless ``trust`` and ``for_rewrite``.
 
     Zip checkpoints are replayed into a shadow graph (no imports, no tensor data read, even with
-    ``trust``); safetensors headers are parsed; legacy (pre-1.6) pickles go through ``torch.load``.
+    ``trust``); safetensors headers are parsed; legacy (pre-1.6) pickles go through
+    ``torch.load(weights_only=True)``, or with ``trust`` are replayed like zip ones, except when they are
+    to be rewritten (``strip`` converts them with ``torch.save``, which needs real objects).
     """
     p = ckpt_io.check_input(path)
     fmt = detect_format(p)
@@ -149,17 +171,20 @@ def open_checkpoint(path: str | Path, *, trust: bool = False) -> Checkpoint:
         st = ckpt_safetensors.open_safetensors(p)
         root = {name: _safetensors_meta(name, entry) for name, entry in st.tensors.items()}
         return Checkpoint(p, fmt, root, size, safetensors=st)
-    if fmt == FORMAT_LEGACY:
+    if fmt == FORMAT_LEGACY and not (trust and not for_rewrite):
         return Checkpoint(p, fmt, _torch_load(p, trust=trust, mmap=False), size)
-    zf = ckpt_zip.open_zip(p)
-    data = zf.read("data.pkl")
+    zf = ckpt_zip.open_zip(p) if fmt == FORMAT_ZIP else None
     try:
-        root, seen = ckpt_pickle.loads(data, trust=trust)
+        if zf is not None:
+            root, seen = ckpt_pickle.loads(zf.read("data.pkl"), trust=trust)
+        else:  # read whole, as torch.load does: legacy files predate torch 1.6 and hold their storages
+            root, seen = _shadow_legacy(p, io.BytesIO(p.read_bytes()))
     except ckpt_pickle.UnsafeGlobalError as exc:
         raise DoctorError(_unsafe_message(p, exc.name)) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
-            AttributeError, struct.error, RecursionError) as exc:
-        raise DoctorError(f"{p}: its data.pkl is damaged ({type(exc).__name__}: {exc})") from None
+            AttributeError, struct.error, RecursionError, MemoryError, OverflowError) as exc:
+        what = "its data.pkl is" if zf is not None else "its pickle is"
+        raise DoctorError(f"{p}: {what} damaged ({type(exc).__name__}: {exc})") from None
     unsafe: list[str] = []
     if trust:
         unsafe = [g for g in seen if not ckpt_pickle.is_allowed(g)]
@@ -212,10 +237,11 @@ def _storage_dtype(name: str) -> tuple[str, int]:
 
 
 def _storage_meta(pid: Any) -> tuple[str | None, str | None, int]:
-    """(dtype, storage key, bytes) from a torch persistent id ('storage', type, key, location, numel)."""
-    if not (isinstance(pid, tuple) and len(pid) == 5 and _text(pid[0]) == "storage"):
+    """(dtype, storage key, bytes) from a torch persistent id ('storage', type, key, location, numel[, view])."""
+    # Legacy (pre-1.6) files add a sixth item, view metadata (torch.serialization._legacy_save).
+    if not (isinstance(pid, tuple) and len(pid) in (5, 6) and _text(pid[0]) == "storage"):
         return None, None, 0
-    storage_type, key, _location, numel = pid[1:]
+    storage_type, key, _location, numel = pid[1:5]
     dtype, size = _storage_dtype(storage_type.name if isinstance(storage_type, Global) else "UntypedStorage")
     return dtype, str(_text(key)), numel * size if type(numel) is int else 0
 
@@ -690,7 +716,7 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
 
     The input is opened first, so every bad-input error comes before any output file exists.
     """
-    ckpt = open_checkpoint(path, trust=trust)
+    ckpt = open_checkpoint(path, trust=trust, for_rewrite=True)
     if output is None:
         if not in_place:
             raise DoctorError("give the output file with -o OUT (or --in-place to replace the input)")

@@ -128,9 +128,14 @@ class ShadowUnpickler(pickle._Unpickler):
     # Set by pickle._Unpickler.load(); declared for the type checker.
     stack: list[Any]
     append: Callable[[Any], None]
+    read: Callable[[int], bytes]
 
-    def __init__(self, data: bytes, allowed: Callable[[str], bool] | None) -> None:
-        super().__init__(io.BytesIO(data), encoding="bytes")
+    def __init__(self, data: bytes | io.BytesIO, allowed: Callable[[str], bool] | None) -> None:
+        # A BytesIO is read up to this pickle's STOP only (protocol 2 has no framing), so several pickles
+        # written one after another (the legacy torch format) are read by one unpickler each. Never a
+        # file: a crafted length would make BufferedReader.read allocate that much up front.
+        self._source = io.BytesIO(data) if isinstance(data, bytes) else data
+        super().__init__(self._source, encoding="bytes")
         # None = trust the file: record every global without checking it.
         self.allowed = allowed
         self.globals_seen: list[str] = []
@@ -173,6 +178,19 @@ class ShadowUnpickler(pickle._Unpickler):
             raise pickle.UnpicklingError(f"BUILD on a {type(inst).__name__}")
         inst.states.append(state)
 
+    def _load_bytearray8(self) -> None:
+        # pickle's own handler allocates (and zero-fills) the announced length before reading: a crafted
+        # 8-byte length would make this process allocate up to sys.maxsize bytes.
+        (size,) = struct.unpack("<Q", self.read(8))
+        data = self.read(size) if size <= self._remaining() else b""
+        if len(data) != size:
+            raise pickle.UnpicklingError(f"BYTEARRAY8 of {size} bytes runs past the end of the pickle")
+        self.append(bytearray(data))
+
+    def _remaining(self) -> int:
+        buf = self._source
+        return len(buf.getbuffer()) - buf.tell()
+
     def _load_unsupported(self) -> None:
         raise pickle.UnpicklingError("protocol-0 object instantiation (INST/OBJ) is not supported")
 
@@ -180,6 +198,7 @@ class ShadowUnpickler(pickle._Unpickler):
     dispatch[pickle.NEWOBJ[0]] = _load_newobj
     dispatch[pickle.NEWOBJ_EX[0]] = _load_newobj_ex
     dispatch[pickle.BUILD[0]] = _load_build
+    dispatch[pickle.BYTEARRAY8[0]] = _load_bytearray8
     dispatch[pickle.INST[0]] = _load_unsupported
     dispatch[pickle.OBJ[0]] = _load_unsupported
 

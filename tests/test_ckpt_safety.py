@@ -69,8 +69,8 @@ def test_malicious_checkpoint_is_refused_and_never_runs(tmp_path: Path, cli: Any
     assert not marker.exists()
 
 
-def test_trust_still_never_runs_code_for_inspect_and_strip(tmp_path: Path, cli: Any) -> None:
-    """--trust lifts the refusal; inspect/strip replay the pickle without importing or calling anything."""
+def test_trust_still_never_runs_code_for_inspect_strip_and_diff(tmp_path: Path, cli: Any) -> None:
+    """--trust lifts the refusal; inspect/strip/diff replay the pickle without importing or calling anything."""
     marker, paths = _evil_checkpoints(tmp_path)
     code, out, _ = _triple(cli(["ckpt", "inspect", str(paths[0]), "--trust"]))
     assert code == 0
@@ -82,6 +82,15 @@ def test_trust_still_never_runs_code_for_inspect_and_strip(tmp_path: Path, cli: 
     # The payload is carried over untouched (strip keeps every other entry), so it is still refused.
     with pytest.raises(pickle.UnpicklingError, match=r"posix\.system"):
         torch.load(out_path, weights_only=True)
+    assert not marker.exists()
+    # Legacy (pre-1.6) files too: inspect and diff replay their pickle instead of torch.load-ing it.
+    code, out, err = _triple(cli(["ckpt", "inspect", str(paths[1]), "--trust"]))
+    assert code == 0 and "needs non-weights-only globals: posix.system" in out, err
+    assert "net: 9 keys" in out
+    code, out, err = _triple(cli(["ckpt", "diff", str(paths[1]), "--trust", "--model", "examples.ckpt_models:make_mlp"]))
+    assert code == 1 and "after: remove 'module.'" in out, err
+    code, _, err = _triple(cli(["ckpt", "inspect", str(paths[2]), "--trust"]))
+    assert code == 2 and "not a torch checkpoint" in err
     assert not marker.exists()
 
 
@@ -136,6 +145,9 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], object] | None, str]] = {
     "random_bytes": (lambda p: p.write_bytes(os.urandom(4096).replace(b"PK", b"pk")), "not a checkpoint"),
     "not_a_checkpoint_zip": (_zip_of({"docs/readme.txt": b"hello"}), "not a PyTorch checkpoint"),
     "corrupt_pickle": (_zip_of({"a/data.pkl": b"\x80\x02}q\x00(X\x01", "a/version": b"3"}), "data.pkl is damaged"),
+    # BYTEARRAY8 announcing 1 TiB: pickle's own handler allocates it before reading.
+    "bytearray8_bomb": (_zip_of({"a/data.pkl": b"\x80\x02\x96" + (1 << 40).to_bytes(8, "little") + b"abc.",
+                                 "a/version": b"3"}), "runs past the end of the pickle"),
     "safetensors_bad_json": (_safetensors_bad_json, "corrupt safetensors header"),
     "safetensors_huge_length": (_safetensors_huge_length, "corrupt safetensors header"),
     "safetensors_out_of_range": (_safetensors_out_of_range, "corrupt safetensors header"),
@@ -245,7 +257,8 @@ def test_random_corruption_never_crashes(tmp_path: Path, cli: Any, name: str, co
             start = rng.randrange(len(data))
             del data[start:start + rng.randint(1, 64)]
         bad.write_bytes(bytes(data))
-        for args in (["ckpt", "inspect", str(bad)], ["ckpt", "strip", str(bad), "-o", str(tmp_path / "o.pt")]):
+        for args in (["ckpt", "inspect", str(bad)], ["ckpt", "inspect", str(bad), "--trust"],
+                     ["ckpt", "strip", str(bad), "-o", str(tmp_path / "o.pt")]):
             code, _, err = _triple(cli(args))
             assert code in (0, 1, 2), err
             if code == 2:

@@ -18,9 +18,9 @@ ckpt_app = typer.Typer(
     rich_markup_mode=None,
 )
 
-_TRUST_HELP = ("Allow classes outside torch.load(weights_only=True)'s allowlist. Zip checkpoints are still only "
-               "read, never run; legacy (pre-1.6) pickles go through torch.load(weights_only=False), which runs "
-               "them. Only for files whose source you trust.")
+_TRUST_HELP = ("Allow classes outside torch.load(weights_only=True)'s allowlist. The file is still only read, never "
+               "run, except by strip of a legacy (pre-1.6) pickle: that converts it through "
+               "torch.load(weights_only=False), which runs it. Only for files whose source you trust.")
 
 
 def _emit_json(data: dict[str, Any]) -> None:
