@@ -5,7 +5,9 @@ messages and is often not the last one printed (a rank killed by the OOM killer 
 ranks as NCCL timeouts and "remote process exited"). The signatures live in ``explain_kb.json`` (data, not
 code); this module streams the input in fixed-size blocks, so memory stays flat for a 100 GB log:
 
-* prefilter: ``bytes.find`` of each signature keyword over a whole block (C speed, no per-line Python);
+* prefilter: the signatures' keywords (distinctive pieces of the message texts) are searched over a whole
+  block by a few regexes, one per rare lead byte (C speed, no per-line Python; see ``prefilter_anchors``),
+  so a healthy but noisy log (glog warnings, NCCL INFO) sends almost no line to the matcher;
 * only lines holding a keyword are decoded (``errors="replace"``: binary garbage never crashes it) and
   run through the regexes of the signatures whose keywords they contain; the first matching signature wins;
 * each diagnosis keeps bounded state: a count, up to ``MAX_EVIDENCE`` evidence lines, a capped rank set and
