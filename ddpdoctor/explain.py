@@ -284,8 +284,8 @@ class Scanner:
         self.kb = kb if kb is not None else load_kb()
         self._prefilter = build_prefilter(k for s in self.kb for k in s.keywords)
         self._by_id = {s.id: s for s in self.kb}
-        # Which keywords a line holds is found once per line, not once per signature: a glog-heavy log
-        # (every "[W1122 ..." line passes the prefilter) spent most of its time re-testing keywords.
+        # Which keywords a line holds is found once per line, not once per signature (many signatures
+        # share 'Error: ' / 'NCCL WARN'); a line without a signature's keyword is not tried against it.
         self._keywords = tuple(sorted({k for s in self.kb for k in s.keywords}))
         self._sig_keywords = {s.id: frozenset(s.keywords) for s in self.kb}
         self._pending: tuple[tuple[Signature, ...], int] | None = None  # follow-up lines owed to the next block
