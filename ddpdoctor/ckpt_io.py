@@ -146,6 +146,9 @@ def check_output(src: Path, out: Path, in_place: bool) -> None:
     """Refuse to overwrite the input by accident, and refuse outputs that are directories."""
     if out.is_dir():
         raise DoctorError(f"output {out} is a directory; give a file name, e.g. {out / src.name}")
+    if out.exists() and not out.is_file():
+        # The output is renamed over OUT: for -o /dev/null as root that would replace the device node.
+        raise DoctorError(f"output {out} is not a regular file (a device, FIFO or socket); give a file path")
     same = out.exists() and os.path.samefile(src, out)
     if same and not in_place:
         raise DoctorError(f"output {out} is the input checkpoint; pass --in-place to overwrite it, "

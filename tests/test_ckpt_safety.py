@@ -222,11 +222,17 @@ def test_bad_input_real_process_has_no_traceback(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.pt"]
 
 
-def test_output_is_a_directory_is_refused(tmp_path: Path, cli: Any) -> None:
+def test_output_is_a_directory_or_not_a_regular_file_is_refused(tmp_path: Path, cli: Any) -> None:
     src = tmp_path / "ddp.pt"
     torch.save({"module.w": torch.ones(2)}, src)
     code, _, err = _triple(cli(["ckpt", "strip", str(src), "-o", str(tmp_path)]))
     assert code == 2 and "is a directory" in err
+    # Like -o /dev/null: the output is renamed over OUT, which would replace the node (as root, /dev/null).
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, _, err = _triple(cli(["ckpt", "strip", str(src), "-o", str(fifo)]))
+    assert code == 2 and "not a regular file" in err
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["ddp.pt", "fifo"]
 
 
 @pytest.mark.parametrize(("name", "count"), [("zip", 250), ("legacy", 60), ("safetensors", 150)])
