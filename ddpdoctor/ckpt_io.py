@@ -50,6 +50,9 @@ def check_input(path: str | os.PathLike[str]) -> Path:
             raise DoctorError(f"{p} is a torch.distributed.checkpoint directory, not a single-file checkpoint; "
                               "convert it with torch.distributed.checkpoint.format_utils.dcp_to_torch_save first")
         raise DoctorError(f"{p} is a directory; give the checkpoint file inside it")
+    if not p.is_file():
+        # Opening a FIFO blocks until something writes to it: never open what is not a regular file.
+        raise DoctorError(f"{p} is not a regular file (a device, FIFO or socket); give the checkpoint file")
     try:
         size = p.stat().st_size
         with p.open("rb"):

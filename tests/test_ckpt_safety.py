@@ -364,3 +364,12 @@ def test_deeply_nested_tensor_rebuilders_are_not_internal_errors(tmp_path: Path,
     assert not (tmp_path / "o.pt").exists()
     code, _, err = _triple(cli(["ckpt", "diff", str(deep), "--model", "examples.ckpt_models:make_mlp"]))
     assert code == 1, err
+
+
+def test_input_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Opening a FIFO blocks until a writer comes: a real process, so a regression is a timeout, not a hang."""
+    fifo = tmp_path / "ckpt.pt"
+    os.mkfifo(fifo)
+    res = run_cli(["ckpt", "inspect", str(fifo)], cwd=REPO, timeout=60)
+    assert res.returncode == 2 and "not a regular file" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
