@@ -77,6 +77,9 @@ class Signature:
     suppressed_by: tuple[str, ...] = ()
     followup_lines: int = 0
     followup_ids: tuple[str, ...] = ()
+    # Within its role, a higher precedence comes first whatever the order of the lines: a rank killed by a
+    # signal explains the peers that then exit with an error, even when torchrun logs those first.
+    precedence: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,8 @@ def load_kb(path: str | None = None) -> list[Signature]:
             cause=raw["cause"], remedy=raw["remedy"], command=raw["command"],
             context=raw.get("context", ""), suppressed_by=tuple(raw.get("suppressed_by", ())),
             followup_lines=int(raw.get("followup", {}).get("lines", 0)),
-            followup_ids=tuple(raw.get("followup", {}).get("ids", ()))))
+            followup_ids=tuple(raw.get("followup", {}).get("ids", ())),
+            precedence=int(raw.get("precedence", 0))))
     ids = [s.id for s in sigs]
     if len(set(ids)) != len(ids):
         raise ValueError("explain KB: duplicate signature ids")
@@ -534,9 +538,9 @@ class Scanner:
             # otherwise input order (file, then line) is the best evidence of what came first.
             times = [d.first_time for d in group]
             if group and all(t is not None for t in times):
-                group.sort(key=lambda d: (d.first_time, d.first_seq))
+                group.sort(key=lambda d: (-d.signature.precedence, d.first_time, d.first_seq))
             else:
-                group.sort(key=lambda d: d.first_seq)
+                group.sort(key=lambda d: (-d.signature.precedence, d.first_seq))
             ordered.extend(group)
         return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned)
 

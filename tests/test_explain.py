@@ -315,6 +315,15 @@ def test_real_torchrun_sigkill_log_root_cause_first() -> None:
     assert result.diagnoses[1].ranks == {0}
 
 
+def test_signal_killed_rank_comes_before_the_peer_torchrun_names_as_root_cause() -> None:
+    """examples/logs/torchrun_sigkill_peer_first.log: a real run where rank 1 was SIGKILLed, rank 0 then
+    failed on the broken connection first, and torchrun's summary calls rank 0 the "Root Cause"."""
+    with open(EXAMPLES / "torchrun_sigkill_peer_first.log", "rb") as fh:
+        result = explain_streams([("torchrun_sigkill_peer_first.log", fh, None)])
+    assert ids(result)[:2] == ["worker-killed-by-signal", "worker-failed"]
+    assert result.diagnoses[0].ranks == {1} and result.diagnoses[1].ranks == {0}
+
+
 def test_interleaved_ranks_oom_before_the_timeouts_it_caused() -> None:
     """8 ranks interleaved; rank 5 OOMs, the others time out later in the same file and say 'remote exited'."""
     lines = []

@@ -149,7 +149,9 @@ def test_real_torchrun_job_killed_by_sigkill(tmp_path: Path) -> None:
     logdir = tmp_path / "logs"
     job = subprocess.run(
         [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-         "--log-dir", str(logdir), "--redirects", "3", str(script)],
+         # A slow monitor: torchrun must not tear rank 0 down before it prints gloo's "peer went away"
+         # error (which comes within milliseconds of the SIGKILL); otherwise the log has nothing to show.
+         "--monitor-interval", "3", "--log-dir", str(logdir), "--redirects", "3", str(script)],
         capture_output=True, text=True, timeout=180, env=clean_env(), cwd=tmp_path)
     assert job.returncode != 0
     console = tmp_path / "console.log"
