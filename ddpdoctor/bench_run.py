@@ -130,7 +130,8 @@ class _Progress:
 
 def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
-    from ddpdoctor.runtime.rank import RankRun, RunConfig, write_json_atomic
+    from ddpdoctor.fileio import write_json_atomic
+    from ddpdoctor.runtime.rank import RankRun, RunConfig
 
     run = RankRun(info, RunConfig(checks=[_NEEDS_PG], backend=config.backend,
                                   options=CheckOptions(timeout_s=config.timeout_s)))
@@ -203,7 +204,8 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
 
 def _write_result(code: int) -> None:
     """The self-launch protocol: rank 0 leaves its exit code where ``self_launch`` reads it."""
-    from ddpdoctor.runtime.rank import RESULT_FILE_ENV, write_json_atomic
+    from ddpdoctor.fileio import write_json_atomic
+    from ddpdoctor.runtime.rank import RESULT_FILE_ENV
 
     path = os.environ.get(RESULT_FILE_ENV)
     if path:

@@ -19,7 +19,7 @@ from ddpdoctor.findings import Finding, RankInfo
 
 @dataclass(frozen=True)
 class CheckOptions:
-    """The user's options that checks read. JSON-able: it travels to self-launched ranks."""
+    """The user's options that checks read (every rank builds the same from the same command line)."""
 
     timeout_s: float = 30.0
     checkpoint: str | None = None
@@ -28,30 +28,6 @@ class CheckOptions:
     input_shape: tuple[int, ...] | None = None
     min_busbw_gbps: float | None = None
     verbose: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "timeout_s": self.timeout_s,
-            "checkpoint": self.checkpoint,
-            "model": self.model,
-            "batch": self.batch,
-            "input_shape": list(self.input_shape) if self.input_shape is not None else None,
-            "min_busbw_gbps": self.min_busbw_gbps,
-            "verbose": self.verbose,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CheckOptions:
-        shape = data.get("input_shape")
-        return cls(
-            timeout_s=float(data.get("timeout_s", 30.0)),
-            checkpoint=data.get("checkpoint"),
-            model=data.get("model"),
-            batch=data.get("batch"),
-            input_shape=tuple(int(x) for x in shape) if shape is not None else None,
-            min_busbw_gbps=data.get("min_busbw_gbps"),
-            verbose=bool(data.get("verbose", False)),
-        )
 
 
 @dataclass

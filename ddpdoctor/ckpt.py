@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor import ckpt_io, ckpt_pickle, ckpt_safetensors, ckpt_zip
+from ddpdoctor import ckpt_io, ckpt_pickle, ckpt_safetensors, ckpt_zip, fileio
 from ddpdoctor.ckpt_pickle import Global, PidRef, Reduced
 from ddpdoctor.errors import DoctorError
 
@@ -741,7 +741,7 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
         # --in-place with nothing to strip: leave the file (and its mtime) alone.
         return StripReport(str(ckpt.path), str(out), ckpt.format, summary, 0, written=False)
     try:
-        with ckpt_io.atomic_output(out, mode_from=ckpt.path) as fh:
+        with fileio.atomic_output(out, mode_from=ckpt.path) as fh:
             if ckpt.zip is not None:
                 try:
                     new_pickle = ckpt_pickle.dumps(ckpt.root)

@@ -12,16 +12,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from ddpdoctor.errors import DoctorError
 
 _CHUNK = 8 << 20
-# What a killed strip leaves next to its output: .<output name>.<random><PARTIAL_SUFFIX>.
-PARTIAL_SUFFIX = ".ddpdoctor-partial"
 # Kernel copies go in 64 MiB steps, each followed by a writeback kick (see _start_writeback).
 _KERNEL_CHUNK = 64 << 20
 
@@ -106,43 +102,6 @@ def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int) -> None:
         out_pos += n
     # copy_file_range/sendfile advance the fd offset of dst; keep the Python file object in step.
     dst.seek(0, os.SEEK_END)
-
-
-@contextlib.contextmanager
-def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[BinaryIO]:
-    """Yield a temp file next to ``target``; on success fsync it and rename it over ``target``.
-
-    On any failure the temp file is removed, so no partial output is left behind. A process killed
-    mid-write (SIGKILL, the OOM killer) cannot clean up: it leaves ``.<target>.<random>.ddpdoctor-partial``,
-    never a file under the target's name. (O_TMPFILE would leave nothing, but linking it in through
-    /proc/self/fd fails with EXDEV on some kernels and sandboxes, so it cannot be relied on.)
-    """
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise DoctorError(f"output directory {directory} does not exist; create it first")
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=directory)
-    except OSError as exc:
-        raise DoctorError(f"cannot write to output directory {directory}: {exc.strerror or exc}") from None
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w+b") as fh:
-            yield fh
-            fh.flush()
-            if mode_from is not None:
-                os.fchmod(fh.fileno(), mode_from.stat().st_mode & 0o777)
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def check_output(src: Path, out: Path, in_place: bool) -> None:

@@ -55,7 +55,7 @@ def check_script(script: str) -> str:
 
 
 def write_result(result: dict[str, Any], json_path: str | None) -> None:
-    from ddpdoctor.runtime.rank import write_json_atomic
+    from ddpdoctor.fileio import write_json_atomic
 
     print(render(result), file=sys.stderr, flush=True)
     if json_path:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddpdoctor.ckpt_io import PARTIAL_SUFFIX
+from ddpdoctor.fileio import PARTIAL_SUFFIX
 from examples.ckpt_models import make_mlp
 from tests.support import REPO, clean_env, run_cli
 from tests.test_ckpt import cli_fixture  # noqa: F401 - provides the in-process `cli` fixture

@@ -8,7 +8,7 @@ import typer
 
 from ddpdoctor.bench import BenchConfig, check_plot_available, parse_dtype, parse_ops, parse_size, size_sweep
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.runtime.entry import validate_output_path
+from ddpdoctor.fileio import validate_output_path
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.launcher import LaunchInfo

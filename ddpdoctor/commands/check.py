@@ -65,11 +65,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check connectivity, ports, env consistency and more on every rank; one report from rank 0."""
         from ddpdoctor.check_api import CheckOptions
-        from ddpdoctor.runtime.entry import (
-            run_here_or_self_launch,
-            validate_launch_options,
-            validate_output_path,
-        )
+        from ddpdoctor.fileio import validate_output_path
+        from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
         from ddpdoctor.runtime.rank import RunConfig, run_rank
 
         validate_launch_options(nproc, backend, master_port, timeout)

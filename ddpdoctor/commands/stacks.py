@@ -6,13 +6,13 @@ Thin: options in, engine (:mod:`ddpdoctor.stacks`, :mod:`ddpdoctor.stacks_signal
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
+from ddpdoctor.fileio import validate_output_path, write_json_atomic
 
 if TYPE_CHECKING:
     from ddpdoctor.stacks_report import ProcessStacks
@@ -26,12 +26,6 @@ stacks_app = typer.Typer(
 )
 
 
-def _check_json_path(json_path: Optional[Path]) -> None:
-    """Refuse a --json path that cannot be written before the dumps, not after them."""
-    if json_path is not None and not json_path.parent.is_dir():
-        raise DoctorError(f"cannot write --json {json_path}: directory {json_path.parent} does not exist")
-
-
 def _finish(processes: list[ProcessStacks], source: str, json_path: Optional[Path], all_threads: bool) -> None:
     """Group, print, write JSON, and exit 1 when the ranks disagree or could not all be seen."""
     from ddpdoctor.stacks_report import analyze, render_text, to_json
@@ -40,10 +34,9 @@ def _finish(processes: list[ProcessStacks], source: str, json_path: Optional[Pat
     typer.echo(render_text(reports, all_threads=all_threads, source=source), nl=False)
     if json_path is not None:
         try:
-            json_path.write_text(json.dumps(to_json(processes, reports, source), indent=2) + "\n",
-                                 encoding="utf-8")
+            write_json_atomic(json_path, to_json(processes, reports, source))
         except OSError as exc:
-            raise DoctorError(f"cannot write --json {json_path}: {exc.strerror}") from exc
+            raise DoctorError(f"cannot write --json {json_path}: {exc.strerror or exc}") from exc
         typer.echo(f"wrote {json_path}")
     raise typer.Exit(EXIT_PROBLEM if any(r.problem for r in reports) else EXIT_OK)
 
@@ -66,7 +59,7 @@ def stacks(
     """Find the ranks (torchrun/SLURM environment), dump them in parallel, group by where they wait."""
     if ctx.invoked_subcommand is not None:
         return
-    _check_json_path(json_path)
+    validate_output_path("--json", json_path)
     if signal_mode:
         if native:
             raise DoctorError("--native needs py-spy; --signal dumps only Python frames (drop one of them)")
@@ -93,7 +86,7 @@ def merge(
     """Group the stacks of several nodes' JSON files as one job."""
     from ddpdoctor.stacks_report import load_json_files
 
-    _check_json_path(json_path)
+    validate_output_path("--json", json_path)
     processes, source = load_json_files(files)
     _finish(processes, source, json_path, all_threads)
 

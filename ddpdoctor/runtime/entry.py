@@ -35,19 +35,6 @@ def validate_launch_options(nproc: int | None, backend: str, master_port: int | 
         raise DoctorError(f"--timeout must be a positive number of seconds up to {MAX_TIMEOUT_S}, got: {timeout:g}")
 
 
-def validate_output_path(flag: str, path: str | None) -> None:
-    """Fail before launching anything, not after a whole run, when an output file cannot be written."""
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise DoctorError(f"{flag} {path!r}: the folder {folder!r} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise DoctorError(f"{flag} {path!r}: the folder {folder!r} is not writable")
-    if os.path.isdir(path):
-        raise DoctorError(f"{flag} {path!r} is a directory; give a file name")
-
-
 def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, nproc: int | None, backend: str,
                             master_port: int | None, timeout: float) -> NoReturn:
     """Never returns: leaves with the rank's exit code, or raises typer.Exit with rank 0's."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import signal
 import socket
@@ -29,7 +28,8 @@ from types import FrameType
 from typing import Any
 
 from ddpdoctor.check_api import Check, CheckContext, CheckOptions, collapse
-from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM
+from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError
+from ddpdoctor.fileio import write_json_atomic
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
 from ddpdoctor.report import Report, render_table
 from ddpdoctor.runtime.control import ControlPlane, connect_store, wait_until_reachable
@@ -363,8 +363,8 @@ class RankRun:
         if self.config.json_path:
             try:
                 write_json_atomic(self.config.json_path, data)
-            except OSError as exc:
-                print(f"ddpdoctor: cannot write --json {self.config.json_path}: {exc.strerror or exc}",
+            except (OSError, DoctorError) as exc:
+                print(f"ddpdoctor: cannot write --json {self.config.json_path}: {exc}",
                       file=sys.stderr, flush=True)
                 code = max(code, EXIT_PROBLEM)
         result_file = os.environ.get(RESULT_FILE_ENV)
@@ -384,18 +384,6 @@ def _remedy_for_exception(exc: BaseException) -> str:
         return ("a peer died or a link broke during this check: see the ranks that did not report and the "
                 "connectivity findings")
     return "this is a ddpdoctor bug: please report it with the traceback (run with --verbose)"
-
-
-def write_json_atomic(path: str, data: Any) -> None:
-    """Write JSON to ``path`` through a temp file and rename: never a half-written report."""
-    target = os.path.abspath(path)
-    tmp = f"{target}.tmp.{os.getpid()}"
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
 
 
 def run_rank(info: LaunchInfo, config: RunConfig) -> int:

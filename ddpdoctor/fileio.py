@@ -1,0 +1,76 @@
+"""Writing output files safely: atomically (temp file, fsync, rename) and checked before the work starts.
+
+Every command that writes a file goes through here, so none leaves a half-written report or checkpoint
+under the name the user asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ddpdoctor.errors import DoctorError
+
+# What a process killed mid-write leaves next to the target (it cannot clean up after SIGKILL).
+PARTIAL_SUFFIX = ".ddpdoctor-partial"
+
+
+@contextlib.contextmanager
+def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[BinaryIO]:
+    """Yield a temp file next to ``target``; on success fsync it and rename it over ``target``.
+
+    On any failure the temp file is removed, so no partial output is left behind. A process killed
+    mid-write (SIGKILL, the OOM killer) cannot clean up: it leaves ``.<target>.<random>.ddpdoctor-partial``,
+    never a file under the target's name. (O_TMPFILE would leave nothing, but linking it in through
+    /proc/self/fd fails with EXDEV on some kernels and sandboxes, so it cannot be relied on.)
+    """
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise DoctorError(f"output directory {directory} does not exist; create it first")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=directory)
+    except OSError as exc:
+        raise DoctorError(f"cannot write to output directory {directory}: {exc.strerror or exc}") from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w+b") as fh:
+            yield fh
+            fh.flush()
+            if mode_from is not None:
+                os.fchmod(fh.fileno(), mode_from.stat().st_mode & 0o777)
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write ``data`` as indented JSON to ``path`` through :func:`atomic_output`."""
+    with atomic_output(Path(path)) as handle:
+        handle.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
+
+
+def validate_output_path(flag: str, path: str | os.PathLike[str] | None) -> None:
+    """Fail before the work, not after it, when an output file cannot be written there."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise DoctorError(f"{flag} {str(path)!r}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise DoctorError(f"{flag} {str(path)!r}: the folder {folder!r} is not writable")
+    if os.path.isdir(path):
+        raise DoctorError(f"{flag} {str(path)!r} is a directory; give a file name")
