@@ -14,13 +14,13 @@ hostnames, then a ring of point-to-point send/recv (rank i -> i+1) so a broken l
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse
+from ddpdoctor.errors import short_error
 from ddpdoctor.findings import FAIL, PASS, Finding, RankInfo
 
 HEALTHY = "collectives and ring send/recv correct"
@@ -109,13 +109,6 @@ def _run(ctx: CheckContext) -> list[Finding]:
                             "a rank died or a link is blocked: see the other findings for ranks that did not "
                             "report; check firewalls and NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME",
                             step=step, error=str(exc)[:2000])]
-
-
-def short_error(exc: BaseException) -> str:
-    """The first line of a c10d/gloo error without its '[/long/source/path.cc:537] ' prefix."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first) or first
 
 
 def _gather_uuids(ctx: CheckContext) -> list[str]:

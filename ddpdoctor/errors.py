@@ -7,6 +7,8 @@ a ddpdoctor bug: exit 3 with versions, so the user can file it.
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
@@ -19,3 +21,11 @@ class DoctorError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def short_error(exc: BaseException) -> str:
+    """An exception in one line: its first line, without c10d/gloo's '[/long/source/path.cc:537] ' prefix;
+    the type name when the message is empty."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first) or first

@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from ddpdoctor.check_api import Check, CheckContext, CheckOptions, collapse
-from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError
+from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.fileio import write_json_atomic
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
 from ddpdoctor.report import Report, render_table
@@ -60,6 +60,11 @@ class Terminated(Exception):
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signal.Signals(signum).name)
+
+
+def _ignore_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def resolve_backend(requested: str, local_rank: int) -> tuple[str, str]:
@@ -111,7 +116,7 @@ class RankRun:
             self.control = ControlPlane(outcome.value)
             self.control.store = self.control.prefixed(f"ddpdoctor/{self.info.run_id}/")
             return True
-        err = str(outcome.error).splitlines()[0] if outcome.error else f"no answer within {timeout:g} s"
+        err = short_error(outcome.error) if outcome.error else f"no answer within {timeout:g} s"
         if self.info.rank == 0 and not self.info.agent_store and "in use" in err.lower():
             from ddpdoctor.ports import busy_port_message
 
@@ -194,7 +199,7 @@ class RankRun:
         if outcome.ok:
             return None
         why = (f"did not finish within {timeout:g} s" if outcome.timed_out
-               else str(outcome.error).splitlines()[0] if outcome.error else "failed")
+               else short_error(outcome.error) if outcome.error else "failed")
         self.runtime_findings.append(Finding(
             "connectivity", FAIL, f"init_process_group({self.backend}) failed: {why}", [self.info.rank],
             "the ranks reached each other's store but not each other: check firewalls between nodes and "
@@ -232,10 +237,9 @@ class RankRun:
                 if check.needs_process_group:
                     pg_problem = f"{check.id} was abandoned while inside a collective"
             elif outcome.error is not None:
-                message = str(outcome.error).splitlines()[0] if str(outcome.error) else ""
                 internal = not _is_peer_failure(outcome.error)
                 self.runtime_findings.append(Finding(
-                    check.id, ERROR, f"the check raised {type(outcome.error).__name__}: {message}"[:300],
+                    check.id, ERROR, f"the check raised {type(outcome.error).__name__}: {short_error(outcome.error)}"[:300],
                     [self.info.rank], _remedy_for_exception(outcome.error),
                     {"traceback": outcome.error_text, "internal": internal}))
                 if check.needs_process_group:
@@ -353,8 +357,7 @@ class RankRun:
 
     def finish(self, report: Report) -> int:
         """Print the report, write --json and the self-launch result file; the exit code."""
-        for sig in (signal.SIGTERM, signal.SIGINT):  # the report is printed once, whole
-            signal.signal(sig, signal.SIG_IGN)
+        _ignore_signals()  # the report is printed once, whole
         print(render_table(report, verbose=self.config.options.verbose), flush=True)
         data = report.to_json()
         code = EXIT_PROBLEM if report.status == FAIL else EXIT_OK
@@ -406,8 +409,7 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
         return run.finish(run.collect(plan, time.monotonic() + config.timeout_s))
     except Terminated as exc:
         # Signals stay raised as Terminated only once: a second one must not interrupt the report.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
+        _ignore_signals()
         if info.rank != 0 or run.control is None:
             return EXIT_PROBLEM
         run.runtime_findings.append(Finding(
