@@ -372,13 +372,6 @@ def table_footer(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def render_op_table(op: str, rows: Sequence[Row], world_size: int, backend: str, hosts: int,
-                    iters: int, warmup: int) -> str:
-    """One op's whole table (the bench prints it row by row as sizes finish)."""
-    return "\n".join([table_header(op, world_size, backend, hosts, iters, warmup),
-                      *(table_row(r) for r in rows), table_footer(rows)])
-
-
 def render_pairs(analysis: PairAnalysis, size: int) -> str:
     """The pairwise sendrecv results, slowest first, and what they point at."""
     lines = [f"# pairwise sendrecv, {human_bytes(size)} each way, slowest first",
