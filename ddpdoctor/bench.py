@@ -22,6 +22,7 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import DoctorError
@@ -462,8 +463,13 @@ def write_plot(path: str, rows: Sequence[Row], title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    from ddpdoctor.fileio import atomic_output
+
+    try:
+        with atomic_output(Path(path)) as handle:  # no half-written PNG under the user's name
+            fig.savefig(handle, format="png")
+    finally:
+        plt.close(fig)
 
 
 def progress_line(done: int, total: int, label: str, width: int = 30) -> str:
