@@ -57,9 +57,6 @@ def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, nproc: int
 
     if backend == "nccl" and not torch.cuda.is_available():
         raise DoctorError("--backend nccl needs a CUDA GPU and none is visible; use --backend gloo")
-    env_port = os.environ.get("MASTER_PORT")
-    if master_port is None and env_port:
-        if not env_port.isdigit():
-            raise DoctorError(f"MASTER_PORT must be an integer, got: {env_port!r}")
-        master_port = int(env_port)
+    if master_port is None and os.environ.get("MASTER_PORT"):
+        master_port = info.master_port  # validated by the launcher detection
     raise typer.Exit(self_launch(invocation_args(), nproc or default_nproc(), master_port, timeout))
