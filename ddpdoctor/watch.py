@@ -55,11 +55,16 @@ def check_script(script: str) -> str:
 
 
 def write_result(result: dict[str, Any], json_path: str | None) -> None:
+    """The report on stderr, then --json. A failed write is one line, not an exception: in rank 0's
+    supervisor thread an exception would skip telling the other ranks to exit, and hang the job."""
     from ddpdoctor.fileio import write_json_atomic
 
     print(render(result), file=sys.stderr, flush=True)
     if json_path:
-        write_json_atomic(json_path, result)
+        try:
+            write_json_atomic(json_path, result)
+        except (OSError, DoctorError) as exc:
+            print(f"ddpdoctor watch: cannot write --json {json_path}: {exc}", file=sys.stderr, flush=True)
 
 
 def _drain(server: Server, agg: Aggregator, timeout: float) -> None:

@@ -203,6 +203,9 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
     assert len(missing.stderr.strip().splitlines()) == 1
     bad = run_cli(["watch", "--hang-timeout", "0", str(EXAMPLES / "train_ok.py")])
     assert bad.returncode == 2 and "--hang-timeout" in bad.stderr
+    # Refused before any rank starts, not after the whole run.
+    no_dir = run_cli(["watch", "--json", str(tmp_path / "absent" / "r.json"), str(EXAMPLES / "train_ok.py")])
+    assert no_dir.returncode == 2 and "does not exist" in no_dir.stderr
 
 
 def test_script_arguments_are_not_taken_as_watch_options(tmp_path: Path) -> None:

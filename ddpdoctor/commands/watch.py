@@ -7,6 +7,7 @@ import sys
 import typer
 
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.fileio import validate_output_path
 
 
 def register(app: typer.Typer) -> None:
@@ -33,6 +34,7 @@ def register(app: typer.Typer) -> None:
         if not hang_timeout > 0:
             raise DoctorError(f"--hang-timeout must be a positive number of seconds, got: {hang_timeout}")
         engine.check_script(script)
+        validate_output_path("--json", json_path)
         args = list(ctx.args)
         info = launcher.detect()
         if info.is_launched:
