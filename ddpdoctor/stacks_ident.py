@@ -59,19 +59,13 @@ def job_key(env: Mapping[str, str]) -> str | None:
 
 def identity(env: Mapping[str, str]) -> Identity:
     """Rank, local rank, world sizes and job from a process environment (torchrun wins over SLURM)."""
-    rank = _int(env.get("RANK"))
-    if rank is None:
-        rank = _int(env.get("SLURM_PROCID"))
-    local_rank = _int(env.get("LOCAL_RANK"))
-    if local_rank is None:
-        local_rank = _int(env.get("SLURM_LOCALID"))
-    world = _int(env.get("WORLD_SIZE"))
-    if world is None:
-        world = _int(env.get("SLURM_NTASKS"))
-    local_world = _int(env.get("LOCAL_WORLD_SIZE"))
-    if local_world is None:
-        local_world = _int(env.get("SLURM_NTASKS_PER_NODE"))
-    return Identity(rank, local_rank, world, local_world, job_key(env))
+    def first(torchrun: str, slurm: str) -> int | None:
+        value = _int(env.get(torchrun))
+        return value if value is not None else _int(env.get(slurm))
+
+    return Identity(first("RANK", "SLURM_PROCID"), first("LOCAL_RANK", "SLURM_LOCALID"),
+                    first("WORLD_SIZE", "SLURM_NTASKS"), first("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"),
+                    job_key(env))
 
 
 def job_matches(wanted: str, env: Mapping[str, str], job: str | None, parent_pid: int | None) -> bool:
