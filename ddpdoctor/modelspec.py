@@ -19,12 +19,14 @@ from ddpdoctor.errors import DoctorError
 
 
 def _user_frame(exc: BaseException) -> str:
-    """'file:line' of the innermost frame of the user's traceback, to point at their code."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f" (at {os.path.basename(last.filename)}:{last.lineno})"
+    """' (at file.py:LINE)' for the innermost frame outside torch, ddpdoctor and importlib: the user's line."""
+    skip = [os.path.dirname(os.path.abspath(__file__))]
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)  # torch not imported: no torch frames
+    if torch_file:
+        skip.append(os.path.dirname(os.path.abspath(torch_file)))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<frozen") and not os.path.abspath(f.filename).startswith(tuple(skip))]
+    return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
 
 
 def _one_line(exc: BaseException) -> str:
@@ -32,6 +34,11 @@ def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def user_error(what: str, exc: BaseException) -> DoctorError:
+    """The user's exception as one DoctorError line: ``WHAT raised Type: message (at file.py:LINE)``."""
+    return DoctorError(f"{what} raised {_one_line(exc)}{_user_frame(exc)}")
 
 
 def _import_module(module_name: str, spec: str) -> Any:
@@ -86,7 +93,7 @@ def call_factory(spec: str, *args: Any, **kwargs: Any) -> Any:
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise DoctorError(f"{spec!r} raised {_one_line(exc)}{_user_frame(exc)}") from None
+        raise user_error(repr(spec), exc) from None
 
 
 def build_model(spec: str) -> Any:

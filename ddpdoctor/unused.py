@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.check_api import format_rank_list
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.modelspec import user_error
 
 if TYPE_CHECKING:
     import torch
@@ -349,25 +350,6 @@ def _graph(root: Any) -> tuple[set[int], set[int]]:
     return nodes, leaves
 
 
-def _where(exc: BaseException) -> str:
-    """' (at file.py:LINE)' for the innermost frame outside torch and ddpdoctor: the user's line."""
-    import os
-    import traceback
-
-    import torch
-
-    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not os.path.abspath(f.filename).startswith(skip)]
-    return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-
-
-def _summarise_user_error(what: str, exc: BaseException) -> DoctorError:
-    """The user's exception as one line (first line of its message, and where in their code)."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return DoctorError(f"{what} raised {type(exc).__name__}: {first}{_where(exc)}")
-
-
 def call_user(what: str, fn: Callable[..., Any], **available: Any) -> Any:
     """Call user code (a batch function) with the keyword arguments it declares; errors become one line."""
     try:
@@ -375,7 +357,7 @@ def call_user(what: str, fn: Callable[..., Any], **available: Any) -> Any:
     except DoctorError:
         raise
     except Exception as exc:
-        raise _summarise_user_error(what, exc) from None
+        raise user_error(what, exc) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -469,7 +451,7 @@ def _one_step(model: torch.nn.Module, batch: Any, loss_fn: LossFn | None,
     except DoctorError:
         raise
     except Exception as exc:
-        raise _summarise_user_error(f"the model's forward on the batch of step {step}", exc) from None
+        raise user_error(f"the model's forward on the batch of step {step}", exc) from None
     outputs = _flatten_outputs(out)
     if loss_fn is None:
         loss, text = _default_loss(outputs)
@@ -477,7 +459,7 @@ def _one_step(model: torch.nn.Module, batch: Any, loss_fn: LossFn | None,
         try:
             loss = loss_fn(out, batch)
         except Exception as exc:
-            raise _summarise_user_error("loss_fn(output, batch)", exc) from None
+            raise user_error("loss_fn(output, batch)", exc) from None
         text = "loss_fn(output, batch)"
     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
         raise DoctorError(f"the loss must be a tensor that requires grad, got: {type(loss).__name__}"
