@@ -16,7 +16,6 @@ are safe to signal: SIGUSR1's default action terminates a process that has not r
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from ddpdoctor.fileio import write_json_atomic
 from ddpdoctor.stacks_ident import identity
 
 STACK_DIR_ENV = "DDPDOCTOR_STACK_DIR"
@@ -89,7 +89,5 @@ def install_stack_dumps(signum: int = signal.SIGUSR1, directory: str | os.PathLi
         "stack_file": f"{stem}.txt",
         "installed_at_s": time.time(),
     }
-    tmp = Path(f"{stem}.json.tmp")
-    tmp.write_text(json.dumps(meta), encoding="utf-8")
-    tmp.replace(f"{stem}.json")  # atomic: the collector never reads half a file
+    write_json_atomic(f"{stem}.json", meta)  # the collector never reads half a file
     return Path(f"{stem}.txt")
