@@ -183,6 +183,9 @@ def exchange(send: Any, dst: int, recv: Any, src: int, group: Any = None) -> Non
 
     ops = [dist.P2POp(dist.isend, send, dst, group), dist.P2POp(dist.irecv, recv, src, group)]
     for work in dist.batch_isend_irecv(ops):
+        # Bounded without a timeout argument: gloo's Send/RecvWork::wait(kNoTimeout) waits on its unbound
+        # buffer with the context timeout, which is the process group's (--timeout, init_process_group);
+        # NCCL's wait() only orders the current stream and its watchdog aborts at that same timeout.
         work.wait()
 
 
