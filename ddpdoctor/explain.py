@@ -30,6 +30,8 @@ from functools import partial
 from importlib import resources
 from typing import IO, Any
 
+from ddpdoctor.check_api import format_rank_list
+
 CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines) is scanned as it is
 MAX_EVIDENCE = 5
@@ -572,7 +574,7 @@ def render_text(result: ExplainResult) -> str:
     out = [f"ddpdoctor explain: {n} known problem{'s' if n != 1 else ''} found ({where}); root cause first.", ""]
     for i, d in enumerate(result.diagnoses, 1):
         sig = d.signature
-        ranks = _ranks_text(sorted(d.ranks)) if d.ranks else "unknown"
+        ranks = format_rank_list(list(d.ranks)) if d.ranks else "unknown"
         out.append(f"{i}. {sig.title}  [{sig.id}]")
         out.append(f"   ranks: {ranks}   lines: {d.count}")
         if d.details:
@@ -587,17 +589,3 @@ def render_text(result: ExplainResult) -> str:
         out.append(f"   next: {sig.command}")
         out.append("")
     return "\n".join(out)
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """Collapse runs: [0, 1, 2, 5] -> '0-2, 5'."""
-    parts: list[str] = []
-    start = prev = ranks[0]
-    for r in ranks[1:]:
-        if r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = r
-    parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return ", ".join(parts)
