@@ -31,7 +31,7 @@ take two optimizer steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse, format_rank_list
@@ -45,23 +45,6 @@ MAX_NAMES = 6
 PROBE_SEEDS = (12345, 54321)
 
 
-def _batch_source(ctx: CheckContext, model: Any) -> Callable[[int], Any]:
-    """step -> batch, from --batch or --input-shape; DoctorError when neither is given."""
-    from ddpdoctor.unused import call_user, random_batches
-
-    opts = ctx.options
-    if opts.batch:
-        from ddpdoctor.modelspec import load_factory
-
-        fn = load_factory(opts.batch)
-        return lambda step: call_user(f"--batch {opts.batch!r}", fn, step=step, rank=ctx.rank,
-                                      world_size=ctx.world_size)
-    if opts.input_shape:
-        # A different batch per rank, like DistributedSampler shards.
-        return random_batches(opts.input_shape, model, seed=1000 * ctx.rank)
-    raise DoctorError("--model needs an input: give --batch MODULE:FN or --input-shape (e.g. 4,16)")
-
-
 def _run(ctx: CheckContext) -> list[Finding]:
     if not ctx.options.model:
         return [ctx.finding(SKIP, "no --model given", "pass --model MODULE:FACTORY (and --batch MODULE:FN "
@@ -69,7 +52,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
     import torch
 
     from ddpdoctor.modelspec import build_model
-    from ddpdoctor.unused import compare_fingerprints, find_unused_parameters, fingerprint
+    from ddpdoctor.unused import batch_source, compare_fingerprints, find_unused_parameters, fingerprint
 
     try:
         # Torch seeds each fresh process differently, so an unseeded factory gives different weights on
@@ -82,7 +65,8 @@ def _run(ctx: CheckContext) -> list[Finding]:
         model = build_model(ctx.options.model)
         second = fingerprint(model)
         seeded = not compare_fingerprints({0: prints, 1: second})
-        report = find_unused_parameters(model, _batch_source(ctx, model), steps=STEPS)
+        batches = batch_source(model, ctx.options.batch, ctx.options.input_shape, ctx.rank, ctx.world_size)
+        report = find_unused_parameters(model, batches, steps=STEPS)
     except DoctorError as exc:
         return [ctx.finding(ERROR, f"cannot analyse the model: {exc}",
                             "fix the factory or the batch so that one forward/backward runs in a plain script")]

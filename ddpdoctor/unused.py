@@ -288,6 +288,23 @@ def random_batches(shape: Sequence[int], model: Any, seed: int = 0) -> Callable[
     return batch
 
 
+def batch_source(model: Any, batch_spec: str | None, input_shape: Sequence[int] | None, rank: int = 0,
+                 world_size: int = 1) -> Callable[[int], Any]:
+    """step -> batch for ``--batch MODULE:FN`` or ``--input-shape`` (the ``unused`` command and check share it).
+
+    The batch function is called with those of step, rank, world_size it declares; random batches differ
+    per rank, like DistributedSampler shards.
+    """
+    if batch_spec:
+        from ddpdoctor.modelspec import load_factory
+
+        fn = load_factory(batch_spec)
+        return lambda step: call_user(f"--batch {batch_spec!r}", fn, step=step, rank=rank, world_size=world_size)
+    if input_shape:
+        return random_batches(input_shape, model, seed=1000 * rank)
+    raise DoctorError("give the model an input: --batch MODULE:FN or --input-shape (e.g. 4,16)")
+
+
 def _is_tensor(x: Any) -> bool:
     import torch
 

@@ -3,31 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import typer
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
-
-
-def _batch_source(batch: str | None, input_shape: str | None, model: Any) -> Any:
-    """step -> batch from --batch, or a random normal batch of --input-shape (a new one per step)."""
-    import os
-
-    from ddpdoctor.commands.check import parse_shape
-    from ddpdoctor.unused import call_user, random_batches
-
-    if batch is not None:
-        from ddpdoctor.modelspec import load_factory
-
-        fn = load_factory(batch)
-        rank = int(os.environ.get("RANK", "0"))
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        return lambda step: call_user(f"--batch {batch!r}", fn, step=step, rank=rank, world_size=world_size)
-    shape = parse_shape(input_shape)
-    if shape is None:
-        raise DoctorError("give the model an input: --batch MODULE:FN or --input-shape (e.g. 4,16)")
-    return random_batches(shape, model)
 
 
 def register(app: typer.Typer) -> None:
@@ -55,13 +34,18 @@ def register(app: typer.Typer) -> None:
         """Classify parameters as always / never / sometimes used and recommend DDP's flags."""
         if steps < 1:
             raise DoctorError(f"--steps must be at least 1, got: {steps}")
+        import os
+
+        from ddpdoctor.commands.check import parse_shape
         from ddpdoctor.modelspec import build_model, load_factory
-        from ddpdoctor.unused import find_unused_parameters
+        from ddpdoctor.unused import batch_source, find_unused_parameters
 
         if batch is None and input_shape is None:
             raise DoctorError("give the model an input: --batch MODULE:FN or --input-shape (e.g. 4,16)")
+        shape = parse_shape(input_shape)
         module = build_model(model)
-        batches = _batch_source(batch, input_shape, module)
+        batches = batch_source(module, batch, shape, int(os.environ.get("RANK", "0")),
+                               int(os.environ.get("WORLD_SIZE", "1")))
         loss_fn = load_factory(loss) if loss is not None else None
         report = find_unused_parameters(module, batches, loss_fn=loss_fn, steps=steps,
                                         ddp_find_unused_parameters=True if ddp_find_unused else None)
