@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse, format_rank_list
+from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse, rank_phrase
 from ddpdoctor.findings import FAIL, PASS, Finding, RankInfo
 
 ARRIVED = "arrived"
@@ -36,7 +36,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
     waited_ms = round((time.monotonic() - arrived_at) * 1000, 1)
     missing = [r for r in expected if not ctx.store.check([f"arrived/{r}"])]
     if missing:
-        return [ctx.finding(FAIL, f"barrier: rank{'s' if len(missing) > 1 else ''} {format_rank_list(missing)} "
+        return [ctx.finding(FAIL, f"barrier: {rank_phrase(missing)} "
                             "did not arrive", "see which ranks did not arrive below; they are stuck or dead",
                             missing=missing)]
     return [ctx.finding(PASS, ARRIVED, waited_ms=waited_ms, expected=len(expected))]

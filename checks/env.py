@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ddpdoctor import envinfo
-from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse, format_rank_list
+from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse, rank_phrase
 from ddpdoctor.findings import FAIL, PASS, WARN, Finding, RankInfo
 
 FACTS = "environment collected"
@@ -76,7 +76,7 @@ def _differences(label: str, values_by_rank: Mapping[int, object]) -> str | None
     holders = _holders(values_by_rank)
     if len(holders) <= 1:
         return None
-    parts = [f"{value} on rank{'s' if len(r) > 1 else ''} {format_rank_list(r)}"
+    parts = [f"{value} on {rank_phrase(r)}"
              for value, r in sorted(holders.items(), key=lambda item: (-len(item[1]), item[1][0]))]
     return f"{label} differs across ranks: " + "; ".join(parts)
 

@@ -41,7 +41,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ddpdoctor.check_api import Check, CheckContext, format_rank_list
+from ddpdoctor.check_api import Check, CheckContext, rank_phrase
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.nvml import collect_host_gpu_facts
 
@@ -220,7 +220,7 @@ def analyze(facts_by_rank: Mapping[int, Mapping[str, Any]],
     if skipped:
         findings.append(_finding(
             FAIL,
-            f"{_ranks_text(skipped)} cannot use a GPU while {_ranks_text(gpu_ranks)} can: "
+            f"{rank_phrase(skipped)} cannot use a GPU while {rank_phrase(gpu_ranks)} can: "
             + "; ".join(sorted({f"{tags[r]} {f.get('skip_reason')}" for r, f in skipped.items()})),
             sorted(skipped),
             "install the CUDA build of PyTorch and the NVIDIA driver on every host, and check "
@@ -312,7 +312,7 @@ def _version_mismatches(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Find
         parts = []
         for value, rs in sorted(groups.items(), key=lambda kv: min(kv[1])):
             hosts = sorted({str(gpu_ranks[r].get("host")) for r in rs})
-            parts.append(f"{value} on {_ranks_text(rs)} (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})")
+            parts.append(f"{value} on {rank_phrase(rs)} (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})")
         out.append(_finding(
             status, f"mixed {label} versions: " + "; ".join(parts),
             sorted(r for rs in groups.values() for r in rs),
@@ -508,12 +508,6 @@ def _tag(rank: int, facts: Mapping[str, Any], ranks: Mapping[int, RankInfo]) -> 
     if info is not None:
         return info.tag
     return f"[{facts.get('host', '?')}:{facts.get('local_rank', '?')}]"
-
-
-def _ranks_text(rs: Iterable[int]) -> str:
-    """'rank 3' or 'ranks 0-3,6' -- compact, for summaries."""
-    ordered = sorted(set(rs))
-    return ("rank " if len(ordered) == 1 else "ranks ") + format_rank_list(ordered)
 
 
 def _gib(n: int) -> str:

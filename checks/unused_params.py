@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse, format_rank_list
+from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse, rank_phrase
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.findings import ERROR, FAIL, PASS, SKIP, WARN, Finding, RankInfo
 
@@ -86,10 +86,6 @@ def _names(names: list[str]) -> str:
     return shown + (f" and {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
 
 
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {format_rank_list(ranks)}"
-
-
 def _usage_findings(facts: Mapping[int, dict[str, Any]]) -> list[Finding]:
     ranks = sorted(facts)
     names = list(dict.fromkeys(n for r in ranks for n in facts[r]["used_steps"]))
@@ -110,8 +106,8 @@ def _usage_findings(facts: Mapping[int, dict[str, Any]]) -> list[Finding]:
     for split, group in by_split.items():
         used_on, unused_on = list(split), [r for r in ranks if r not in split]
         result.append(Finding(
-            CHECK_ID, FAIL, f"{len(group)} parameter(s) used on {_ranks(used_on)} but never on "
-            f"{_ranks(unused_on)}: {_names(group)}", unused_on,
+            CHECK_ID, FAIL, f"{len(group)} parameter(s) used on {rank_phrase(used_on)} but never on "
+            f"{rank_phrase(unused_on)}: {_names(group)}", unused_on,
             "rank-dependent control flow: DDP fails with 'Expected to have finished reduction in the prior "
             "iteration' (or hangs); make forward the same on every rank, or pass "
             "find_unused_parameters=True to DistributedDataParallel",
@@ -145,7 +141,7 @@ def _usage_findings(facts: Mapping[int, dict[str, Any]]) -> list[Finding]:
             {"params": twice}))
     if not result:
         result.append(Finding(CHECK_ID, PASS, f"all {len(names)} trainable parameters get a gradient on every "
-                              f"step on {_ranks(ranks)}", ranks,
+                              f"step on {rank_phrase(ranks)}", ranks,
                               "keep find_unused_parameters=False (the default): True would only cost time",
                               {"params": len(names), "steps": facts[ranks[0]]["steps"]}))
     return result
@@ -187,11 +183,11 @@ def _consistency_findings(facts: Mapping[int, dict[str, Any]]) -> list[Finding]:
         tensors = facts[reference]["fingerprint"]
         n_params = sum(1 for t in tensors if t["kind"] == "param")
         if unseeded:
-            summary = (f"same model structure on {_ranks(ranks)}: {n_params} parameters, {len(tensors) - n_params} "
+            summary = (f"same model structure on {rank_phrase(ranks)}: {n_params} parameters, {len(tensors) - n_params} "
                        "buffers (names, shapes, dtypes; the factory does not seed, so weights differ per process "
                        "until DDP broadcasts rank 0's)")
         else:
-            summary = (f"model identical on {_ranks(ranks)}: {n_params} parameters, {len(tensors) - n_params} "
+            summary = (f"model identical on {rank_phrase(ranks)}: {n_params} parameters, {len(tensors) - n_params} "
                        "buffers (names, shapes, dtypes, value checksums)")
         result.append(Finding(CHECK_ID, PASS, summary, ranks))
     return result

@@ -10,7 +10,7 @@ calls with every rank's findings.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,12 @@ def collapse(findings: list[Finding]) -> list[Finding]:
 def all_findings(findings_by_rank: Mapping[int, list[Finding]]) -> list[Finding]:
     """Every rank's findings in rank order: the input most ``combine`` functions start from."""
     return [f for rank in sorted(findings_by_rank) for f in findings_by_rank[rank]]
+
+
+def rank_phrase(ranks: Iterable[int]) -> str:
+    """'rank 3' or 'ranks 0-3,6': a rank list as it reads in a summary."""
+    ordered = sorted(set(ranks))
+    return ("rank " if len(ordered) == 1 else "ranks ") + format_rank_list(ordered)
 
 
 def format_rank_list(ranks: list[int]) -> str:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.check_api import format_rank_list
+from ddpdoctor.check_api import rank_phrase
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.modelspec import user_error
 
@@ -608,7 +608,7 @@ class ModelDifference:
     values: dict[str, list[int]] = dc_field(default_factory=dict)  # rendered value -> ranks
 
     def describe(self) -> str:
-        parts = "; ".join(f"{value} on rank{'s' if len(ranks) > 1 else ''} {format_rank_list(ranks)}"
+        parts = "; ".join(f"{value} on {rank_phrase(ranks)}"
                           for value, ranks in self.values.items())
         return f"{self.name}: {self.field} differs: {parts}"
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from ddpdoctor.check_api import Check, CheckContext, CheckOptions, collapse
+from ddpdoctor.check_api import Check, CheckContext, CheckOptions, collapse, rank_phrase
 from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.fileio import write_json_atomic
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
@@ -335,7 +335,7 @@ class RankRun:
         never = [r for r in range(ws) if r not in joined]
         if never:
             missing.append(Finding(
-                "barrier", FAIL, f"rank{'s' if len(never) > 1 else ''} {', '.join(map(str, never))} did not report: "
+                "barrier", FAIL, f"{rank_phrase(never)} did not report: "
                 f"never joined within {timeout:g} s", never,
                 "those ranks never started ddpdoctor or could not reach MASTER_ADDR:MASTER_PORT "
                 f"({self.info.master_addr}:{self.info.master_port}); look at their own output, and at "
