@@ -28,7 +28,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from ddpdoctor.errors import EXIT_PROBLEM, DoctorError
+from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.runtime.launcher import LaunchInfo
 from ddpdoctor.watch_aggregate import CRASH, OK, Aggregator
 from ddpdoctor.watch_channel import ADDR_ENV, Server
@@ -213,6 +213,16 @@ class RankZeroSupervisor(threading.Thread):
         self.exit_code = 0
 
     def run(self) -> None:
+        try:
+            self._supervise()
+        except Exception as exc:  # a bug here must not leave rank 0 waiting on `done` forever
+            print(f"ddpdoctor watch: the supervisor failed ({type(exc).__name__}: {short_error(exc)}); the job runs unwatched from here",
+                  file=sys.stderr, flush=True)
+            self.exit_code = EXIT_BUG
+        finally:
+            self.done.set()
+
+    def _supervise(self) -> None:
         status = None
         started = time.monotonic()
         while status is None:
@@ -236,7 +246,6 @@ class RankZeroSupervisor(threading.Thread):
                     self.server.send(rank, {"t": "exit", "code": EXIT_PROBLEM})
             sys.stdout.flush()
             os._exit(EXIT_PROBLEM)
-        self.done.set()
 
     def _give_up_on_unconnected(self) -> None:
         """A rank that never reached the channel (a firewall between nodes) runs unwatched to its end;

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ddpdoctor.watch_aggregate import CRASH, HANG, MISMATCH, OK, Aggregator
 from ddpdoctor.watch_report import divergence_line, render
 
@@ -194,3 +196,24 @@ def test_three_ranks_two_diverging_differently_are_three_groups() -> None:
     assert divergence_line(hang.divergence()) == (
         "collective #5: rank 0 in all_reduce float32[4] at train.py:55; rank 1 not in any collective, running "
         "data.py:10; rank 2 in backward at train.py:50")
+
+
+def test_rank0_supervisor_that_fails_still_lets_rank0_finish(monkeypatch: Any,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug inside the supervisor thread must not leave rank 0 waiting for it forever (exit 3, one line)."""
+    import ddpdoctor.watch as watch
+    from ddpdoctor.watch_channel import Server
+
+    def broken(server: Any, agg: Any, poll_s: float) -> None:
+        raise KeyError("deliberate")
+
+    monkeypatch.setattr(watch, "_drain", broken)
+    server = Server("127.0.0.1", 0)
+    try:
+        supervisor = watch.RankZeroSupervisor(server, 2, hang_timeout_s=600, json_path=None)
+        supervisor.start()
+        assert supervisor.done.wait(30), "rank 0 would wait forever for a dead supervisor"
+    finally:
+        server.close()
+    assert supervisor.exit_code == 3
+    assert "the supervisor failed (KeyError" in capsys.readouterr().err
