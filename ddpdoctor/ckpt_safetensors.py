@@ -85,7 +85,7 @@ def open_safetensors(path: Path) -> SafeTensors:
     return SafeTensors(path, header, metadata, 8 + n, data_size)
 
 
-def rewrite(src: SafeTensors, out: BinaryIO, renamed: dict[str, str]) -> None:
+def rewrite(src: SafeTensors, out: BinaryIO, renamed: dict[str, str], *, start_writeback: bool = False) -> None:
     """Write ``src`` with keys renamed (``renamed`` maps old -> new), data copied unchanged."""
     header: dict[str, Any] = {}
     if src.metadata is not None:
@@ -101,4 +101,4 @@ def rewrite(src: SafeTensors, out: BinaryIO, renamed: dict[str, str]) -> None:
         raw += b" " * ((-len(raw)) % 8)
     out.write(struct.pack("<Q", len(raw)) + raw)
     with src.path.open("rb") as fin:
-        copy_range(fin, out, src.data_start, src.data_size)
+        copy_range(fin, out, src.data_start, src.data_size, start_writeback=start_writeback)

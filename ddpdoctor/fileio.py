@@ -1,4 +1,4 @@
-"""Writing output files safely: atomically (temp file, fsync, rename) and checked before the work starts.
+"""Writing output files safely: atomically (temp file, rename) and checked before the work starts.
 
 Every command that writes a file goes through here, so none leaves a half-written report or checkpoint
 under the name the user asked for.
@@ -22,16 +22,24 @@ PARTIAL_SUFFIX = ".ddpdoctor-partial"
 
 @contextlib.contextmanager
 def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[BinaryIO]:
-    """Yield a temp file next to ``target``; on success fsync it and rename it over ``target``.
+    """Yield a temp file next to ``target``; on success rename it over ``target``.
 
     On any failure the temp file is removed, so no partial output is left behind. A process killed
     mid-write (SIGKILL, the OOM killer) cannot clean up: it leaves ``.<target>.<random>.ddpdoctor-partial``,
     never a file under the target's name. (O_TMPFILE would leave nothing, but linking it in through
     /proc/self/fd fails with EXDEV on some kernels and sandboxes, so it cannot be relied on.)
+
+    Durability follows what is at stake. When the rename replaces an existing file (``ckpt strip
+    --in-place`` replaces the user's checkpoint), the data and then the directory are fsynced, so a power
+    loss leaves the old file or the new one, never neither. A new file is not fsynced, as ``cp`` and
+    ``torch.save`` do not: everything ddpdoctor writes can be written again from its input, which a power
+    loss never touches, and waiting for a 10 GB checkpoint to reach the disk would double the time of a
+    strip (see tests/perf/ckpt_strip.py). Run ``sync FILE`` when a new file must be on disk now.
     """
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise DoctorError(f"output directory {directory} does not exist; create it first")
+    replacing = target.exists()
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=directory)
     except OSError as exc:
@@ -43,18 +51,21 @@ def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[Binar
             fh.flush()
             if mode_from is not None:
                 os.fchmod(fh.fileno(), mode_from.stat().st_mode & 0o777)
-            os.fsync(fh.fileno())
+            if replacing:
+                os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    if replacing:
+        # Without it the rename itself may not survive a power loss (the old name would come back).
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:

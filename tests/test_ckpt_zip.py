@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import struct
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
 
-from ddpdoctor import ckpt_zip
+from ddpdoctor import ckpt, ckpt_pickle, ckpt_zip
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,97 @@ def test_copy_falls_back_when_the_kernel_copy_is_refused(tmp_path: Path, monkeyp
         ckpt_io.copy_range(fin, fout, 10, len(payload) - 10)
         fout.write(b"tail")
     assert out.read_bytes() == b"head" + payload[10:] + b"tail"
+
+
+# ------------------------------------------------------------------------ strip's layout: copy the rest whole
+
+
+def _state_dict(prefix: str, keys: int) -> OrderedDict[str, torch.Tensor]:
+    return OrderedDict((f"{prefix}layer{i}.weight", torch.full((1000 + i,), float(i))) for i in range(keys))
+
+
+def _data_offsets(path: Path) -> dict[str, int]:
+    """Payload offset of every record but data.pkl, by its name inside the archive folder."""
+    return {r.name.split("/", 1)[1]: r.data_offset for r in ckpt_zip.open_zip(path).records
+            if not r.name.endswith("/data.pkl")}
+
+
+def _load_checked(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
+    """Load with mmap, and on meta with torch's computed offsets asserted against the zip's own."""
+    from torch.utils.serialization import config
+
+    monkeypatch.setenv("TORCH_SERIALIZATION_DEBUG", "1")
+    old = config.load.calculate_storage_offsets
+    config.load.calculate_storage_offsets = True
+    try:
+        loaded = torch.load(path, weights_only=True, mmap=True)
+        meta = torch.load(path, weights_only=True, map_location="meta")
+    finally:
+        config.load.calculate_storage_offsets = old
+    assert {k: v.shape for k, v in meta.items()} == {k: v.shape for k, v in loaded.items()}
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None  # every CRC matches
+    return loaded
+
+
+def test_strip_leaves_every_record_after_data_pkl_where_it_was(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shorter pickle is absorbed by padding: tensors keep their offsets, copied as one range."""
+    src, out = tmp_path / "ddp.pt", tmp_path / "out.pt"
+    torch.save(_state_dict("module.", 20), src)
+    ckpt.strip_file(src, out)
+    assert _data_offsets(out) == _data_offsets(src)
+    loaded = _load_checked(out, monkeypatch)
+    assert list(loaded) == [f"layer{i}.weight" for i in range(20)]
+    assert all(torch.equal(loaded[f"layer{i}.weight"], torch.full((1000 + i,), float(i))) for i in range(20))
+
+
+def test_a_longer_pickle_moves_the_rest_by_whole_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than 64 KiB longer (keys renamed to longer ones): everything after data.pkl moves by pages."""
+    src, out = tmp_path / "plain.pt", tmp_path / "out.pt"
+    torch.save(_state_dict("", 40), src)
+    opened = ckpt.open_checkpoint(src, for_rewrite=True)
+    longer = "wrapper" * 300 + "."
+    ckpt._rename_node(opened.root, {k: longer + k for k, _ in ckpt.mapping_pairs(opened.root) or []}, (), longer)
+    new_pickle = ckpt_pickle.dumps(opened.root)
+    assert len(new_pickle) > len(ckpt_zip.open_zip(src).read("data.pkl")) + 0xFFFF
+    assert opened.zip is not None
+    with out.open("w+b") as fh:
+        ckpt_zip.rewrite(opened.zip, fh, new_pickle)
+    before, after = _data_offsets(src), _data_offsets(out)
+    shifts = {after[name] - before[name] for name in before if name != ".format_version"}
+    assert len(shifts) == 1 and next(iter(shifts)) > 0 and next(iter(shifts)) % 4096 == 0
+    loaded = _load_checked(out, monkeypatch)
+    assert list(loaded) == [f"{longer}layer{i}.weight" for i in range(40)]
+    assert torch.equal(loaded[f"{longer}layer39.weight"], torch.full((1039,), 39.0))
+
+
+def test_stripping_a_long_prefix_moves_the_rest_back_by_whole_pages(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    src, out = tmp_path / "long.pt", tmp_path / "out.pt"
+    prefix = "p" * 1000 + "."
+    torch.save(_state_dict(prefix, 100), src)
+    ckpt.strip_file(src, out, prefixes=[prefix])
+    before, after = _data_offsets(src), _data_offsets(out)
+    shifts = {after[name] - before[name] for name in before if name != ".format_version"}
+    assert len(shifts) == 1 and next(iter(shifts)) < 0 and next(iter(shifts)) % 4096 == 0
+    loaded = _load_checked(out, monkeypatch)
+    assert list(loaded) == [f"layer{i}.weight" for i in range(100)]
+    assert out.stat().st_size < src.stat().st_size - 90_000
+
+
+def test_a_zip_not_laid_out_by_torch_is_rewritten_record_by_record(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-zipped with Python's zipfile (no data descriptors, no alignment): torch's layout comes back."""
+    src, rezipped, out = tmp_path / "ddp.pt", tmp_path / "rezipped.pt", tmp_path / "out.pt"
+    torch.save(_state_dict("module.", 5), src)
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(rezipped, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    ckpt.strip_file(rezipped, out)
+    assert ckpt_zip._tail_shift(ckpt_zip.open_zip(rezipped), b"") is None
+    assert any(offset % 64 for offset in _data_offsets(rezipped).values())
+    assert all(offset % 64 == 0 for offset in _data_offsets(out).values())
+    loaded = _load_checked(out, monkeypatch)
+    assert list(loaded) == [f"layer{i}.weight" for i in range(5)]
+    assert torch.equal(loaded["layer4.weight"], torch.full((1004,), 4.0))

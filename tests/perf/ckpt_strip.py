@@ -6,10 +6,14 @@
 Builds a DDP-style checkpoint (``{"epoch", "model": {"module.<layer>.weight": ...}}``), then times, each
 in its own process with its peak RSS (``os.wait4``):
 
-- ``cp`` of the file (and ``cp`` + ``sync FILE``, since strip fsyncs its output before the rename);
+- ``cp`` of the file to a new file, and ``cp`` + ``sync FILE`` over an existing file (a durable replace);
 - the plain PyTorch way: ``torch.load(weights_only=True)`` + ``consume_prefix_in_state_dict_if_present`` +
   ``torch.save`` (holds the whole checkpoint in memory);
-- ``ddpdoctor ckpt strip`` (renames keys in ``data.pkl``, copies tensor records in the kernel).
+- ``ddpdoctor ckpt strip`` to a new file (renames keys in ``data.pkl``, copies the rest in the kernel);
+- the same strip over an existing OUT, which it fsyncs before the rename (see ``fileio.atomic_output``):
+  its reference is ``cp + sync``.
+
+Every output is removed (untimed) before each run, so no method pays for freeing the previous run's blocks.
 
 Targets from the issue: strip <= 1.5x the time of cp, strip peak RSS < 256 MB whatever the size. The
 output is checked to load with ``torch.load(weights_only=True)`` and ``mmap=True``, equal tensor for tensor.
@@ -30,6 +34,12 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
+
+from tests.perf.common import cli_command, user_env
+
+SETTLE_S = 1.0
+
 PLAIN_WAY = """
 import sys, torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
@@ -49,15 +59,19 @@ def build(path: Path, size_mib: int, tensors: int) -> None:
     torch.save({"epoch": 7, "model": model, "config": {"lr": 3e-4}}, path)
 
 
-def run(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one child process.
+def run(cmd: list[str], remove: Path | None = None, env: dict[str, str] | None = None) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one child process, after removing ``remove`` (untimed).
 
-    Dirty pages of the previous method's 1 GiB output are flushed first (untimed): otherwise the method
-    that fsyncs (strip) also waits for the disk to finish writing whatever ran before it.
+    Dirty pages of the previous method's 1 GiB output are flushed first and the disk gets a second to
+    settle (untimed): otherwise each method also pays for writing, freeing and discarding the blocks of
+    whatever ran before it, which on a VM disk makes even a page-cache copy vary 5x.
     """
+    if remove is not None:
+        remove.unlink(missing_ok=True)
     os.sync()
+    time.sleep(SETTLE_S)
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -104,31 +118,41 @@ def main() -> None:
         subprocess.run([*me, "--phase", "build"], check=True)
         size = src.stat().st_size
         print(f"checkpoint: {size / 2**20:.0f} MiB, {args.tensors} tensors, in {work}")
-        methods = {
-            "cp": ["cp", str(src), str(work / "cp.pt")],
-            "cp + sync": ["sh", "-c", f"cp {src} {work / 'cps.pt'} && sync {work / 'cps.pt'}"],
-            "plain torch": [sys.executable, "-c", PLAIN_WAY, str(src), str(work / "plain.pt")],
-            "ddpdoctor strip": [sys.executable, "-m", "ddpdoctor", "ckpt", "strip", str(src), "-o",
-                                str(work / "strip.pt")],
+        strip = [*cli_command(), "ckpt", "strip", str(src), "-o"]
+        # name: (command, output removed before each run)
+        methods: dict[str, tuple[list[str], Path | None]] = {
+            "cp": (["cp", str(src), str(work / "cp.pt")], work / "cp.pt"),
+            # Over an existing file, and waits for the disk: the reference for "strip, replacing".
+            "cp + sync": (["sh", "-c", f"cp {src} {work / 'cps.pt'} && sync {work / 'cps.pt'}"], None),
+            "plain torch": ([sys.executable, "-c", PLAIN_WAY, str(src), str(work / "plain.pt")],
+                            work / "plain.pt"),
+            "ddpdoctor strip": ([*strip, str(work / "strip.pt")], work / "strip.pt"),
+            "strip, replacing": ([*strip, str(work / "replaced.pt")], None),
         }
-        run(methods["cp"])  # warm the page cache so every method reads the same way
+        run(["cp", str(src), str(work / "replaced.pt")])  # also warms the page cache for every method
+        run(["cp", str(src), str(work / "cps.pt")])
+        env = user_env()
+        run([*strip, str(work / "strip.pt")], env=env)  # untimed: caches ddpdoctor's bytecode
         times: dict[str, list[float]] = {name: [] for name in methods}
         rss: dict[str, list[int]] = {name: [] for name in methods}
         for _ in range(args.repeat):  # interleaved, so load from other processes hits every method alike
-            for name, cmd in methods.items():
-                t, r = run(cmd)
+            for name, (cmd, output) in methods.items():
+                t, r = run(cmd, output, env)
                 times[name].append(t)
                 rss[name].append(r)
         results = {name: (statistics.median(times[name]), max(rss[name])) for name in methods}
         subprocess.run([*me, "--phase", "verify"], check=True)
         base = results["cp"][0]
-        print(f"{'method':<16} {'time_s':>8} {'x cp':>6} {'peak_rss_MB':>12}")
+        print(f"{'method':<16} {'time_s':>8} {'x cp':>6} {'peak_rss_MB':>12}  every run (s)")
         for name, (t, r) in results.items():
-            print(f"{name:<16} {t:8.2f} {t / base:6.2f} {r / 1e6:12.0f}")
+            runs = " ".join(f"{x:.2f}" for x in times[name])
+            print(f"{name:<16} {t:8.2f} {t / base:6.2f} {r / 1e6:12.0f}  {runs}")
         strip_t, strip_rss = results["ddpdoctor strip"]
         plain_t, plain_rss = results["plain torch"]
+        synced_t = results["cp + sync"][0]
         print(f"strip/cp time ratio: {strip_t / base:.2f} (target <= 1.5); plain/cp: {plain_t / base:.2f}; "
-              f"strip/(cp + sync): {strip_t / results['cp + sync'][0]:.2f}; plain/strip: {plain_t / strip_t:.2f}")
+              f"plain/strip: {plain_t / strip_t:.2f}")
+        print(f"strip replacing (fsynced) / (cp + sync): {results['strip, replacing'][0] / synced_t:.2f}")
         print(f"strip peak RSS: {strip_rss / 1e6:.0f} MB (target < 256 MB); plain: {plain_rss / 1e6:.0f} MB")
         print("output verified: torch.load(weights_only=True) and mmap=True, tensors equal")
     finally:

@@ -1,0 +1,67 @@
+"""Output files: atomic always, fsynced when the rename replaces a file (the one case where data can be lost).
+
+os.fsync is wrapped to record which files it was called on (the real fsync still runs): a power loss
+cannot be produced here, and what was fsynced is the only thing that decides what survives one.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpdoctor import ckpt, fileio
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Paths (or directories) fsynced while the test runs, in order."""
+    calls: list[str] = []
+    real = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        calls.append("dir:" + target if stat.S_ISDIR(os.fstat(fd).st_mode) else target)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    yield calls
+
+
+def test_a_new_file_is_renamed_into_place_without_fsync(tmp_path: Path, fsynced: list[str]) -> None:
+    target = tmp_path / "report.json"
+    fileio.write_json_atomic(target, {"status": "pass"})
+    assert target.read_text() == '{\n  "status": "pass"\n}\n'
+    assert fsynced == []
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_replacing_a_file_fsyncs_the_data_then_the_directory(tmp_path: Path, fsynced: list[str]) -> None:
+    target = tmp_path / "report.json"
+    target.write_text("old")
+    fileio.write_json_atomic(target, {"status": "fail"})
+    assert '"fail"' in target.read_text()
+    assert len(fsynced) == 2
+    assert Path(fsynced[0]).name.endswith(fileio.PARTIAL_SUFFIX)  # the temp file, before the rename
+    assert fsynced[1] == f"dir:{tmp_path}"
+
+
+def test_strip_in_place_makes_the_replaced_checkpoint_durable(tmp_path: Path, fsynced: list[str]) -> None:
+    """--in-place replaces the user's only copy: it must be on disk before the old one is gone."""
+    path = tmp_path / "ddp.pt"
+    torch.save({"module.w": torch.arange(6.0)}, path)
+    ckpt.strip_file(path, None, in_place=True)
+    assert list(torch.load(path, weights_only=True)) == ["w"]
+    assert [Path(p).name.endswith(fileio.PARTIAL_SUFFIX) for p in fsynced] == [True, False]
+
+
+def test_a_failed_write_leaves_neither_target_nor_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "out.bin"
+    with pytest.raises(RuntimeError), fileio.atomic_output(target) as fh:
+        fh.write(b"half")
+        raise RuntimeError("disk full")
+    assert list(tmp_path.iterdir()) == []
