@@ -33,6 +33,9 @@ _ALIGN = 64
 # keys always shifts everything after data.pkl by a few bytes. Costs at most one page of padding per file.
 _PAGE = 4096
 _U32 = 0xFFFFFFFF
+# The most padding one local header can carry: its extra field (zip64 part <= 28 bytes, 'FB' + length,
+# padding) must fit the header's 16-bit extra length.
+_MAX_PAD = 0xFFFF - 32
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
 
@@ -140,13 +143,13 @@ def _unpadded_payload_start(name: bytes, size: int, cursor: int) -> int:
 def _local_header(name: bytes, size: int, cursor: int, data_at: int | None = None) -> bytes:
     """A local header as PyTorch's miniz writes it, padded so the payload is 64-byte aligned.
 
-    With ``data_at``, the padding puts the payload exactly there instead (at most 64 KiB further).
+    With ``data_at``, the padding puts the payload exactly there instead (at most ``_MAX_PAD`` further).
     """
     zip64 = _zip64_local_extra(size, cursor)
     # caffe2/serialize/inline_container.cc getPadding: 'FB' + u16 length + 'Z' * padding.
     start = _unpadded_payload_start(name, size, cursor)
     pad = (-start) % _ALIGN if data_at is None else data_at - start
-    if not 0 <= pad <= 0xFFFF:
+    if not 0 <= pad <= _MAX_PAD:
         raise ValueError(f"payload of {name!r} cannot start at {data_at} (header at {cursor})")
     extra = zip64 + b"FB" + struct.pack("<H", pad) + b"Z" * pad
     flags = 0x0808 if size > 0 else 0x0800
@@ -216,7 +219,7 @@ def _tail_shift(src: TorchZip, new_pickle: bytes) -> int | None:
     pkl_end = len(_local_header(recs[0].name.encode("utf-8"), len(new_pickle), 0)) + len(new_pickle) + \
         len(_descriptor(zlib.crc32(new_pickle), len(new_pickle), 0))
     start = _unpadded_payload_start(first.name.encode("utf-8"), first.size, pkl_end)
-    if 0 <= first.data_offset - start <= 0xFFFF:
+    if 0 <= first.data_offset - start <= _MAX_PAD:
         return 0
     shift = -((first.data_offset - start) // _PAGE) * _PAGE  # the padding lands in [0, _PAGE)
     if _record_end(recs[-1]) + max(shift, 0) >= _U32:

@@ -199,3 +199,29 @@ def test_a_zip_not_laid_out_by_torch_is_rewritten_record_by_record(tmp_path: Pat
     loaded = _load_checked(out, monkeypatch)
     assert list(loaded) == [f"layer{i}.weight" for i in range(5)]
     assert torch.equal(loaded["layer4.weight"], torch.full((1004,), 4.0))
+
+
+def test_the_largest_padding_a_header_can_carry_still_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the edge: a pickle exactly short enough for the most padding stays in place; one byte less moves."""
+    src, out = tmp_path / "long.pt", tmp_path / "out.pt"
+    torch.save(_state_dict("q" * 1000 + ".", 100), src)
+    opened = ckpt.open_checkpoint(src, for_rewrite=True)
+    assert opened.zip is not None
+    zf = opened.zip
+    ckpt._rename_node(opened.root, {k: k[1001:] for k, _ in ckpt.mapping_pairs(opened.root) or []}, (), "")
+    stripped = ckpt_pickle.dumps(opened.root)
+    assert ckpt_zip._tail_shift(zf, stripped) != 0  # ~100 KB shorter: more than any header can pad
+
+    def shift_for(length: int) -> int | None:
+        return ckpt_zip._tail_shift(zf, b"\0" * length)
+
+    shortest = next(n for n in range(len(stripped), len(stripped) + 0x20000, 8) if shift_for(n) == 0)
+    while shift_for(shortest - 1) == 0:
+        shortest -= 1
+    assert shift_for(shortest - 1) not in (0, None)
+    # The pickle ends at its STOP opcode; torch's unpickler ignores the filler after it.
+    with out.open("w+b") as fh:
+        ckpt_zip.rewrite(zf, fh, stripped + b"\0" * (shortest - len(stripped)))
+    assert _data_offsets(out) == _data_offsets(src)
+    loaded = _load_checked(out, monkeypatch)
+    assert list(loaded) == [f"layer{i}.weight" for i in range(100)]
