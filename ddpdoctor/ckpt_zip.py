@@ -15,7 +15,9 @@ arithmetic (``_get_offset`` in ``torch.serialization._load``) therefore holds fo
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import os
 import struct
 import zipfile
@@ -27,7 +29,9 @@ from typing import BinaryIO
 from ddpdoctor.ckpt_io import copy_range
 from ddpdoctor.errors import DoctorError
 
-_ALIGN = 64
+# Payload alignment when the checkpoint has no .storage_alignment record (torch's default, and before 2.6
+# the only value): torch.utils.serialization.config.save.storage_alignment may set another.
+_DEFAULT_ALIGN = 64
 # Tensor payloads keep their source offset modulo the page size: the kernel copies page-congruent ranges
 # about twice as fast as shifted ones (measured on ext4: 1 GiB in 0.3 s against 0.5-0.6 s), and renaming
 # keys always shifts everything after data.pkl by a few bytes. Costs at most one page of padding per file.
@@ -60,6 +64,16 @@ class TorchZip:
     prefix: str
     records: list[Record]
 
+    @functools.cached_property
+    def alignment(self) -> int:
+        """Where torch aligns payloads in this file: the ``.storage_alignment`` record, else 64."""
+        if self.record(".storage_alignment") is None:
+            return _DEFAULT_ALIGN
+        text = self.read(".storage_alignment").decode("ascii", "replace").strip()
+        if not text.isdigit() or int(text) <= 0:
+            raise DoctorError(f"{self.path} is corrupt: its .storage_alignment record is {text[:20]!r}")
+        return int(text)
+
     def record(self, short: str) -> Record | None:
         """The record ``<prefix>/<short>``, if present."""
         for rec in self.records:
@@ -77,7 +91,8 @@ class TorchZip:
             data = fh.read(rec.size)
         if len(data) != rec.size:
             raise DoctorError(f"{self.path} is truncated: record {rec.name} ends past the end of the file")
-        if zlib.crc32(data) != rec.crc:
+        # torch.utils.serialization.config.save.compute_crc32 = False writes 0 for every record.
+        if rec.crc != 0 and zlib.crc32(data) != rec.crc:
             raise DoctorError(f"{self.path} is corrupt: record {rec.name} fails its CRC check")
         return data
 
@@ -140,17 +155,19 @@ def _unpadded_payload_start(name: bytes, size: int, cursor: int) -> int:
     return cursor + _LOCAL.size + len(name) + len(_zip64_local_extra(size, cursor)) + 4
 
 
-def _local_header(name: bytes, size: int, cursor: int, data_at: int | None = None) -> bytes:
-    """A local header as PyTorch's miniz writes it, padded so the payload is 64-byte aligned.
+def _local_header(name: bytes, size: int, cursor: int, data_at: int | None = None,
+                  align: int = _DEFAULT_ALIGN) -> bytes:
+    """A local header as PyTorch's miniz writes it, padded so the payload is ``align``-byte aligned.
 
     With ``data_at``, the padding puts the payload exactly there instead (at most ``_MAX_PAD`` further).
     """
     zip64 = _zip64_local_extra(size, cursor)
     # caffe2/serialize/inline_container.cc getPadding: 'FB' + u16 length + 'Z' * padding.
     start = _unpadded_payload_start(name, size, cursor)
-    pad = (-start) % _ALIGN if data_at is None else data_at - start
+    pad = (-start) % align if data_at is None else data_at - start
     if not 0 <= pad <= _MAX_PAD:
-        raise ValueError(f"payload of {name!r} cannot start at {data_at} (header at {cursor})")
+        raise DoctorError(f"cannot place record {name.decode('utf-8', 'replace')} at offset {start + pad} "
+                          f"(storage alignment {align}): a zip header pads at most {_MAX_PAD} bytes")
     extra = zip64 + b"FB" + struct.pack("<H", pad) + b"Z" * pad
     flags = 0x0808 if size > 0 else 0x0800
     # CRC and sizes live in the data descriptor and the central directory; torch leaves them 0 here,
@@ -204,8 +221,9 @@ def _tail_shift(src: TorchZip, new_pickle: bytes) -> int | None:
     the difference: the rest of the file then keeps its offsets (shift 0) and is copied byte for byte,
     local headers and descriptors included, in one page-aligned kernel copy (as fast as ``cp``; per-record
     copies at the same offsets measured 30-40% slower). When the padding cannot absorb it, the rest moves by
-    whole pages, which keeps the copy page-aligned, as long as no offset in it needs zip64 fields (whose
-    bytes hold the offset itself). None for any other layout: the caller then rewrites record by record.
+    whole pages (and whole multiples of the file's storage alignment, which torch's offset arithmetic
+    relies on), as long as no offset in it needs zip64 fields (whose bytes hold the offset itself). None
+    for any other layout: the caller then rewrites record by record.
     """
     recs = src.records
     if len(recs) < 2 or recs[0].name != f"{src.prefix}/data.pkl" or recs[0].header_offset != 0:
@@ -216,13 +234,15 @@ def _tail_shift(src: TorchZip, new_pickle: bytes) -> int | None:
     if any(rec.flags & 0x08 != (0x08 if rec.size > 0 else 0) for rec in recs):
         return None  # no data descriptors (not written by torch): the byte-copied headers would disagree
     first = recs[1]
-    pkl_end = len(_local_header(recs[0].name.encode("utf-8"), len(new_pickle), 0)) + len(new_pickle) + \
-        len(_descriptor(zlib.crc32(new_pickle), len(new_pickle), 0))
+    pkl_end = len(_local_header(recs[0].name.encode("utf-8"), len(new_pickle), 0, align=src.alignment)) + \
+        len(new_pickle) + len(_descriptor(zlib.crc32(new_pickle), len(new_pickle), 0))
     start = _unpadded_payload_start(first.name.encode("utf-8"), first.size, pkl_end)
-    if 0 <= first.data_offset - start <= _MAX_PAD:
+    pad = first.data_offset - start
+    if 0 <= pad <= _MAX_PAD:
         return 0
-    shift = -((first.data_offset - start) // _PAGE) * _PAGE  # the padding lands in [0, _PAGE)
-    if _record_end(recs[-1]) + max(shift, 0) >= _U32:
+    step = math.lcm(_PAGE, src.alignment)
+    shift = -(pad // step) * step  # the padding becomes pad % step
+    if pad % step > _MAX_PAD or _record_end(recs[-1]) + max(shift, 0) >= _U32:
         return None
     return shift
 
@@ -248,7 +268,7 @@ def _rewrite_with_tail(src: TorchZip, fin: BinaryIO, out: BinaryIO, new_pickle: 
     """New ``data.pkl`` record, then the rest of the source copied as one range, moved by ``shift``."""
     pkl, first, recs = src.records[0], src.records[1], src.records
     crc = zlib.crc32(new_pickle)
-    out.write(_local_header(pkl.name.encode("utf-8"), len(new_pickle), 0))
+    out.write(_local_header(pkl.name.encode("utf-8"), len(new_pickle), 0, align=src.alignment))
     out.write(new_pickle)
     out.write(_descriptor(crc, len(new_pickle), 0))
     first_name, first_header_at = first.name.encode("utf-8"), out.tell()
@@ -266,6 +286,8 @@ def _rewrite_by_record(src: TorchZip, fin: BinaryIO, out: BinaryIO, new_pickle: 
                        start_writeback: bool) -> None:
     """Any other record order: every record rewritten in torch's layout, payloads copied one by one."""
     pkl_name = f"{src.prefix}/data.pkl"
+    align = src.alignment
+    step = math.lcm(_PAGE, align)
     central: list[bytes] = []
     cursor = 0
     realign = False
@@ -277,7 +299,7 @@ def _rewrite_by_record(src: TorchZip, fin: BinaryIO, out: BinaryIO, new_pickle: 
         else:
             payload, size, crc = None, rec.size, rec.crc
         data_at = None
-        if realign and payload is None and rec.data_offset % _ALIGN == 0:
+        if realign and payload is None and rec.data_offset % align == 0:
             # Only the first record after data.pkl is padded further, so its payload keeps its source
             # offset within a page; the records after it then get torch's own padding and stay
             # page-congruent. torch reads a payload's offset from its local header (getRecordOffset in
@@ -285,10 +307,12 @@ def _rewrite_by_record(src: TorchZip, fin: BinaryIO, out: BinaryIO, new_pickle: 
             # rule (_get_offset in torch.serialization._load, used for map_location="meta"), which this
             # keeps true.
             start = _unpadded_payload_start(name, size, cursor)
-            data_at, realign = start + (rec.data_offset - start) % _PAGE, False
+            if (rec.data_offset - start) % step <= _MAX_PAD:
+                data_at = start + (rec.data_offset - start) % step
+            realign = False
         if payload is not None:
             realign = True
-        header = _local_header(name, size, cursor, data_at)
+        header = _local_header(name, size, cursor, data_at, align)
         out.write(header)
         if payload is not None:
             out.write(payload)

@@ -6,9 +6,11 @@ torch.save under ``torch.serialization.skip_data()`` writes every header but see
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import zipfile
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -225,3 +227,58 @@ def test_the_largest_padding_a_header_can_carry_still_loads(tmp_path: Path, monk
     assert _data_offsets(out) == _data_offsets(src)
     loaded = _load_checked(out, monkeypatch)
     assert list(loaded) == [f"layer{i}.weight" for i in range(100)]
+
+
+@contextlib.contextmanager
+def _save_config(**settings: object) -> Iterator[None]:
+    """torch.utils.serialization.config.save settings for one torch.save (documented since torch 2.6)."""
+    from torch.utils.serialization import config
+
+    old = {name: getattr(config.save, name) for name in settings}
+    for name, value in settings.items():
+        setattr(config.save, name, value)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(config.save, name, value)
+
+
+@pytest.mark.parametrize(("alignment", "prefix"), [(65536, "module."), (8192, "p" * 1000 + ".")])
+def test_a_custom_storage_alignment_survives_strip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   alignment: int, prefix: str) -> None:
+    """torch computes later offsets from .storage_alignment: moving by pages alone would read wrong bytes."""
+    src, out = tmp_path / "aligned.pt", tmp_path / "out.pt"
+    with _save_config(storage_alignment=alignment):
+        torch.save(_state_dict(prefix, 100), src)
+    assert ckpt_zip.open_zip(src).alignment == alignment
+    ckpt.strip_file(src, out, prefixes=[prefix])
+    offsets = _data_offsets(out)
+    assert all(offsets[name] % alignment == 0 for name in offsets if name.startswith("data/"))
+    loaded = _load_checked(out, monkeypatch)
+    assert all(torch.equal(loaded[f"layer{i}.weight"], torch.full((1000 + i,), float(i))) for i in range(100))
+
+
+def test_record_by_record_keeps_the_storage_alignment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, rezipped, out = tmp_path / "aligned.pt", tmp_path / "rezipped.pt", tmp_path / "out.pt"
+    with _save_config(storage_alignment=4096):
+        torch.save(_state_dict("module.", 30), src)
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(rezipped, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    ckpt.strip_file(rezipped, out)
+    assert all(offset % 4096 == 0 for offset in _data_offsets(out).values())
+    loaded = _load_checked(out, monkeypatch)
+    assert torch.equal(loaded["layer29.weight"], torch.full((1029,), 29.0))
+
+
+def test_a_checkpoint_saved_without_crcs_is_stripped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.save.compute_crc32 = False writes CRC 0 everywhere; torch loads it, so must strip."""
+    src, out = tmp_path / "nocrc.pt", tmp_path / "out.pt"
+    with _save_config(compute_crc32=False):
+        torch.save(_state_dict("module.", 3), src)
+    assert {r.crc for r in ckpt_zip.open_zip(src).records} == {0}
+    ckpt.strip_file(src, out)
+    loaded = torch.load(out, weights_only=True, mmap=True)
+    assert list(loaded) == ["layer0.weight", "layer1.weight", "layer2.weight"]
+    assert torch.equal(loaded["layer2.weight"], torch.full((1002,), 2.0))
