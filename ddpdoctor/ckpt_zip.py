@@ -3,14 +3,16 @@
 ``torch.save`` (torch/serialization.py ``_save``, writer in caffe2/serialize/inline_container.cc, a
 patched miniz) writes an uncompressed zip whose records all sit under one folder: ``<name>/data.pkl``
 (the pickle), ``.format_version``, ``.storage_alignment``, ``byteorder``, ``data/<key>`` (one raw storage
-each), ``version`` and ``.data/serialization_id``. Each record's payload starts on a 64-byte boundary
-(``getPadding``: the local header carries an ``FB`` extra field of ``Z`` padding) so ``torch.load(mmap=True)``
-can map tensors in place, and each non-empty record is followed by a data descriptor (flag bit 3).
+each), ``version`` and ``.data/serialization_id``. Each record's payload starts on a boundary of the
+storage alignment (64 bytes unless ``config.save.storage_alignment`` says otherwise; ``getPadding``: the
+local header carries an ``FB`` extra field of ``Z`` padding) so ``torch.load(mmap=True)`` can map tensors
+in place, and each non-empty record is followed by a data descriptor (flag bit 3).
 
-:func:`rewrite` reproduces that layout exactly: records in their original order, every payload except
-``data.pkl`` copied byte for byte by the kernel (CRCs reused from the source's central directory, so no
-tensor byte is read by this process), and a zip64 end record as torch writes it. The reader's offset
-arithmetic (``_get_offset`` in ``torch.serialization._load``) therefore holds for the output too.
+:func:`rewrite` keeps that layout: records in their original order, every payload except ``data.pkl``
+copied byte for byte by the kernel (CRCs reused from the source's central directory, so no tensor byte is
+read by this process), and a zip64 end record as torch writes it. In a file torch wrote, everything after
+``data.pkl`` is copied as one range (see :func:`_tail_shift`). The reader's offset arithmetic
+(``_get_offset`` in ``torch.serialization._load``) therefore holds for the output too.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ddpdoctor.errors import DoctorError
 _DEFAULT_ALIGN = 64
 # Tensor payloads keep their source offset modulo the page size: the kernel copies page-congruent ranges
 # about twice as fast as shifted ones (measured on ext4: 1 GiB in 0.3 s against 0.5-0.6 s), and renaming
-# keys always shifts everything after data.pkl by a few bytes. Costs at most one page of padding per file.
+# keys changes the length of data.pkl, before every tensor. Costs at most one header's padding per file.
 _PAGE = 4096
 _U32 = 0xFFFFFFFF
 # The most padding one local header can carry: its extra field (zip64 part <= 28 bytes, 'FB' + length,
