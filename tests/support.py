@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,3 +68,30 @@ def communicate_all(procs: Sequence[subprocess.Popen[str]], timeout: float = 150
                 proc.kill()
                 proc.wait()
     return results
+
+
+def load_checking_offsets(path: Path) -> tuple[Any, Any]:
+    """``torch.load`` with ``mmap=True`` and on the meta device, torch's computed offsets asserted.
+
+    With ``calculate_storage_offsets`` torch computes each tensor record's offset from the one before
+    (miniz's layout) instead of reading its header, and ``TORCH_SERIALIZATION_DEBUG=1`` makes it assert
+    the two agree; ``map_location="meta"`` always computes them. A rewritten zip that breaks torch's
+    layout rules fails here, where a plain load would pass (or read the wrong bytes).
+    """
+    import torch
+    from torch.utils.serialization import config
+
+    old_env = os.environ.get("TORCH_SERIALIZATION_DEBUG")
+    old_calc = config.load.calculate_storage_offsets
+    os.environ["TORCH_SERIALIZATION_DEBUG"] = "1"
+    config.load.calculate_storage_offsets = True
+    try:
+        loaded = torch.load(path, weights_only=True, mmap=True)
+        meta = torch.load(path, weights_only=True, map_location="meta")
+    finally:
+        config.load.calculate_storage_offsets = old_calc
+        if old_env is None:
+            os.environ.pop("TORCH_SERIALIZATION_DEBUG", None)
+        else:
+            os.environ["TORCH_SERIALIZATION_DEBUG"] = old_env
+    return loaded, meta

@@ -17,7 +17,7 @@ import torch
 from ddpdoctor import ckpt
 from ddpdoctor.errors import DoctorError
 from examples.ckpt_models import MLP, make_mlp
-from tests.support import REPO, clean_env, run_cli
+from tests.support import REPO, clean_env, load_checking_offsets, run_cli
 
 MODEL = "examples.ckpt_models:make_mlp"
 
@@ -108,8 +108,7 @@ def test_strip_output_loads_weights_only_and_mmap_equal_tensors(ex: Path, tmp_pa
     model.load_state_dict(torch.load(out, weights_only=True)["net"], strict=True)
 
 
-def test_strip_keeps_torch_zip_layout(ex: Path, tmp_path: Path, cli: Any,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_strip_keeps_torch_zip_layout(ex: Path, tmp_path: Path, cli: Any) -> None:
     """Every record 64-byte aligned, and torch's offset arithmetic (calculate_storage_offsets) holds."""
     out = tmp_path / "o.pt"
     assert cli(["ckpt", "strip", str(ex / "ddp.pt"), "-o", str(out)]).returncode == 0
@@ -127,19 +126,7 @@ def test_strip_keeps_torch_zip_layout(ex: Path, tmp_path: Path, cli: Any,
         name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
             int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
         assert (info.header_offset + 30 + name_len + extra_len) % 64 == 0, info.filename
-    from torch.utils.serialization import config
-
-    # torch computes each record's offset from the previous one when this is on (miniz layout);
-    # TORCH_SERIALIZATION_DEBUG=1 makes it assert the computed offsets against the zip's own.
-    monkeypatch.setenv("TORCH_SERIALIZATION_DEBUG", "1")
-    old = config.load.calculate_storage_offsets
-    config.load.calculate_storage_offsets = True
-    try:
-        loaded = torch.load(out, weights_only=True, mmap=True)
-        # map_location="meta" always computes offsets that way (format_version >= 1).
-        meta = torch.load(out, weights_only=True, map_location="meta")
-    finally:
-        config.load.calculate_storage_offsets = old
+    loaded, meta = load_checking_offsets(out)
     assert sorted(loaded["net"])[0] == "bn.bias"
     assert meta["net"]["fc1.weight"].shape == loaded["net"]["fc1.weight"].shape
     # Tensor payloads keep their page offset: the kernel copies page-congruent ranges twice as fast.

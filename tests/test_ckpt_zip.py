@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from ddpdoctor import ckpt, ckpt_pickle, ckpt_zip
+from tests.support import load_checking_offsets
 
 
 @pytest.fixture(scope="module")
@@ -122,37 +123,27 @@ def _data_offsets(path: Path) -> dict[str, int]:
             if not r.name.endswith("/data.pkl")}
 
 
-def _load_checked(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
-    """Load with mmap, and on meta with torch's computed offsets asserted against the zip's own."""
-    from torch.utils.serialization import config
-
-    monkeypatch.setenv("TORCH_SERIALIZATION_DEBUG", "1")
-    old = config.load.calculate_storage_offsets
-    config.load.calculate_storage_offsets = True
-    try:
-        loaded = torch.load(path, weights_only=True, mmap=True)
-        meta = torch.load(path, weights_only=True, map_location="meta")
-    finally:
-        config.load.calculate_storage_offsets = old
+def _load_checked(path: Path) -> dict[str, torch.Tensor]:
+    """Load a flat state_dict with torch's offset arithmetic asserted, and check every CRC."""
+    loaded, meta = load_checking_offsets(path)
     assert {k: v.shape for k, v in meta.items()} == {k: v.shape for k, v in loaded.items()}
     with zipfile.ZipFile(path) as zf:
         assert zf.testzip() is None  # every CRC matches
-    return loaded
+    return dict(loaded)
 
 
-def test_strip_leaves_every_record_after_data_pkl_where_it_was(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_strip_leaves_every_record_after_data_pkl_where_it_was(tmp_path: Path) -> None:
     """The shorter pickle is absorbed by padding: tensors keep their offsets, copied as one range."""
     src, out = tmp_path / "ddp.pt", tmp_path / "out.pt"
     torch.save(_state_dict("module.", 20), src)
     ckpt.strip_file(src, out)
     assert _data_offsets(out) == _data_offsets(src)
-    loaded = _load_checked(out, monkeypatch)
+    loaded = _load_checked(out)
     assert list(loaded) == [f"layer{i}.weight" for i in range(20)]
     assert all(torch.equal(loaded[f"layer{i}.weight"], torch.full((1000 + i,), float(i))) for i in range(20))
 
 
-def test_a_longer_pickle_moves_the_rest_by_whole_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_longer_pickle_moves_the_rest_by_whole_pages(tmp_path: Path) -> None:
     """More than 64 KiB longer (keys renamed to longer ones): everything after data.pkl moves by pages."""
     src, out = tmp_path / "plain.pt", tmp_path / "out.pt"
     torch.save(_state_dict("", 40), src)
@@ -167,13 +158,12 @@ def test_a_longer_pickle_moves_the_rest_by_whole_pages(tmp_path: Path, monkeypat
     before, after = _data_offsets(src), _data_offsets(out)
     shifts = {after[name] - before[name] for name in before if name != ".format_version"}
     assert len(shifts) == 1 and next(iter(shifts)) > 0 and next(iter(shifts)) % 4096 == 0
-    loaded = _load_checked(out, monkeypatch)
+    loaded = _load_checked(out)
     assert list(loaded) == [f"{longer}layer{i}.weight" for i in range(40)]
     assert torch.equal(loaded[f"{longer}layer39.weight"], torch.full((1039,), 39.0))
 
 
-def test_stripping_a_long_prefix_moves_the_rest_back_by_whole_pages(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stripping_a_long_prefix_moves_the_rest_back_by_whole_pages(tmp_path: Path) -> None:
     src, out = tmp_path / "long.pt", tmp_path / "out.pt"
     prefix = "p" * 1000 + "."
     torch.save(_state_dict(prefix, 100), src)
@@ -181,13 +171,12 @@ def test_stripping_a_long_prefix_moves_the_rest_back_by_whole_pages(tmp_path: Pa
     before, after = _data_offsets(src), _data_offsets(out)
     shifts = {after[name] - before[name] for name in before if name != ".format_version"}
     assert len(shifts) == 1 and next(iter(shifts)) < 0 and next(iter(shifts)) % 4096 == 0
-    loaded = _load_checked(out, monkeypatch)
+    loaded = _load_checked(out)
     assert list(loaded) == [f"layer{i}.weight" for i in range(100)]
     assert out.stat().st_size < src.stat().st_size - 90_000
 
 
-def test_a_zip_not_laid_out_by_torch_is_rewritten_record_by_record(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_zip_not_laid_out_by_torch_is_rewritten_record_by_record(tmp_path: Path) -> None:
     """Re-zipped with Python's zipfile (no data descriptors, no alignment): torch's layout comes back."""
     src, rezipped, out = tmp_path / "ddp.pt", tmp_path / "rezipped.pt", tmp_path / "out.pt"
     torch.save(_state_dict("module.", 5), src)
@@ -198,12 +187,12 @@ def test_a_zip_not_laid_out_by_torch_is_rewritten_record_by_record(tmp_path: Pat
     assert ckpt_zip._tail_shift(ckpt_zip.open_zip(rezipped), b"") is None
     assert any(offset % 64 for offset in _data_offsets(rezipped).values())
     assert all(offset % 64 == 0 for offset in _data_offsets(out).values())
-    loaded = _load_checked(out, monkeypatch)
+    loaded = _load_checked(out)
     assert list(loaded) == [f"layer{i}.weight" for i in range(5)]
     assert torch.equal(loaded["layer4.weight"], torch.full((1004,), 4.0))
 
 
-def test_the_largest_padding_a_header_can_carry_still_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_largest_padding_a_header_can_carry_still_loads(tmp_path: Path) -> None:
     """At the edge: a pickle exactly short enough for the most padding stays in place; one byte less moves."""
     src, out = tmp_path / "long.pt", tmp_path / "out.pt"
     torch.save(_state_dict("q" * 1000 + ".", 100), src)
@@ -225,7 +214,7 @@ def test_the_largest_padding_a_header_can_carry_still_loads(tmp_path: Path, monk
     with out.open("w+b") as fh:
         ckpt_zip.rewrite(zf, fh, stripped + b"\0" * (shortest - len(stripped)))
     assert _data_offsets(out) == _data_offsets(src)
-    loaded = _load_checked(out, monkeypatch)
+    loaded = _load_checked(out)
     assert list(loaded) == [f"layer{i}.weight" for i in range(100)]
 
 
@@ -245,8 +234,7 @@ def _save_config(**settings: object) -> Iterator[None]:
 
 
 @pytest.mark.parametrize(("alignment", "prefix"), [(65536, "module."), (8192, "p" * 1000 + ".")])
-def test_a_custom_storage_alignment_survives_strip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   alignment: int, prefix: str) -> None:
+def test_a_custom_storage_alignment_survives_strip(tmp_path: Path, alignment: int, prefix: str) -> None:
     """torch computes later offsets from .storage_alignment: moving by pages alone would read wrong bytes."""
     src, out = tmp_path / "aligned.pt", tmp_path / "out.pt"
     with _save_config(storage_alignment=alignment):
@@ -255,11 +243,11 @@ def test_a_custom_storage_alignment_survives_strip(tmp_path: Path, monkeypatch: 
     ckpt.strip_file(src, out, prefixes=[prefix])
     offsets = _data_offsets(out)
     assert all(offsets[name] % alignment == 0 for name in offsets if name.startswith("data/"))
-    loaded = _load_checked(out, monkeypatch)
+    loaded = _load_checked(out)
     assert all(torch.equal(loaded[f"layer{i}.weight"], torch.full((1000 + i,), float(i))) for i in range(100))
 
 
-def test_record_by_record_keeps_the_storage_alignment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_record_by_record_keeps_the_storage_alignment(tmp_path: Path) -> None:
     src, rezipped, out = tmp_path / "aligned.pt", tmp_path / "rezipped.pt", tmp_path / "out.pt"
     with _save_config(storage_alignment=4096):
         torch.save(_state_dict("module.", 30), src)
@@ -268,11 +256,11 @@ def test_record_by_record_keeps_the_storage_alignment(tmp_path: Path, monkeypatc
             zout.writestr(info.filename, zin.read(info.filename))
     ckpt.strip_file(rezipped, out)
     assert all(offset % 4096 == 0 for offset in _data_offsets(out).values())
-    loaded = _load_checked(out, monkeypatch)
+    loaded = _load_checked(out)
     assert torch.equal(loaded["layer29.weight"], torch.full((1029,), 29.0))
 
 
-def test_a_checkpoint_saved_without_crcs_is_stripped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_saved_without_crcs_is_stripped(tmp_path: Path) -> None:
     """config.save.compute_crc32 = False writes CRC 0 everywhere; torch loads it, so must strip."""
     src, out = tmp_path / "nocrc.pt", tmp_path / "out.pt"
     with _save_config(compute_crc32=False):
