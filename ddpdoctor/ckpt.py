@@ -740,8 +740,8 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
     if total == 0 and out.exists() and os.path.samefile(out, ckpt.path):
         # --in-place with nothing to strip: leave the file (and its mtime) alone.
         return StripReport(str(ckpt.path), str(out), ckpt.format, summary, 0, written=False)
-    # atomic_output fsyncs exactly when the rename replaces a file: then push data to disk as it is copied.
-    replacing = out.exists()
+    # An output that will be fsynced is pushed to disk as it is copied, so the fsync waits for little.
+    replacing = fileio.replaces_existing(out)
     try:
         with fileio.atomic_output(out, mode_from=ckpt.path) as fh:
             if ckpt.zip is not None:

@@ -20,6 +20,11 @@ from ddpdoctor.errors import DoctorError
 PARTIAL_SUFFIX = ".ddpdoctor-partial"
 
 
+def replaces_existing(target: Path) -> bool:
+    """Whether :func:`atomic_output` to ``target`` replaces a file, and so fsyncs before the rename."""
+    return target.exists()
+
+
 @contextlib.contextmanager
 def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[BinaryIO]:
     """Yield a temp file next to ``target``; on success rename it over ``target``.
@@ -39,7 +44,7 @@ def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[Binar
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise DoctorError(f"output directory {directory} does not exist; create it first")
-    replacing = target.exists()
+    replacing = replaces_existing(target)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=directory)
     except OSError as exc:
