@@ -49,6 +49,10 @@ def _run(ctx: CheckContext) -> list[Finding]:
     if not ctx.options.model:
         return [ctx.finding(SKIP, "no --model given", "pass --model MODULE:FACTORY (and --batch MODULE:FN "
                             "or --input-shape) to check parameter usage and model consistency")]
+    if not (ctx.options.batch or ctx.options.input_shape):
+        # --model came for the state_dict check (--checkpoint); the command refuses a bare --model.
+        return [ctx.finding(SKIP, "no --batch or --input-shape given: parameter usage not checked",
+                            "add --batch MODULE:FN or --input-shape 4,16 to run the model here")]
     import torch
 
     from ddpdoctor.modelspec import build_model
@@ -197,8 +201,6 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
     everything = all_findings(findings_by_rank)
     facts = {f.ranks[0]: f.details for f in everything if f.summary == ANALYSED and f.details}
     others = [f for f in everything if not (f.summary == ANALYSED and f.details)]
-    for f in others:
-        f.check = f.check or CHECK_ID
     if not facts:
         return collapse(others)
     return _usage_findings(facts) + _consistency_findings(facts) + collapse(others)

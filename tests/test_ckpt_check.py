@@ -76,3 +76,19 @@ def test_malicious_checkpoint_is_refused_and_never_runs(tmp_path: Path) -> None:
         [f] = _run(str(path), MODEL)
         assert f.status == "fail" and "system" in f.summary
     assert not marker.exists()
+
+
+def test_check_command_with_checkpoint_and_model_runs_the_state_dict_check_only(tmp_path: Path) -> None:
+    """The README's `ddpdoctor check --checkpoint PATH --model M:F`: --model is for state_dict here."""
+    import json
+
+    from tests.support import REPO, run_cli
+
+    report = tmp_path / "report.json"
+    res = run_cli(["check", "--nproc", "1", "--only", "unused_params,state_dict", "--checkpoint",
+                   str(_ddp_ckpt(tmp_path)), "--model", MODEL, "--json", str(report)], cwd=REPO, timeout=180)
+    assert res.returncode == 1, res.stderr  # the checkpoint's 'module.' prefix fails state_dict
+    by_check = {f["check"]: f for f in json.loads(report.read_text())["findings"]}
+    assert by_check["state_dict"]["status"] == "fail"
+    assert "remove 'module.'" in by_check["state_dict"]["summary"]
+    assert by_check["unused_params"]["status"] == "skip"
