@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddpdoctor.check_api import Check, CheckContext, rank_phrase
+from ddpdoctor.errors import short_error
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.nvml import collect_host_gpu_facts
 
@@ -104,7 +105,7 @@ def gather_rank_facts(ctx: CheckContext, nvml_module: Any = None) -> dict[str, A
                        for j in range(count)] for i in range(count)]
             facts["p2p"] = {"devices": visible, "matrix": matrix}
         except RuntimeError as exc:  # a CUDA error here must not cost the rest of the facts
-            facts["p2p"] = {"devices": visible, "error": str(exc).splitlines()[0] if str(exc) else repr(exc)}
+            facts["p2p"] = {"devices": visible, "error": short_error(exc)}
     return facts
 
 

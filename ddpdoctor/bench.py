@@ -141,8 +141,10 @@ def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
         raise DoctorError(f"-f/--step-factor must be greater than 1, got: {step_factor:g}")
     sizes = [min_bytes]
     while min_bytes != max_bytes:
-        nxt = int(sizes[-1] * step_factor)
-        nxt = max(nxt, sizes[-1] + 1)
+        grown = sizes[-1] * step_factor  # compared as a float: -f inf or 1e308 has no int
+        if grown > max_bytes:
+            break
+        nxt = max(int(grown), sizes[-1] + 1)
         if nxt > max_bytes:
             break
         sizes.append(nxt)

@@ -414,7 +414,7 @@ def plan_renames(keys: Iterable[str], prefixes: Iterable[str] | None = None, *, 
     for key in keys:
         new, removed = _strip_one(key, plist)
         new = add + new
-        for p in set(removed):
+        for p in dict.fromkeys(removed):  # in the order found, so output does not depend on the hash seed
             counts[p] = counts.get(p, 0) + 1
         if new in owner:
             raise DuplicateKeyError(

@@ -244,7 +244,8 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
             out, err = popen.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             popen.kill()
-            popen.communicate()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed: its pipes close at once
+                popen.communicate(timeout=5)
             cand.proc.error = f"py-spy did not finish within {timeout:g} s (try --timeout, or --signal)"
             continue
         if popen.returncode != 0:

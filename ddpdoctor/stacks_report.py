@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -331,6 +331,16 @@ def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], so
     }
 
 
+def _optional_int(entry: Mapping[str, Any], key: str) -> int | None:
+    """A rank-like field of a --json process: absent/null, or an integer (a string there is a bad file)."""
+    value = entry.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{key} is {value!r}, not an integer")
+    return value
+
+
 def processes_from_json(doc: Any, origin: str) -> list[ProcessStacks]:
     """Parse the ``processes`` of a ``--json`` file; a wrong file is a usage error naming the file."""
     try:
@@ -340,9 +350,10 @@ def processes_from_json(doc: Any, origin: str) -> list[ProcessStacks]:
                                    [Frame(str(f["function"]), str(f["file"]), int(f["line"]))
                                     for f in t["frames"]])
                        for t in p["threads"]]
-            out.append(ProcessStacks(pid=int(p["pid"]), host=str(p["host"]), rank=p.get("rank"),
-                                     local_rank=p.get("local_rank"), world_size=p.get("world_size"),
-                                     local_world_size=p.get("local_world_size"),
+            out.append(ProcessStacks(pid=int(p["pid"]), host=str(p["host"]), rank=_optional_int(p, "rank"),
+                                     local_rank=_optional_int(p, "local_rank"),
+                                     world_size=_optional_int(p, "world_size"),
+                                     local_world_size=_optional_int(p, "local_world_size"),
                                      job=p.get("job"), cmdline=str(p.get("cmdline") or ""),
                                      threads=threads, error=p.get("error")))
         return out

@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
-from ddpdoctor.runtime.launcher import LaunchInfo
+from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
 from ddpdoctor.watch_aggregate import CRASH, OK, Aggregator
 from ddpdoctor.watch_channel import ADDR_ENV, Server
 from ddpdoctor.watch_report import render
@@ -301,11 +301,19 @@ def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_time
     """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
     from ddpdoctor.watch_rank import run_script
 
-    fixed = os.environ.get(PORT_ENV)
+    fixed = port_from_env(PORT_ENV)
     # A fixed MASTER_PORT+1 collides with whatever else listens there (commonly a second job started
     # with --master-port one higher); the agent's store lets rank 0 take any free port and say which.
-    publish = info.agent_store and not fixed
-    port = int(fixed or (0 if publish else info.master_port + 1))
+    publish = info.agent_store and fixed is None
+    if fixed is not None:
+        port = fixed
+    elif publish:
+        port = 0
+    elif info.master_port < 65535:
+        port = info.master_port + 1
+    else:
+        raise DoctorError(f"MASTER_PORT is 65535, so the watch channel has no MASTER_PORT+1; "
+                          f"set {PORT_ENV} to a free port on every rank")
     supervisor = None
     address = f"{info.master_addr}:{port}"
     if info.rank == 0:

@@ -335,3 +335,11 @@ def test_pairs_name_the_rate_limited_host(tmp_path: Path) -> None:
                 p.wait(timeout=10)
         for ns in created:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+def test_an_infinite_step_factor_gives_just_the_first_size() -> None:
+    from ddpdoctor.bench import size_sweep
+
+    assert size_sweep(1024, 4096, float("inf")) == [1024]
+    assert size_sweep(1024, 4096, 1e308) == [1024]
+    assert size_sweep(1024, 4096, 2) == [1024, 2048, 4096]

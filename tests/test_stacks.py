@@ -268,7 +268,10 @@ def test_merge_rejects_files_that_are_not_stacks_json(tmp_path: Path) -> None:
     bad.write_text('{"processes": [{"pid": 1}]}')
     cut = tmp_path / "cut.json"
     cut.write_text('{"processes": [')
+    text_rank = tmp_path / "edited.json"  # hand-edited: a rank as a string used to crash the grouping
+    text_rank.write_text('{"processes": [{"pid": 1, "host": "h", "rank": "0", "world_size": "4", "threads": []}]}')
     for path, text in ((bad, "is not a `ddpdoctor stacks --json` file"), (cut, "not readable JSON"),
+                       (text_rank, "rank is '0', not an integer"),
                        (tmp_path / "missing.json", "no such file")):
         res = run_cli(["stacks", "merge", str(path)])
         assert res.returncode == 2 and text in res.stderr and "Traceback" not in res.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, run_cli
+from tests.support import REPO, clean_env, run_cli
 
 EXAMPLES = str(REPO / "examples" / "models_unused.py")
 
@@ -87,3 +87,11 @@ def test_batch_function_that_raises_exits_2(tmp_path: Path) -> None:
 def test_no_input_given_exits_2() -> None:
     proc = run_cli(["unused", f"{EXAMPLES}:healthy"])
     assert proc.returncode == 2 and "--input-shape" in proc.stderr
+
+
+def test_a_bad_rank_variable_is_one_line_exit_2() -> None:
+    """Under a launcher the batches differ per rank; a RANK that is not a number is bad usage."""
+    proc = run_cli(["unused", f"{EXAMPLES}:healthy", "--input-shape", "4,16"],
+                   env=clean_env({"RANK": "abc", "WORLD_SIZE": "2"}))
+    assert proc.returncode == 2 and "RANK must be an integer" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -360,3 +360,17 @@ def test_a_rank_blocked_in_work_wait_is_waiting_and_names_the_async_call(tmp_pat
     assert rank1["state"] == "running" and rank1["stack"][-1].startswith("async_hang.py:11")
     assert "message #1 from rank 1 to rank 0" in proc.stderr
     assert leftovers("async_hang.py") == []
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    ({"DDPDOCTOR_WATCH_PORT": "abc"}, "DDPDOCTOR_WATCH_PORT must be an integer"),
+    ({"DDPDOCTOR_WATCH_PORT": "70000"}, "DDPDOCTOR_WATCH_PORT must be in 1-65535"),
+    ({"MASTER_PORT": "65535"}, "no MASTER_PORT+1"),
+])
+def test_a_bad_channel_port_under_a_launcher_is_one_line_exit_2(extra: dict[str, str], needle: str) -> None:
+    """A rank started by hand (RANK/WORLD_SIZE set): the watch channel's port comes from the environment."""
+    env = clean_env({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": str(free_port()), **extra})
+    proc = run_cli(["watch", str(EXAMPLES / "train_ok.py")], env=env, timeout=120)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -34,18 +34,18 @@ def register(app: typer.Typer) -> None:
         """Classify parameters as always / never / sometimes used and recommend DDP's flags."""
         if steps < 1:
             raise DoctorError(f"--steps must be at least 1, got: {steps}")
-        import os
 
         from ddpdoctor.commands.check import parse_shape
         from ddpdoctor.modelspec import build_model, load_factory
+        from ddpdoctor.runtime.launcher import detect
         from ddpdoctor.unused import batch_source, find_unused_parameters
 
         if batch is None and input_shape is None:
             raise DoctorError("give the model an input: --batch MODULE:FN or --input-shape (e.g. 4,16)")
         shape = parse_shape(input_shape)
         module = build_model(model)
-        batches = batch_source(module, batch, shape, int(os.environ.get("RANK", "0")),
-                               int(os.environ.get("WORLD_SIZE", "1")))
+        launch = detect()  # under a launcher, random batches differ per rank as the sampler's shards do
+        batches = batch_source(module, batch, shape, launch.rank, launch.world_size)
         loss_fn = load_factory(loss) if loss is not None else None
         report = find_unused_parameters(module, batches, loss_fn=loss_fn, steps=steps,
                                         ddp_find_unused_parameters=True if ddp_find_unused else None)

@@ -115,13 +115,20 @@ def _int(env: Mapping[str, str], name: str) -> int:
         raise DoctorError(f"{name} must be an integer, got: {value!r}") from None
 
 
-def _port(env: Mapping[str, str], default: int) -> int:
-    if "MASTER_PORT" not in env:
-        return default
-    port = _int(env, "MASTER_PORT")
+def port_from_env(name: str, env: Mapping[str, str] | None = None) -> int | None:
+    """The TCP port in environment variable ``name`` (None when unset); DoctorError when it is not one."""
+    env = os.environ if env is None else env
+    if name not in env:
+        return None
+    port = _int(env, name)
     if not 0 < port < 65536:
-        raise DoctorError(f"MASTER_PORT must be in 1-65535, got: {port}")
+        raise DoctorError(f"{name} must be in 1-65535, got: {port}")
     return port
+
+
+def _port(env: Mapping[str, str], default: int) -> int:
+    port = port_from_env("MASTER_PORT", env)
+    return default if port is None else port
 
 
 def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:

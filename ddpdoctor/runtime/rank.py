@@ -183,7 +183,7 @@ class RankRun:
         if not any(check.needs_process_group for check in self.config.checks):
             return "no selected check needs it"
         if plan["missing"]:
-            return f"rank(s) {', '.join(map(str, plan['missing']))} never joined"
+            return f"{rank_phrase(plan['missing'])} never joined"
         assert self.control is not None
         import torch.distributed as dist
 
