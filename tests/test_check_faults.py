@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from tests.support import REPO, clean_env, free_port, torchrun_cmd
 
@@ -105,3 +106,18 @@ def test_socket_ifname_naming_no_interface_fails_env(tmp_path: Path) -> None:
     assert proc.returncode == 1
     summaries = [f["summary"] for f in report["findings"] if f["status"] == "fail"]
     assert any("GLOO_SOCKET_IFNAME=nosuch0 names nosuch0, which this host does not have" in s for s in summaries)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without a CUDA GPU")
+def test_nccl_on_a_host_without_gpus_under_torchrun_names_the_cause(tmp_path: Path) -> None:
+    """Under a launcher the ranks are already running: the reason is a FAIL row, not a firewall hint."""
+    report = tmp_path / "report.json"
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+           str(free_port()), "-m", "ddpdoctor", "check", "--backend", "nccl", "--only", "env,connectivity",
+           "--json", str(report)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=clean_env(), cwd=REPO)
+    assert proc.returncode != 0
+    fails = [f for f in json.loads(report.read_text())["findings"] if f["status"] == "fail"]
+    assert [f["check"] for f in fails] == ["connectivity"], fails
+    assert "--backend nccl needs a CUDA GPU and none is visible" in fails[0]["summary"]
+    assert "NCCL_SOCKET_IFNAME" not in fails[0]["remedy"]

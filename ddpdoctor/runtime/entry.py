@@ -50,13 +50,11 @@ def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, nproc: int
         sys.stderr.flush()
         os._exit(code)
 
-    import torch
-
     from ddpdoctor.cli import invocation_args
+    from ddpdoctor.runtime.rank import require_usable_backend
     from ddpdoctor.runtime.selflaunch import default_nproc, self_launch
 
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise DoctorError("--backend nccl needs a CUDA GPU and none is visible; use --backend gloo")
+    require_usable_backend(backend)  # before starting any rank: every one of them would fail the same way
     if master_port is None and os.environ.get("MASTER_PORT"):
         master_port = info.master_port  # validated by the launcher detection
     raise typer.Exit(self_launch(invocation_args(), nproc or default_nproc(), master_port, timeout))

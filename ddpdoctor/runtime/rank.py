@@ -67,6 +67,15 @@ def _ignore_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def require_usable_backend(requested: str) -> None:
+    """DoctorError when this host cannot run ``requested`` at all (NCCL without a visible CUDA GPU)."""
+    import torch
+
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise DoctorError(f"--backend nccl needs a CUDA GPU and none is visible on {socket.gethostname()}; "
+                          "use --backend gloo (or auto)")
+
+
 def resolve_backend(requested: str, local_rank: int) -> tuple[str, str]:
     """(backend, device) for this rank: NCCL on its local GPU when there is one, else gloo on CPU.
 
@@ -75,14 +84,13 @@ def resolve_backend(requested: str, local_rank: int) -> tuple[str, str]:
     """
     import torch
 
+    require_usable_backend(requested)
     backend = requested
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and torch.distributed.is_nccl_available() else "gloo"
     if backend == "nccl":
-        if torch.cuda.is_available():
-            torch.cuda.set_device(local_rank % torch.cuda.device_count())
-            return backend, f"cuda:{torch.cuda.current_device()}"
-        return backend, "cpu"
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return backend, f"cuda:{torch.cuda.current_device()}"
     return backend, "cpu"
 
 
@@ -179,7 +187,13 @@ class RankRun:
 
     def init_process_group(self, plan: dict[str, Any]) -> str | None:
         """Initialise the process group under test; returns why it is unusable, or None when it is up."""
-        self.backend, self.device = resolve_backend(self.config.backend, self.info.local_rank)
+        try:
+            self.backend, self.device = resolve_backend(self.config.backend, self.info.local_rank)
+        except DoctorError as exc:  # under torchrun/srun: every rank reports it, rank 0 names the hosts
+            self.backend, self.device = self.config.backend, "cpu"
+            self.runtime_findings.append(Finding("connectivity", FAIL, str(exc), [self.info.rank],
+                                                 "run with --backend gloo or auto on hosts without GPUs"))
+            return str(exc)
         if not any(check.needs_process_group for check in self.config.checks):
             return "no selected check needs it"
         if plan["missing"]:
