@@ -867,15 +867,9 @@ def build_model_for_shapes(spec: str) -> nn.Module:
     torch 2.0) a 70B-parameter factory costs no memory. A factory that cannot build on meta (it moves
     tensors to a device, uses numpy...) is called again normally.
     """
-    import torch
-
     from ddpdoctor import modelspec
 
-    try:
-        with torch.device("meta"):
-            return modelspec.build_model(spec)
-    except DoctorError:
-        return modelspec.build_model(spec)
+    return modelspec.build_model(spec, try_meta=True)
 
 
 def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -85,22 +85,34 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return target
 
 
-def call_factory(spec: str, *args: Any, **kwargs: Any) -> Any:
-    """Call the factory named by ``spec``; the user's exception becomes one DoctorError line."""
+def build_model(spec: str, *, try_meta: bool = False) -> Any:
+    """The ``torch.nn.Module`` the factory ``spec`` returns; DoctorError when it returns something else.
+
+    ``try_meta``: call it under ``torch.device("meta")`` first (no memory for weights: enough to compare
+    keys and shapes), and again normally if it cannot build there. The module is imported once either way.
+    """
+    import torch
+
     factory = load_factory(spec)
+    if try_meta:
+        try:
+            with torch.device("meta"):
+                return _module_from(spec, factory)
+        except DoctorError:
+            pass
+    return _module_from(spec, factory)
+
+
+def _module_from(spec: str, factory: Callable[..., Any]) -> Any:
+    """Call the factory; the user's exception becomes one DoctorError line."""
+    import torch
+
     try:
-        return factory(*args, **kwargs)
+        model = factory()
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise user_error(repr(spec), exc) from None
-
-
-def build_model(spec: str) -> Any:
-    """The ``torch.nn.Module`` the factory ``spec`` returns; DoctorError when it returns something else."""
-    import torch
-
-    model = call_factory(spec)
     if not isinstance(model, torch.nn.Module):
         raise DoctorError(f"{spec!r} returned {type(model).__name__}, expected a torch.nn.Module")
     return model

@@ -351,6 +351,25 @@ def test_diff_builds_the_model_on_meta_when_it_can(ex: Path, cli: Any) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_a_factory_that_cannot_build_on_meta_is_imported_once(tmp_path: Path) -> None:
+    """The retry outside meta calls the same factory: a module file's top level does not run twice."""
+    imports = tmp_path / "imports.log"
+    source = tmp_path / "needs_data.py"
+    source.write_text(f"""
+import torch
+open({str(imports)!r}, "a").write("imported\\n")
+
+def build():
+    net = torch.nn.Linear(3, 2)
+    net.weight.data.fill_(1.0)
+    print(float(net.weight.sum()))  # reading a value fails on meta
+    return net
+""")
+    model = ckpt.build_model_for_shapes(f"{source}:build")
+    assert float(model.weight[0, 0]) == 1.0
+    assert imports.read_text() == "imported\n"
+
+
 def _adam_state(model: torch.nn.Module) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(4, 8)).sum().backward()
