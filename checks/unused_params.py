@@ -70,7 +70,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
         second = fingerprint(model)
         seeded = not compare_fingerprints({0: prints, 1: second})
         batches = batch_source(model, ctx.options.batch, ctx.options.input_shape, ctx.rank, ctx.world_size)
-        report = find_unused_parameters(model, batches, steps=STEPS)
+        report = find_unused_parameters(model, batches, steps=STEPS, copy_model=False)
     except DoctorError as exc:
         return [ctx.finding(ERROR, f"cannot analyse the model: {exc}",
                             "fix the factory or the batch so that one forward/backward runs in a plain script")]

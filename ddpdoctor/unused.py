@@ -232,12 +232,15 @@ def _unwrap(model: Any) -> tuple[Any, bool | None]:
     return model, flag
 
 
-def _copy_for_analysis(model: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy in train mode with no gradients: what DDP sees during training."""
-    try:
-        clone = copy.deepcopy(model)
-    except Exception as exc:
-        raise DoctorError(f"cannot deep-copy the model to analyse it safely: {type(exc).__name__}: {exc}") from None
+def _model_for_analysis(model: torch.nn.Module, copy_model: bool) -> torch.nn.Module:
+    """The model (a deep copy unless ``copy_model`` is False) in train mode with no gradients, as DDP sees it."""
+    clone = model
+    if copy_model:
+        try:
+            clone = copy.deepcopy(model)
+        except Exception as exc:
+            raise DoctorError(f"cannot deep-copy the model to analyse it safely: {type(exc).__name__}: {exc}; "
+                              "pass copy_model=False if it may be changed") from None
     clone.train()
     for p in clone.parameters():
         p.grad = None
@@ -388,6 +391,7 @@ def find_unused_parameters(
     steps: int | None = None,
     *,
     ddp_find_unused_parameters: bool | None = None,
+    copy_model: bool = True,
 ) -> UnusedReport:
     """Run forward+backward on a copy of ``model`` and classify every parameter that requires grad.
 
@@ -398,7 +402,8 @@ def find_unused_parameters(
     whose graph does not reach the loss is reported as dead. ``steps`` defaults to the number of batches
     (1 for a single batch, 4 for a callable). A DDP- or torch.compile-wrapped model is unwrapped; with
     DDP, its ``find_unused_parameters`` setting is read so the report can say when it costs for nothing
-    (or pass ``ddp_find_unused_parameters``).
+    (or pass ``ddp_find_unused_parameters``). ``copy_model=False`` runs the model itself (train mode,
+    gradients left behind) instead of a deep copy: for a model built only to be analysed.
     """
     import torch
 
@@ -412,7 +417,7 @@ def find_unused_parameters(
         raise DoctorError(f"steps must be at least 1, got: {n_steps}")
 
     with _preserved_rng():
-        clone = _copy_for_analysis(model)
+        clone = _model_for_analysis(model, copy_model)
         modules = dict(clone.named_modules())
         named = [(n, p) for n, p in clone.named_parameters() if p.requires_grad]
         frozen = sum(1 for _, p in clone.named_parameters() if not p.requires_grad)

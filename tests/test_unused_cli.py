@@ -95,3 +95,28 @@ def test_a_bad_rank_variable_is_one_line_exit_2() -> None:
                    env=clean_env({"RANK": "abc", "WORLD_SIZE": "2"}))
     assert proc.returncode == 2 and "RANK must be an integer" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_model_that_cannot_be_deep_copied_is_analysed(tmp_path: Path) -> None:
+    """The command builds the model for this run only, so it analyses it in place: no copy needed."""
+    source = tmp_path / "locked.py"
+    source.write_text("""
+import threading
+import torch
+
+class Locked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()  # copy.deepcopy cannot copy a lock
+        self.used = torch.nn.Linear(16, 4)
+        self.unused = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+def build():
+    return Locked()
+""")
+    proc = run_cli(["unused", f"{source}:build", "--input-shape", "4,16", "--json"])
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["never_used"] == ["unused.weight", "unused.bias"]

@@ -48,7 +48,8 @@ def register(app: typer.Typer) -> None:
         batches = batch_source(module, batch, shape, launch.rank, launch.world_size)
         loss_fn = load_factory(loss) if loss is not None else None
         report = find_unused_parameters(module, batches, loss_fn=loss_fn, steps=steps,
-                                        ddp_find_unused_parameters=True if ddp_find_unused else None)
+                                        ddp_find_unused_parameters=True if ddp_find_unused else None,
+                                        copy_model=False)  # built for this run only
         if as_json:
             typer.echo(json.dumps(report.to_json(), indent=2))
         else:
