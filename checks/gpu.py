@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddpdoctor.check_api import Check, CheckContext, rank_phrase
+from ddpdoctor.envinfo import nccl_version
 from ddpdoctor.errors import short_error
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.nvml import collect_host_gpu_facts
@@ -73,7 +74,7 @@ def gather_rank_facts(ctx: CheckContext, nvml_module: Any = None) -> dict[str, A
     import torch
 
     facts["torch_cuda_version"] = torch.version.cuda
-    facts["nccl_version"] = _nccl_version(torch)
+    facts["nccl_version"] = nccl_version(torch)
     with warnings.catch_warnings(record=True) as caught:
         # A CUDA build on a bad driver says why only as a UserWarning ("CUDA initialization: The NVIDIA
         # driver on your system is too old ..."), so keep the warning text for the skip reason.
@@ -120,18 +121,6 @@ def _torch_device_ids(torch: Any, index: int) -> dict[str, Any]:
               f"{int(getattr(props, 'pci_device_id', 0)):02X}.0"
     return {"index": index, "name": str(props.name),
             "uuid": normalize_uuid(str(uuid)) if uuid is not None else None, "pci_bus_id": pci}
-
-
-def _nccl_version(torch: Any) -> str | None:
-    """NCCL version PyTorch was built with, "2.21.5"; None on builds without NCCL."""
-    try:
-        version = torch.cuda.nccl.version()
-    except Exception:  # CPU builds raise AttributeError/RuntimeError from torch._C
-        return None
-    if isinstance(version, tuple):
-        return ".".join(str(v) for v in version)
-    # NCCL < 2.9 packed the version as an int: 2708 -> 2.7.8.
-    return f"{version // 1000}.{(version % 1000) // 100}.{version % 100}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,12 +284,13 @@ def _wrong_devices(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int
 
 
 def _version_mismatches(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
-    """Driver, CUDA or NCCL versions that differ between ranks (between hosts, in practice)."""
+    """Driver versions that differ between ranks (between hosts, in practice).
+
+    PyTorch's CUDA build and NCCL versions are the env check's (torch/cuda/nccl, a fail there).
+    """
     fields = (
-        ("nccl_version", "NCCL", FAIL),
         ("driver_version", "NVIDIA driver", WARN),
         ("cuda_driver_version", "CUDA driver API", WARN),
-        ("torch_cuda_version", "PyTorch CUDA build", WARN),
     )
     out = []
     for field, label, status in fields:

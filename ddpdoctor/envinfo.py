@@ -108,6 +108,18 @@ def gloo_ifname_problem(value: str, names: list[str]) -> str | None:
     return None
 
 
+def nccl_version(torch: Any) -> str | None:
+    """NCCL version PyTorch was built with, "2.21.5"; None on builds without NCCL."""
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # CPU builds raise AttributeError/RuntimeError from torch._C
+        return None
+    if isinstance(version, tuple):
+        return ".".join(str(v) for v in version)
+    # NCCL < 2.9 packed the version as an int: 2708 -> 2.7.8.
+    return f"{version // 1000}.{(version % 1000) // 100}.{version % 100}"
+
+
 def versions(with_torch: bool = True) -> dict[str, Any]:
     """Python, torch, CUDA and NCCL versions (torch/CUDA/NCCL only when torch is imported)."""
     facts: dict[str, Any] = {
@@ -122,10 +134,7 @@ def versions(with_torch: bool = True) -> dict[str, Any]:
     facts["torch"] = torch.__version__
     facts["cuda"] = torch.version.cuda
     facts["cuda_available"] = bool(torch.cuda.is_available())
-    facts["nccl"] = None
-    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
-        version = torch.cuda.nccl.version()
-        facts["nccl"] = ".".join(str(p) for p in version) if isinstance(version, tuple) else str(version)
+    facts["nccl"] = nccl_version(torch) if torch.cuda.is_available() else None
     facts["gloo_available"] = bool(torch.distributed.is_gloo_available())
     facts["nccl_available"] = bool(torch.distributed.is_nccl_available())
     return facts

@@ -58,3 +58,10 @@ def test_consistent_ranks_pass() -> None:
     out = judge(facts(0, "a", {"NCCL_IB_HCA": "mlx5"}), facts(1, "b", {"NCCL_IB_HCA": "mlx5"}))
     assert [f.status for f in out] == ["pass"]
     assert out[0].ranks == [0, 1]
+
+
+def test_mixed_nccl_builds_across_hosts_fail_once() -> None:
+    out = judge(facts(0, "a", {}), facts(1, "a", {}), facts(2, "b", {}, nccl="2.19.3"), facts(3, "b", {}, nccl="2.19.3"))
+    fails = [f for f in out if f.status == "fail"]
+    assert len(fails) == 1 and fails[0].ranks == [2, 3]
+    assert "nccl version" in fails[0].summary and "2.19.3" in fails[0].summary and "2.21.5" in fails[0].summary
