@@ -98,8 +98,6 @@ def _run(ctx: CheckContext) -> list[Finding]:
             if not bool(torch.all(inbox == float(prv))):
                 return [ctx.finding(FAIL, f"ring: data from rank {prv} arrived corrupted",
                                     f"check the link {prv} -> {rank}", pair=[prv, rank])]
-        if device.type == "cuda":
-            details["gpu_uuid"] = _gather_uuids(ctx)
         return [ctx.finding(PASS, HEALTHY, **details)]
     except Exception as exc:  # a collective that fails is the finding, named by its step
         peer = ""
@@ -111,35 +109,12 @@ def _run(ctx: CheckContext) -> list[Finding]:
                             step=step, error=str(exc)[:2000])]
 
 
-def _gather_uuids(ctx: CheckContext) -> list[str]:
-    """Each rank's GPU UUID, so two ranks on one GPU are named before NCCL trips on it."""
-    import torch
-    import torch.distributed as dist
-
-    props = torch.cuda.get_device_properties(torch.device(ctx.device))
-    uuid = str(getattr(props, "uuid", f"{props.name}:{torch.device(ctx.device).index}"))
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, uuid)
-    return [str(u) for u in gathered]
-
-
 def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:
     findings = all_findings(findings_by_rank)
     healthy = [f for f in findings if f.summary == HEALTHY]
     result: list[Finding] = []
     if healthy:
-        uuids = healthy[0].details.get("gpu_uuid")
-        if uuids:
-            seen: dict[str, list[int]] = {}
-            for rank, uuid in enumerate(uuids):
-                seen.setdefault(uuid, []).append(rank)
-            for uuid, ranks in seen.items():
-                if len(ranks) > 1:
-                    result.append(Finding(
-                        "connectivity", FAIL, f"ranks {', '.join(map(str, ranks))} share one GPU ({uuid}): "
-                        "NCCL fails with 'Duplicate GPU detected'", ranks,
-                        "call torch.cuda.set_device(local_rank) before init_process_group, and check "
-                        "CUDA_VISIBLE_DEVICES per rank"))
+        # Two ranks on one GPU are the gpu check's finding (NCCL trips on it before any collective here).
         slowest = max(healthy, key=lambda f: float(f.details.get("all_reduce_us", 0.0)))
         result.append(Finding(
             "connectivity", PASS, f"barrier, all_reduce, broadcast, all_gather and ring send/recv correct; "
