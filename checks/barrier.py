@@ -16,9 +16,9 @@ from collections.abc import Mapping
 
 from ddpdoctor.check_api import Check, CheckContext, all_findings, collapse, rank_phrase
 from ddpdoctor.findings import FAIL, PASS, Finding, RankInfo
+from ddpdoctor.runtime.control import ControlPlane
 
 ARRIVED = "arrived"
-POLL_S = 0.02
 
 
 def _run(ctx: CheckContext) -> list[Finding]:
@@ -27,14 +27,13 @@ def _run(ctx: CheckContext) -> list[Finding]:
     expected = sorted(ctx.peers) if ctx.peers else list(range(ctx.world_size))
     arrived_at = time.monotonic()
     ctx.store.set(f"arrived/{ctx.rank}", "1")
-    ctx.store.add("count", 1)
     # A deadline shorter than the check's own leaves time to write the finding before the runtime gives up.
     deadline = arrived_at + max(0.1, ctx.remaining_s() * 0.8)
-    while int(ctx.store.add("count", 0)) < len(expected) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+    keys = [f"arrived/{r}" for r in expected]
+    present = ControlPlane(ctx.store).wait_keys(keys, deadline)
     # How long this rank waited for the last one: host clocks need not agree, durations do.
     waited_ms = round((time.monotonic() - arrived_at) * 1000, 1)
-    missing = [r for r in expected if not ctx.store.check([f"arrived/{r}"])]
+    missing = [r for r, key in zip(expected, keys, strict=True) if key not in present]
     if missing:
         return [ctx.finding(FAIL, f"barrier: {rank_phrase(missing)} "
                             "did not arrive", "see which ranks did not arrive below; they are stuck or dead",
