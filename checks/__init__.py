@@ -24,8 +24,3 @@ ALL_CHECKS: tuple[Check, ...] = (
 
 CHECK_IDS: tuple[str, ...] = tuple(check.id for check in ALL_CHECKS)
 
-def by_id(check_id: str) -> Check:
-    for check in ALL_CHECKS:
-        if check.id == check_id:
-            return check
-    raise KeyError(check_id)

@@ -149,13 +149,9 @@ class ExplainResult:
                 "lines_scanned": self.lines_scanned, "bytes_scanned": self.bytes_scanned}
 
 
-def load_kb(path: str | None = None) -> list[Signature]:
+def load_kb() -> list[Signature]:
     """The knowledge base, in match-priority order; a malformed entry fails loudly (it is a ddpdoctor bug)."""
-    if path is None:
-        text = resources.files("ddpdoctor").joinpath("explain_kb.json").read_text(encoding="utf-8")
-    else:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+    text = resources.files("ddpdoctor").joinpath("explain_kb.json").read_text(encoding="utf-8")
     sigs = []
     for raw in json.loads(text)["signatures"]:
         if raw["role"] not in ROLE_ORDER:

@@ -224,10 +224,9 @@ def _threads_from_py_spy(doc: object, pid: int) -> list[ThreadStack]:
     return threads
 
 
-def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0,
-             py_spy: str | None = None) -> list[ProcessStacks]:
+def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0) -> list[ProcessStacks]:
     """Run one ``py-spy dump --json`` per process, all at once; failures become per-process errors."""
-    exe = py_spy or find_py_spy()
+    exe = find_py_spy()
     if exe is None:
         raise DoctorError("py-spy not found next to this Python or on PATH: `pip install py-spy`. "
                           + FALLBACK_HINT)

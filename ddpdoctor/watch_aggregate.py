@@ -263,7 +263,7 @@ class Aggregator:
             clusters.setdefault(key, {**entry, "ranks": []})["ranks"].append(rank)
         return {"seq": seq, "group": group, "groups": list(clusters.values())}
 
-    def result(self, status: str, pitfalls_world: int | None = None) -> dict[str, Any]:
+    def result(self, status: str) -> dict[str, Any]:
         """The whole outcome as the JSON document `--json` writes."""
         from ddpdoctor import __version__
 
@@ -284,8 +284,7 @@ class Aggregator:
             divergence = None  # everyone is gone: the crash order says more than a "divergence"
         ended = [s for s in self.ranks.values() if s.crashed and s.ended_at is not None]
         crash_order = [s.rank for s in sorted(ended, key=lambda s: (s.ended_at, s.rank))]
-        warnings = merge_pitfalls({r: s.pitfalls for r, s in self.ranks.items()},
-                                  pitfalls_world or self.world_size)
+        warnings = merge_pitfalls({r: s.pitfalls for r, s in self.ranks.items()}, self.world_size)
         return {"tool": "ddpdoctor", "version": __version__, "command": "watch", "status": status,
                 "exit_code": self.exit_code(status), "world_size": self.world_size,
                 "hang_timeout_s": self.hang_timeout_s,

@@ -109,7 +109,7 @@ class Watchdog(threading.Thread):
         progress = rec.progress
         if force or progress != self._sent_progress or now - self._sent_at >= BEAT_S:
             current, last = rec.current, rec.last_done
-            client.send({"t": "beat", "progress": progress, "done": rec.completed,
+            client.send({"t": "beat", "progress": progress,
                          "cur": current.to_json() if current is not None else None,
                          "last": last.to_json() if last is not None else None, "seqs": rec.group_seqs()})
             self._sent_progress, self._sent_at = progress, now

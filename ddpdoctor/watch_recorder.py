@@ -145,8 +145,6 @@ class Recorder:
         self.current: Record | None = None
         self.last_done: Record | None = None
         self.progress = 0
-        self.completed = 0
-        self.recorded = 0
         self._seq: dict[Any, int] = {}
         self._groups: dict[int, tuple[str, list[int] | None]] = {}
         self._local = threading.local()
@@ -189,12 +187,10 @@ class Recorder:
         self.pending.append(rec)
         self.current = rec
         self.progress += 1
-        self.recorded += 1
 
     def finish(self, rec: Record) -> None:
         if rec.seq is not None:
             self.last_done = rec
-            self.completed += 1
         if self.current is rec:
             self.current = None
         self.progress += 1
@@ -208,8 +204,8 @@ class Recorder:
                 if len(self.works) > MAX_WORKS:
                     self.works.popitem(last=False)
 
-    def wrap(self, name: str, original: Callable[..., Any], make: Callable[[tuple[Any, ...], dict[str, Any], str],
-                                                                              Record]) -> Callable[..., Any]:
+    def wrap(self, original: Callable[..., Any],
+             make: Callable[[tuple[Any, ...], dict[str, Any], str], Record]) -> Callable[..., Any]:
         """A wrapper that records ``make(args, kwargs, site)`` around each outermost call."""
         local = self._local
 
@@ -306,7 +302,6 @@ def install(rank: int, world_size: int) -> Recorder:
 
     _SKIP_DIRS = _skip_dirs()
     rec = Recorder(rank, world_size)
-    names: list[tuple[str, Callable[..., Record] | None]] = []
     for op in (*COLLECTIVES, *P2P_SEND, *P2P_RECV, *SYNC_POINTS):
         original = getattr(c10d, op, None)
         if original is None:
@@ -317,17 +312,16 @@ def install(rank: int, world_size: int) -> Recorder:
             make = _p2p_maker(rec, op, original)
         else:
             make = _plain_maker(op)
-        wrapper = rec.wrap(op, original, make)
+        wrapper = rec.wrap(original, make)
         setattr(c10d, op, wrapper)
         if getattr(dist, op, None) is original:
             setattr(dist, op, wrapper)
-        names.append((op, make))
 
     # backward: where DDP's gradient all_reduce runs (from C++, invisible otherwise). Only shown, never
     # numbered: ``Tensor.backward`` calls ``torch.autograd.backward`` through the module attribute.
     backward = torch.autograd.backward
     backward_record = _plain_maker("backward (DDP gradient all_reduce inside)")
-    plain_backward = rec.wrap("backward", backward, backward_record)
+    plain_backward = rec.wrap(backward, backward_record)
 
     @functools.wraps(backward)
     def watched_backward(*args: Any, **kwargs: Any) -> Any:
@@ -349,6 +343,6 @@ def install(rank: int, world_size: int) -> Recorder:
 
     work_cls = getattr(c10d, "Work", None)
     if work_cls is not None and hasattr(work_cls, "wait"):
-        work_cls.wait = rec.wrap("wait", work_cls.wait, wait_record)
+        work_cls.wait = rec.wrap(work_cls.wait, wait_record)
     _installed = rec
     return rec

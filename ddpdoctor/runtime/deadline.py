@@ -28,7 +28,6 @@ class Outcome(Generic[T]):
     error_text: str = ""
     timed_out: bool = False
     stack_at_timeout: str = ""
-    elapsed_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -57,7 +56,6 @@ def run_with_deadline(work: Callable[[], T], seconds: float, name: str = "ddpdoc
             outcome.stack_at_timeout = thread_stack(thread)
             break
         thread.join(min(0.05, remaining))
-    outcome.elapsed_s = time.monotonic() - start
     return outcome
 
 
