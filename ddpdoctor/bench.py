@@ -430,8 +430,9 @@ def problems(config: BenchConfig, rows: Sequence[Row], analysis: PairAnalysis | 
         if config.min_busbw_gbps is not None and op_rows:
             avg = avg_busbw(op_rows)
             measured = avg if avg is not None else sum(r.busbw_gbps for r in op_rows) / len(op_rows)
+            over = "" if avg is not None else " (over all sizes: none >= 1 MiB)"
             if measured < config.min_busbw_gbps:
-                found.append(f"{op}: average busbw {_fmt_bw(measured)} GB/s is below --min-busbw "
+                found.append(f"{op}: average busbw {_fmt_bw(measured)} GB/s{over} is below --min-busbw "
                              f"{config.min_busbw_gbps:g} GB/s")
     if analysis is not None and analysis.slow_hosts:
         found.append(f"slow host{'s' if len(analysis.slow_hosts) > 1 else ''}: {', '.join(analysis.slow_hosts)}")

@@ -343,3 +343,12 @@ def test_an_infinite_step_factor_gives_just_the_first_size() -> None:
     assert size_sweep(1024, 4096, float("inf")) == [1024]
     assert size_sweep(1024, 4096, 1e308) == [1024]
     assert size_sweep(1024, 4096, 2) == [1024, 2048, 4096]
+
+
+def test_min_busbw_over_small_sizes_says_which_average_it_used() -> None:
+    """No size reaches 1 MiB: the verdict averages all sizes and says so, next to 'Avg bus bandwidth: n/a'."""
+    proc = run_cli(["bench", "--nproc", "2", "-b", "64K", "-e", "256K", "-f", "4", "-n", "1", "-w", "1",
+                    "--min-busbw", "100000"], timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "n/a (no size >= 1 MiB" in proc.stdout
+    assert "(over all sizes: none >= 1 MiB) is below --min-busbw 100000 GB/s" in proc.stdout

@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         pairs: bool = typer.Option(False, "--pairs", help="Also measure sendrecv between every pair of hosts "
                                    "(and ranks within a host) at the largest size; name slow hosts and links."),
         min_busbw: float | None = typer.Option(None, "--min-busbw", help="Exit 1 when an op's average busbw "
-                                               "(sizes >= 1 MiB) is below this many GB/s."),
+                                               "(sizes >= 1 MiB, else all sizes) is below this many GB/s."),
         json_path: str | None = typer.Option(None, "--json", help="Also write the results as JSON to this path."),
         plot_path: str | None = typer.Option(None, "--plot", help="Also plot busbw vs size to this PNG "
                                              "(needs matplotlib: pip install 'ddpdoctor[plot]')."),
