@@ -35,7 +35,7 @@ from ddpdoctor.bench import (
     write_plot,
 )
 from ddpdoctor.check_api import Check, CheckOptions
-from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM
+from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, short_error
 from ddpdoctor.runtime.launcher import LaunchInfo
 
 # The runtime initialises the process group only when a selected check needs it: the bench does.
@@ -181,7 +181,7 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
             out(render_pairs(analysis, config.pair_bytes))
     except Exception as exc:  # a collective failed or timed out: that is the result, named by its step
         progress.clear()
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = short_error(exc)
         print(f"ddpdoctor bench: rank {info.rank} on {run.me.host}: {step} failed: {first}. A peer died or a "
               "link is blocked; check the other ranks' output, firewalls and NCCL_SOCKET_IFNAME/"
               "GLOO_SOCKET_IFNAME", file=sys.stderr, flush=True)

@@ -29,3 +29,8 @@ def short_error(exc: BaseException) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first) or first
+
+
+def typed_error(exc: BaseException) -> str:
+    """``Type: first line`` (as :func:`short_error` gives it), or just ``Type`` for an empty message."""
+    return f"{type(exc).__name__}: {short_error(exc)}" if str(exc).strip() else type(exc).__name__

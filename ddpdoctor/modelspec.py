@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.errors import DoctorError
+from ddpdoctor.errors import DoctorError, typed_error
 
 
 def _user_frame(exc: BaseException) -> str:
@@ -31,8 +31,7 @@ def _user_frame(exc: BaseException) -> str:
 
 def _one_line(exc: BaseException) -> str:
     """``Type: first line of the message``, at most 200 characters: the CLI prints errors as one line."""
-    lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    text = typed_error(exc)
     return text if len(text) <= 200 else text[:197] + "..."
 
 

@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any
 
+from ddpdoctor.errors import typed_error
 from ddpdoctor.watch_channel import ADDR_ENV, Client
 from ddpdoctor.watch_pitfalls import PitfallLog
 from ddpdoctor.watch_recorder import Recorder, site_name, user_stack
@@ -160,9 +161,8 @@ def execute(script: str) -> tuple[int, bool, str]:
             tb = tb.tb_next
         traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
         sys.stderr.flush()
-        message = str(exc).strip().splitlines()
         where = _error_site(exc)
-        error = f"{type(exc).__name__}: {message[0] if message else ''}"[:300] + (f" (at {where})" if where else "")
+        error = typed_error(exc)[:300] + (f" (at {where})" if where else "")
         return 1, True, error
 
 
