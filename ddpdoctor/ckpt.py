@@ -729,6 +729,7 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
         raise DoctorError(f"{ckpt.path}: no state_dict found (no mapping of names to tensors); "
                           "name it with --key")
     summary = []
+    all_renames: dict[str, str] = {}  # safetensors: one flat location, renamed in its header
     total = 0
     for loc in locs:
         renames, counts = plan_renames((k for k, _ in mapping_pairs(loc.node) or []), plist,
@@ -736,6 +737,7 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
         _rename_node(loc.node, renames, plist, "")
         summary.append({"location": loc.name, "renamed_keys": len(renames),
                         "prefixes": [{"prefix": p, "keys": n} for p, n in counts.items()]})
+        all_renames.update(renames)
         total += len(renames)
     if total == 0 and out.exists() and os.path.samefile(out, ckpt.path):
         # --in-place with nothing to strip: leave the file (and its mtime) alone.
@@ -752,8 +754,7 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
                 ckpt_pickle.loads(new_pickle, trust=True)  # cheap self-check before anything is renamed
                 ckpt_zip.rewrite(ckpt.zip, fh, new_pickle, start_writeback=replacing)
             elif ckpt.safetensors is not None:
-                renames, _ = plan_renames(ckpt.safetensors.tensors, plist)
-                ckpt_safetensors.rewrite(ckpt.safetensors, fh, renames, start_writeback=replacing)
+                ckpt_safetensors.rewrite(ckpt.safetensors, fh, all_renames, start_writeback=replacing)
             else:
                 import torch
 
@@ -800,7 +801,7 @@ def _common_components(keys: Iterable[str]) -> list[str]:
 
 def _apply(keys: list[str], fix: Fix) -> dict[str, str] | None:
     try:
-        renames, _ = plan_renames(keys, fix.strip or ("\0never.",), add=fix.add)
+        renames, _ = plan_renames(keys, fix.strip, add=fix.add)
     except DuplicateKeyError:
         return None
     return {k: renames.get(k, k) for k in keys}
@@ -1026,7 +1027,7 @@ def load_checkpoint_into(model: nn.Module, path: str | Path, *, key: str | None 
     add = fix["add_prefix"] if fix else ""
     if strict and not rep["loads_as_is"] and not (fix and fix["loads_strict_after"]):
         raise DoctorError(f"cannot load {p} into the model with strict=True: {rep['summary']}")
-    renames, _ = plan_renames(sd, strip or ("\0never.",), add=add)
+    renames, _ = plan_renames(sd, strip, add=add)
     fixed: OrderedDict[str, Any] = OrderedDict((renames.get(k, k), v) for k, v in sd.items())
     meta = getattr(loc.node, "_metadata", None)
     if meta is not None:

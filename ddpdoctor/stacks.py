@@ -190,7 +190,7 @@ def ptrace_advice(target_uid: int | None) -> str:
 def _classify(stderr: str, cand: Candidate) -> str:
     """Turn py-spy's stderr into the one-line reason a user can act on."""
     pid = cand.proc.pid
-    if not _same_process_alive(cand):
+    if not same_process_alive(cand.proc.pid, cand.create_time):
         return "the process exited while it was being dumped"
     text = stderr.strip()
     if "Permission Denied" in text or "Operation not permitted" in text or "os error 1)" in text:
@@ -204,11 +204,12 @@ def _classify(stderr: str, cand: Candidate) -> str:
     return f"py-spy failed: {first or 'no output'}"
 
 
-def _same_process_alive(cand: Candidate) -> bool:
+def same_process_alive(pid: int, create_time: float | None) -> bool:
+    """``pid`` still runs and is the process seen before (its start time matches), not a reused pid."""
     try:
-        p = psutil.Process(cand.proc.pid)
+        p = psutil.Process(pid)
         alive = p.status() != psutil.STATUS_ZOMBIE
-        return alive and (cand.create_time is None or abs(p.create_time() - cand.create_time) < 0.5)
+        return alive and (create_time is None or abs(p.create_time() - create_time) < 0.5)
     except psutil.Error:
         return False
 

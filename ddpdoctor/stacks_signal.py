@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.stackdump import STACK_DIR_ENV, default_stack_dir
+from ddpdoctor.stacks import same_process_alive
 from ddpdoctor.stacks_ident import job_matches
 from ddpdoctor.stacks_report import Frame, ProcessStacks, ThreadStack
 
@@ -61,14 +60,8 @@ def _registrations(folder: Path) -> list[dict[str, Any]]:
 
 
 def _alive_as_registered(meta: dict[str, Any]) -> bool:
-    try:
-        p = psutil.Process(int(meta["pid"]))
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return False
-        started = meta.get("create_time")
-        return started is None or abs(p.create_time() - float(started)) < 0.5
-    except psutil.Error:
-        return False
+    started = meta.get("create_time")
+    return same_process_alive(int(meta["pid"]), None if started is None else float(started))
 
 
 def _size(path: str) -> int:
