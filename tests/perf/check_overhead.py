@@ -13,6 +13,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
+
+from tests.support import clean_env, free_port, torchrun_cmd
 
 BARE = """
 import torch, torch.distributed as dist
@@ -23,16 +28,10 @@ dist.destroy_process_group()
 """
 
 
-def free_port() -> int:
-    from ddpdoctor.ports import free_port as pick
-
-    return pick("127.0.0.1")
-
-
 def timed(cmd: list[str]) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    """Wall seconds of ``cmd`` outside any launcher's environment (under srun it would run as one rank)."""
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=600)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -50,7 +49,7 @@ def main() -> None:
         for nproc in (2, 4):
             bare, doctor = [], []
             for _ in range(args.repeats):
-                bare.append(timed([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                bare.append(timed([*torchrun_cmd(), "--nproc-per-node", str(nproc),
                                    "--master-port", str(free_port()), "--monitor-interval", "0.1", script]))
                 doctor.append(timed([sys.executable, "-m", "ddpdoctor", "check", "--nproc", str(nproc)]))
             b, d = statistics.median(bare), statistics.median(doctor)

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script 
 from tests.perf.common import cli_command, user_env
 
 SETTLE_S = 1.0
+RUN_TIMEOUT_S = 600
 
 PLAIN_WAY = """
 import sys, torch
@@ -72,7 +73,15 @@ def run(cmd: list[str], remove: Path | None = None, env: dict[str, str] | None =
     time.sleep(SETTLE_S)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
+    while True:  # wait4 (for the child's peak RSS) has no timeout: poll it against a deadline
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() - start > RUN_TIMEOUT_S:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise SystemExit(f"no result within {RUN_TIMEOUT_S} s: {' '.join(cmd)}")
+        time.sleep(0.005)
     elapsed = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
@@ -115,7 +124,7 @@ def main() -> None:
           "--tensors", str(args.tensors)]
     try:
         src = work / "ddp.pt"
-        subprocess.run([*me, "--phase", "build"], check=True)
+        subprocess.run([*me, "--phase", "build"], check=True, timeout=RUN_TIMEOUT_S)
         size = src.stat().st_size
         print(f"checkpoint: {size / 2**20:.0f} MiB, {args.tensors} tensors, in {work}")
         strip = [*cli_command(), "ckpt", "strip", str(src), "-o"]
@@ -141,7 +150,7 @@ def main() -> None:
                 times[name].append(t)
                 rss[name].append(r)
         results = {name: (statistics.median(times[name]), max(rss[name])) for name in methods}
-        subprocess.run([*me, "--phase", "verify"], check=True)
+        subprocess.run([*me, "--phase", "verify"], check=True, timeout=RUN_TIMEOUT_S)
         base = results["cp"][0]
         print(f"{'method':<16} {'time_s':>8} {'x cp':>6} {'peak_rss_MB':>12}  every run (s)")
         for name, (t, r) in results.items():

@@ -77,8 +77,7 @@ def recording_cost(calls: int) -> float:
     recorder = watch_recorder.install(0, 1)
     original = dist.all_reduce.__ddpdoctor_original__  # type: ignore[attr-defined]
     # The recorder alone, around a function that does nothing: no gloo noise in the difference.
-    noop = recorder.wrap("all_reduce", lambda *a, **k: None,
-                         watch_recorder._collective_maker(recorder, "all_reduce", original))
+    noop = recorder.wrap(lambda *a, **k: None, watch_recorder._collective_maker(recorder, "all_reduce", original))
     bare, watched, wrapped, empty = [], [], [], []
     for _ in range(7):  # alternate, keep the best of each: the machine is shared
         bare.append(per_call(original, tensor))
