@@ -9,7 +9,6 @@ Only rank 0 prints; like ``check``, its exit code carries the result and the oth
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,12 +33,9 @@ from ddpdoctor.bench import (
     table_row,
     write_plot,
 )
-from ddpdoctor.check_api import Check, CheckOptions
+from ddpdoctor.check_api import CheckOptions
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, short_error
 from ddpdoctor.runtime.launcher import LaunchInfo
-
-# The runtime initialises the process group only when a selected check needs it: the bench does.
-_NEEDS_PG = Check(id="bench", title="ddpdoctor bench", run=lambda ctx: [], needs_process_group=True)
 
 
 def gather(value: Any) -> list[Any]:
@@ -131,14 +127,13 @@ class _Progress:
 def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
     from ddpdoctor.fileio import write_json_atomic
-    from ddpdoctor.runtime.rank import RankRun, RunConfig
+    from ddpdoctor.runtime.rank import RankRun, RunConfig, write_result_file
 
-    run = RankRun(info, RunConfig(checks=[_NEEDS_PG], backend=config.backend,
+    run = RankRun(info, RunConfig(checks=[], backend=config.backend, process_group=True,
                                   options=CheckOptions(timeout_s=config.timeout_s)))
-    joined = run.join()
-    if joined is None:
+    if not run.join():
         return EXIT_PROBLEM
-    _, pg_problem = joined
+    pg_problem = run.pg_problem
     lead = info.rank == 0
     out: Callable[[str], None] = (lambda s: print(s, flush=True)) if lead else (lambda s: None)
     if pg_problem is not None:
@@ -146,7 +141,7 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
             detail = "; ".join(f"{f.summary} ({f.remedy})" for f in run.runtime_findings)
             print(f"ddpdoctor bench: cannot run: {pg_problem}" + (f": {detail}" if detail else ""),
                   file=sys.stderr, flush=True)
-            _write_result(EXIT_PROBLEM)
+            write_result_file(EXIT_PROBLEM)
         return EXIT_PROBLEM if lead else EXIT_OK
     import torch
 
@@ -186,7 +181,7 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
               "link is blocked; check the other ranks' output, firewalls and NCCL_SOCKET_IFNAME/"
               "GLOO_SOCKET_IFNAME", file=sys.stderr, flush=True)
         if lead:
-            _write_result(EXIT_PROBLEM)
+            write_result_file(EXIT_PROBLEM)
         return EXIT_PROBLEM if lead else EXIT_OK
     if not lead:
         return EXIT_OK
@@ -198,15 +193,5 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     for line in found:
         print(f"ddpdoctor bench: FAIL: {line}", flush=True)
     code = EXIT_PROBLEM if found else EXIT_OK
-    _write_result(code)
+    write_result_file(code)
     return code
-
-
-def _write_result(code: int) -> None:
-    """The self-launch protocol: rank 0 leaves its exit code where ``self_launch`` reads it."""
-    from ddpdoctor.fileio import write_json_atomic
-    from ddpdoctor.runtime.rank import RESULT_FILE_ENV
-
-    path = os.environ.get(RESULT_FILE_ENV)
-    if path:
-        write_json_atomic(path, {"exit_code": code})

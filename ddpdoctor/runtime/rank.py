@@ -48,10 +48,25 @@ class RunConfig:
     backend: str = "auto"
     options: CheckOptions = field(default_factory=CheckOptions)
     json_path: str | None = None
+    # None: when a selected check needs it. `bench` runs no checks and always needs one.
+    process_group: bool | None = None
 
     @property
     def timeout_s(self) -> float:
         return self.options.timeout_s
+
+    @property
+    def needs_process_group(self) -> bool:
+        if self.process_group is not None:
+            return self.process_group
+        return any(check.needs_process_group for check in self.checks)
+
+
+def write_result_file(code: int, report: dict[str, Any] | None = None) -> None:
+    """The self-launch protocol: rank 0 leaves its exit code (and report) where ``self_launch`` reads it."""
+    path = os.environ.get(RESULT_FILE_ENV)
+    if path:
+        write_json_atomic(path, {"exit_code": code, **({"report": report} if report is not None else {})})
 
 
 class Terminated(Exception):
@@ -109,6 +124,7 @@ class RankRun:
         self.backend = config.backend
         self.device = "cpu"
         self.plan: dict[str, Any] | None = None
+        self.pg_problem: str | None = None  # why the process group under test is unusable, once joined
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -139,18 +155,15 @@ class RankRun:
               f"MASTER_ADDR:MASTER_PORT {where}: {why}. Check that MASTER_ADDR is rank 0's host as "
               "this node resolves it, and that the port is open between the nodes.", file=sys.stderr)
 
-    def join(self) -> tuple[dict[str, Any], str | None] | None:
-        """Connect, rendezvous and initialise the process group under test.
+    def join(self) -> bool:
+        """Connect, rendezvous and initialise the process group under test (``self.plan``, ``self.pg_problem``).
 
-        Returns (plan, why the process group is unusable or None), or None when this rank cannot take
-        part (it has said why on stderr).
+        False when this rank cannot take part (it has said why on stderr).
         """
-        if not self.connect():
-            return None
-        plan = self.rendezvous()
-        if plan is None:
-            return None
-        return plan, self.init_process_group(plan)
+        if not self.connect() or self.rendezvous() is None:
+            return False
+        self.pg_problem = self.init_process_group()
+        return True
 
     def rendezvous(self) -> dict[str, Any] | None:
         """Say hello; rank 0 decides who joined. Returns the plan, or None if rank 0 never published one."""
@@ -185,7 +198,7 @@ class RankRun:
         self.plan = dict(plan)
         return self.plan
 
-    def init_process_group(self, plan: dict[str, Any]) -> str | None:
+    def init_process_group(self) -> str | None:
         """Initialise the process group under test; returns why it is unusable, or None when it is up."""
         try:
             self.backend, self.device = resolve_backend(self.config.backend, self.info.local_rank)
@@ -194,10 +207,11 @@ class RankRun:
             self.runtime_findings.append(Finding("connectivity", FAIL, str(exc), [self.info.rank],
                                                  "run with --backend gloo or auto on hosts without GPUs"))
             return str(exc)
-        if not any(check.needs_process_group for check in self.config.checks):
+        if not self.config.needs_process_group:
             return "no selected check needs it"
-        if plan["missing"]:
-            return f"{rank_phrase(plan['missing'])} never joined"
+        assert self.plan is not None
+        if self.plan["missing"]:
+            return f"{rank_phrase(self.plan['missing'])} never joined"
         assert self.control is not None
         import torch.distributed as dist
 
@@ -288,10 +302,10 @@ class RankRun:
 
     # -- rank 0 ------------------------------------------------------------------------------------
 
-    def collect(self, plan: dict[str, Any] | None, deadline: float) -> Report:
+    def collect(self, deadline: float) -> Report:
         """Gather every joined rank's result until ``deadline`` and merge them into one report."""
         ws = self.info.world_size
-        joined = plan["joined"] if plan else [self.info.rank]
+        joined = self.plan["joined"] if self.plan else [self.info.rank]
         results: dict[int, dict[str, Any]] = {}
         finished: set[int] = set()
         if self.control is not None:
@@ -384,9 +398,7 @@ class RankRun:
                 print(f"ddpdoctor: cannot write --json {self.config.json_path}: {exc}",
                       file=sys.stderr, flush=True)
                 code = max(code, EXIT_PROBLEM)
-        result_file = os.environ.get(RESULT_FILE_ENV)
-        if result_file:
-            write_json_atomic(result_file, {"exit_code": code, "report": data})
+        write_result_file(code, data)
         return code
 
 
@@ -412,15 +424,13 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)
     try:
-        joined = run.join()
-        if joined is None:
+        if not run.join():
             return EXIT_PROBLEM
-        plan, pg_problem = joined
-        run.run_checks(pg_problem)
+        run.run_checks(run.pg_problem)
         run.post()
         if info.rank != 0:
             return EXIT_OK
-        return run.finish(run.collect(plan, time.monotonic() + config.timeout_s))
+        return run.finish(run.collect(time.monotonic() + config.timeout_s))
     except Terminated as exc:
         # Signals stay raised as Terminated only once: a second one must not interrupt the report.
         _ignore_signals()
@@ -432,8 +442,8 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
         with contextlib.suppress(Exception):  # the store may be gone with the launcher
             run.post()
         try:
-            report = run.collect(run.plan, time.monotonic() + min(2.0, config.timeout_s))
+            report = run.collect(time.monotonic() + min(2.0, config.timeout_s))
         except Exception:  # the launcher's store went away with it: report what this rank knows
             run.control = None
-            report = run.collect(run.plan, time.monotonic())
+            report = run.collect(time.monotonic())
         return run.finish(report)
