@@ -39,7 +39,7 @@ class OpSpec:
     """One benchmarked operation: how its size maps to S and its nccl-tests bus factor."""
 
     name: str
-    # S = size / per_rank_divisor(n) ... times algbw_multiplier(n): both n for the "x nranks" ops.
+    # all_gather, reduce_scatter, all_to_all: a row's size is the whole result, each rank gives size / n.
     scaled_by_nranks: bool
     # nccl-tests' redop/root columns.
     redop: str
@@ -53,19 +53,13 @@ class OpSpec:
             return (nranks - 1) / nranks
         return 1.0
 
-    def per_rank_bytes(self, size: int, nranks: int) -> int:
-        """S: the bytes one rank contributes for a row of ``size`` bytes."""
-        return size // nranks if self.scaled_by_nranks else size
-
-    def algbw_gbps(self, size: int, nranks: int, time_us: float) -> float:
-        """algbw = S / t, with S x nranks for all_gather, reduce_scatter, all_to_all."""
-        if time_us <= 0:
-            return 0.0
-        moved = self.per_rank_bytes(size, nranks) * (nranks if self.scaled_by_nranks else 1)
-        return moved / (time_us * 1e-6) / 1e9
+    @staticmethod
+    def algbw_gbps(size: int, time_us: float) -> float:
+        """algbw = size / t (nccl-tests' S x nranks for the scaled ops: row sizes are whole elements per rank)."""
+        return size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
 
     def busbw_gbps(self, size: int, nranks: int, time_us: float) -> float:
-        return self.algbw_gbps(size, nranks, time_us) * self.bus_factor(nranks)
+        return self.algbw_gbps(size, time_us) * self.bus_factor(nranks)
 
 
 OPS: dict[str, OpSpec] = {
@@ -225,7 +219,7 @@ def combine_row(op: str, size: int, count: int, dtype: str, times_us: Sequence[f
     avg = sum(times_us) / nranks
     slowest = max(range(nranks), key=lambda r: times_us[r])
     spec = OPS[op]
-    return Row(op, size, count, dtype, avg, times_us[slowest], slowest, spec.algbw_gbps(size, nranks, avg),
+    return Row(op, size, count, dtype, avg, times_us[slowest], slowest, spec.algbw_gbps(size, avg),
                spec.busbw_gbps(size, nranks, avg), None if wrong is None else int(sum(wrong)),
                requested or size)
 

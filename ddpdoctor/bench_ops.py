@@ -127,12 +127,11 @@ def count_wrong(op: str, rank: int, nranks: int, count: int, dtype: str, output:
 class OpRunner:
     """The buffers of one op at one size on this rank, and one call of the op on them."""
 
-    def __init__(self, op: str, count: int, dtype: str, rank: int, nranks: int, device: Any,
-                 group: Any = None) -> None:
+    def __init__(self, op: str, count: int, dtype: str, rank: int, nranks: int, device: Any) -> None:
         import torch
 
         self.op, self.count, self.dtype, self.rank, self.nranks = op, count, dtype, rank, nranks
-        self.device, self.group = device, group
+        self.device = device
         self.input = make_input(op, rank, nranks, count, dtype, device)
         c = chunk(op, count, nranks)
         out_len = {"all_gather": count, "reduce_scatter": c, "all_to_all": count, "sendrecv": count}
@@ -143,25 +142,25 @@ class OpRunner:
     def _bind(self) -> Callable[[], object]:
         import torch.distributed as dist
 
-        op, inp, out, group = self.op, self.input, self.output, self.group
+        op, inp, out = self.op, self.input, self.output
         if op == "all_reduce":
-            return lambda: dist.all_reduce(inp, group=group)
+            return lambda: dist.all_reduce(inp)
         if op == "broadcast":
-            return lambda: dist.broadcast(inp, src=OPS[op].root, group=group)
+            return lambda: dist.broadcast(inp, src=OPS[op].root)
         if op == "all_gather":
             # all_gather_single replaces the deprecated all_gather_into_tensor in recent PyTorch.
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            return lambda: gather(out, inp, group=group)
+            return lambda: gather(out, inp)
         if op == "reduce_scatter":
             scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            return lambda: scatter(out, inp, group=group)
+            return lambda: scatter(out, inp)
         if op == "all_to_all":
-            return lambda: dist.all_to_all_single(out, inp, group=group)
+            return lambda: dist.all_to_all_single(out, inp)
         if op == "sendrecv":
             if self.nranks == 1:
                 return lambda: out.copy_(inp)
             nxt, prv = (self.rank + 1) % self.nranks, (self.rank - 1) % self.nranks
-            return lambda: exchange(inp, nxt, out, prv, group)
+            return lambda: exchange(inp, nxt, out, prv)
         raise ValueError(op)
 
     def refill(self) -> None:
@@ -177,11 +176,11 @@ class OpRunner:
         return count_wrong(self.op, self.rank, self.nranks, self.count, self.dtype, self.output)
 
 
-def exchange(send: Any, dst: int, recv: Any, src: int, group: Any = None) -> None:
+def exchange(send: Any, dst: int, recv: Any, src: int) -> None:
     """Send to ``dst`` while receiving from ``src`` (nccl-tests sendrecv), waiting for both."""
     import torch.distributed as dist
 
-    ops = [dist.P2POp(dist.isend, send, dst, group), dist.P2POp(dist.irecv, recv, src, group)]
+    ops = [dist.P2POp(dist.isend, send, dst), dist.P2POp(dist.irecv, recv, src)]
     for work in dist.batch_isend_irecv(ops):
         # Bounded without a timeout argument: gloo's Send/RecvWork::wait(kNoTimeout) waits on its unbound
         # buffer with the context timeout, which is the process group's (--timeout, init_process_group);
@@ -217,8 +216,8 @@ def timed_loop(call: Callable[[], object], iters: int, warmup: int, device: Any,
     return (time.perf_counter() - start) * 1e6 / max(1, iters)
 
 
-def world_barrier(group: Any = None) -> Callable[[], None]:
+def world_barrier() -> Callable[[], None]:
     """A barrier on the process group under test (NCCL's barrier runs on the current device)."""
     import torch.distributed as dist
 
-    return lambda: dist.barrier(group=group)
+    return lambda: dist.barrier()
