@@ -89,10 +89,9 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
         by_host.setdefault(p.host_b, []).append(p.b)
     for host in analysis.slow_hosts:
         on_host = sorted(r for r, info in peers.items() if info.host == host) or sorted(set(by_host[host]))
-        fast = [bw for h, bw in analysis.host_best_gbps.items() if h not in analysis.slow_hosts]
         result.append(Finding("bandwidth", WARN, f"host {host} is slow: its best link reaches "
                               f"{analysis.host_best_gbps[host]:.2f} GB/s, other hosts "
-                              f"{max(fast, default=0.0):.2f} GB/s", on_host,
+                              f"{analysis.typical_host_gbps():.2f} GB/s", on_host,
                               f"check {host}'s NIC link speed (ethtool), cable and switch port, and that "
                               "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME name the fast interface there",
                               {"host": host, "pairs": [p.to_json() for p in pairs]}))

@@ -300,6 +300,11 @@ class PairAnalysis:
     slow_links: list[PairResult] = field(default_factory=list)
     host_best_gbps: dict[str, float] = field(default_factory=dict)
 
+    def typical_host_gbps(self) -> float:
+        """The median best link of the hosts that are not slow: what a slow host is compared with."""
+        others = [bw for h, bw in self.host_best_gbps.items() if h not in self.slow_hosts]
+        return statistics.median(others) if others else 0.0
+
 
 def analyse_pairs(pairs: Sequence[PairResult]) -> PairAnalysis:
     """Name the slow hosts and links.
@@ -380,10 +385,8 @@ def render_pairs(analysis: PairAnalysis, size: int) -> str:
                      f"{p.time_us:>10.1f}{mark}")
     if analysis.slow_hosts:
         for host in analysis.slow_hosts:
-            others = [bw for h, bw in analysis.host_best_gbps.items() if h not in analysis.slow_hosts]
-            typical = statistics.median(others) if others else 0.0
             lines.append(f"# SLOW HOST {host}: its best link reaches {_fmt_bw(analysis.host_best_gbps[host])} "
-                         f"GB/s, other hosts {_fmt_bw(typical)} GB/s: check its NIC, cable, switch port and "
+                         f"GB/s, other hosts {_fmt_bw(analysis.typical_host_gbps())} GB/s: check its NIC, cable, switch port and "
                          "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME")
     for p in analysis.slow_links:
         where = "within host " + p.host_a if p.host_a == p.host_b else f"between {p.host_a} and {p.host_b}"
