@@ -1022,17 +1022,13 @@ def load_checkpoint_into(model: nn.Module, path: str | Path, *, key: str | None 
     rep = diff_against(ckpt, model, key)
     loc = next(loc for loc in find_state_dicts(root, key) if loc.name == rep["location"])
     fix = rep["fix"]
-    sd: dict[str, Any] = {str(k): v for k, v in mapping_pairs(loc.node) or []}
     strip = tuple(fix["strip_prefixes"]) if fix else ()
     add = fix["add_prefix"] if fix else ""
     if strict and not rep["loads_as_is"] and not (fix and fix["loads_strict_after"]):
         raise DoctorError(f"cannot load {p} into the model with strict=True: {rep['summary']}")
-    renames, _ = plan_renames(sd, strip, add=add)
-    fixed: OrderedDict[str, Any] = OrderedDict((renames.get(k, k), v) for k, v in sd.items())
-    meta = getattr(loc.node, "_metadata", None)
-    if meta is not None:
-        fixed._metadata = OrderedDict(  # type: ignore[attr-defined]
-            _renamed_pairs(list(meta.items()), lambda k: _rename_metadata_key(k, strip, add)))
+    fixed = loc.node  # loaded for this call only: renamed in place, _metadata included, as strip does
+    renames, _ = plan_renames((str(k) for k, _ in mapping_pairs(fixed) or []), strip, add=add)
+    _rename_node(fixed, renames, strip, add)
     result = model.load_state_dict(fixed, strict=strict)
     return LoadReport(str(p), fmt, loc.name, list(strip), add, len(renames),
                       len(fixed) - len(result.unexpected_keys), list(result.missing_keys),
