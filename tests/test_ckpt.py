@@ -362,7 +362,7 @@ open({str(imports)!r}, "a").write("imported\\n")
 def build():
     net = torch.nn.Linear(3, 2)
     net.weight.data.fill_(1.0)
-    print(float(net.weight.sum()))  # reading a value fails on meta
+    print(float(net.weight.detach().sum()))  # reading a value fails on meta
     return net
 """)
     model = ckpt.build_model_for_shapes(f"{source}:build")
