@@ -24,8 +24,8 @@ from pathlib import Path
 
 import psutil
 
-from ddpdoctor.errors import DoctorError
 from ddpdoctor.stacks_ident import identity, is_rank_env, job_matches
+from ddpdoctor.stacks_memory import Unreadable, read_stacks
 from ddpdoctor.stacks_report import Frame, ProcessStacks, ThreadStack
 
 # torchrun, `python -m torch.distributed.run` and the deprecated launcher all start ranks as children.
@@ -225,16 +225,51 @@ def _threads_from_py_spy(doc: object, pid: int) -> list[ThreadStack]:
     return threads
 
 
-def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0) -> list[ProcessStacks]:
-    """Run one ``py-spy dump --json`` per process, all at once; failures become per-process errors."""
-    exe = find_py_spy()
-    if exe is None:
-        raise DoctorError("py-spy not found next to this Python or on PATH: `pip install py-spy`. "
-                          + FALLBACK_HINT)
-    running: list[tuple[Candidate, subprocess.Popen[str]]] = []
+@dataclass
+class Dumped:
+    """Every candidate's stacks (or its error), and what read them: ``memory``, ``py-spy`` or both."""
+
+    processes: list[ProcessStacks]
+    source: str
+
+
+def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0,
+             thread_names: bool = False) -> Dumped:
+    """Read each process's stacks from its memory (:mod:`ddpdoctor.stacks_memory`), and run one
+    ``py-spy dump --json`` per process that reader cannot do, all at once: for ``--native`` frames, for
+    the names of threads other than the main one (``thread_names``), and for interpreters it does not
+    know. Failures become per-process errors."""
+    sources: set[str] = set()
+    for_py_spy: list[tuple[Candidate, str]] = []
     for cand in cands:
         if cand.proc.error is not None:
             continue
+        if native or thread_names:
+            for_py_spy.append((cand, "--native" if native else "--all-threads"))
+            continue
+        try:
+            cand.proc.threads = read_stacks(cand.proc.pid)
+            sources.add("memory")
+        except Unreadable as exc:
+            for_py_spy.append((cand, str(exc)))
+    if for_py_spy:
+        sources.add("py-spy")
+        _py_spy_all(for_py_spy, native, timeout)
+    return Dumped([c.proc for c in cands], "+".join(sorted(sources)) or "memory")
+
+
+def _py_spy_all(cands: Sequence[tuple[Candidate, str]], native: bool, timeout: float) -> None:
+    """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds."""
+    exe = find_py_spy()
+    if exe is None:
+        for cand, why in cands:
+            cand.proc.error = ("the process exited while it was being dumped"
+                               if not same_process_alive(cand.proc.pid, cand.create_time) else
+                               f"py-spy is needed ({why}) but not found next to this Python or on PATH: "
+                               f"`pip install py-spy`. {FALLBACK_HINT}")
+        return
+    running: list[tuple[Candidate, subprocess.Popen[str]]] = []
+    for cand, _why in cands:
         cmd = [exe, "dump", "--json", "--pid", str(cand.proc.pid)] + (["--native"] if native else [])
         running.append((cand, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                stdin=subprocess.DEVNULL, text=True)))
@@ -255,4 +290,3 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
             cand.proc.threads = _threads_from_py_spy(json.loads(out), cand.proc.pid)
         except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
             cand.proc.error = f"py-spy printed something that is not its JSON ({exc}): {out[:120]!r}"
-    return [c.proc for c in cands]

@@ -226,7 +226,7 @@ def test_process_that_exits_during_the_dump_is_reported(tmp_path: Path) -> None:
         deadline = time.monotonic() + 60
         while zombie.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.05)
-        procs = dump_all(cands, timeout=60)
+        procs = dump_all(cands, timeout=60).processes
         assert procs[0].error == "the process exited while it was being dumped"
     finally:
         victim.kill()

@@ -74,7 +74,8 @@ def stacks(
         raise DoctorError(f"no DDP rank processes{where} found on this machine (looked for RANK/LOCAL_RANK "
                           "with TORCHELASTIC_RUN_ID or SLURM step ids, and children of torchrun); pass "
                           "--pid PID, or run as the job's user or root to read other users' processes")
-    _finish(dump_all(cands, native=native, timeout=timeout), "py-spy", json_path, all_threads)
+    dumped = dump_all(cands, native=native, timeout=timeout, thread_names=all_threads)
+    _finish(dumped.processes, dumped.source, json_path, all_threads)
 
 
 @stacks_app.command("merge")

@@ -1,0 +1,362 @@
+"""Read a CPython 3.11-3.13 process's Python stacks straight from its memory, without py-spy.
+
+Why: ``py-spy dump`` spends ~10 ms of CPU per process, nearly all of it loading the interpreter binary's
+whole symbol table into a hash map. Eight ranks of one job share that binary, so ``ddpdoctor stacks``
+looks up the few symbols it needs once per binary and then reads each rank's thread states and frames
+through ``/proc/PID/mem`` (the same ptrace permission py-spy needs), about 1 ms per rank.
+
+How (the layouts py-spy also follows, here for 64-bit Linux builds without Py_TRACE_REFS or free
+threading): ``_PyRuntime.interpreters.head`` -> each interpreter's ``threads.head`` -> each thread's
+current ``_PyInterpreterFrame`` -> ``previous``...; each frame's code object gives file, qualified name
+and, from ``co_linetable`` (Objects/locations.md), the line of the instruction the frame is at. The
+offsets below come from ``offsetof`` against each version's own headers (``Include/internal``).
+
+Every object read is checked against the interpreter's own type objects (``PyCode_Type``,
+``PyUnicode_Type``, ``PyBytes_Type``), so a build whose layout differs, or a stack that changes while
+it is read, raises :class:`Unreadable` instead of producing a wrong stack; the caller then asks py-spy.
+The process is not paused (as ``py-spy dump --nonblocking``): a hung rank's stack does not move, and a
+torn read of a running one is caught by the checks and retried. Thread names other than the main
+thread's need the ``threading`` module's dicts and are left to py-spy (``--all-threads``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from ddpdoctor.stacks_report import Frame, ThreadStack
+
+_MAX_THREADS = 4096
+_MAX_DEPTH = 4096  # deeper than any sane recursion limit: a longer chain is a cycle from a torn read
+_READ_ATTEMPTS = 3
+
+
+class Unreadable(Exception):
+    """This process's stacks cannot be read here (version, layout, permission): use py-spy instead."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Byte offsets of the fields the walk reads, for one CPython minor version (64-bit Linux)."""
+
+    runtime_interpreters_head: int
+    interp_next: int
+    interp_threads_head: int
+    thread_next: int
+    thread_id: int
+    native_thread_id: int
+    thread_frame: int  # PyThreadState.cframe (3.11/3.12, then _PyCFrame.current_frame) or .current_frame
+    cframe_current_frame: int | None
+    frame_code: int
+    frame_previous: int
+    frame_instr: int  # prev_instr (3.11/3.12) or instr_ptr (3.13): the instruction the frame is at
+    frame_owner: int
+    code_filename: int
+    code_qualname: int
+    code_linetable: int
+    code_firstlineno: int
+    code_code_adaptive: int
+    ascii_size: int  # sizeof(PyASCIIObject): where a compact ASCII string's characters start
+    compact_size: int  # sizeof(PyCompactUnicodeObject): the same for other compact strings
+
+
+# offsetof() values printed by a C program compiled against each version's headers (Py_BUILD_CORE).
+LAYOUTS = {
+    (3, 11): Layout(40, 0, 16, 8, 152, 160, 56, 8, 32, 48, 56, 69, 112, 128, 136, 72, 184, 48, 72),
+    (3, 12): Layout(40, 0, 72, 8, 136, 144, 56, 0, 0, 8, 56, 70, 112, 128, 136, 68, 192, 40, 56),
+    (3, 13): Layout(632, 0, 7344, 8, 152, 160, 72, None, 0, 8, 56, 70, 112, 128, 136, 68, 200, 40, 56),
+}
+_FRAME_OWNED_BY_CSTACK = 3  # 3.12+: the shim frame at the bottom of each C-to-Python entry
+_OB_TYPE = 8
+_OB_SIZE = 16
+_BYTES_DATA = 32
+_STR_LENGTH = 16
+_STR_STATE = 32
+
+_LIBPYTHON = re.compile(r"libpython3\.\d+")
+_SYMBOLS = (b"_PyRuntime", b"Py_Version", b"PyCode_Type", b"PyUnicode_Type", b"PyBytes_Type")
+
+
+@dataclass(frozen=True)
+class _Binary:
+    """An ELF file's symbols we need (addresses relative to its load base) and its lowest PT_LOAD vaddr."""
+
+    symbols: dict[bytes, int]
+    first_vaddr: int
+
+
+_binary_cache: dict[tuple[int, int, int], _Binary | None] = {}
+
+
+def _elf_symbols(path: str) -> _Binary | None:
+    """Look up :data:`_SYMBOLS` in ``path``'s ``.dynsym`` (what ``-export-dynamic`` and shared libpython
+    export); None when the file is not a 64-bit little-endian ELF or exports none of them."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if key in _binary_cache:
+            return _binary_cache[key]
+        result = None
+        head = f.read(64)
+        if len(head) == 64 and head[:4] == b"\x7fELF" and head[4] == 2 and head[5] == 1:
+            result = _parse_elf(f, head)
+        _binary_cache[key] = result
+        return result
+
+
+def _parse_elf(f: BinaryIO, head: bytes) -> _Binary | None:
+    phoff, shoff = struct.unpack_from("<QQ", head, 32)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+    f.seek(phoff)
+    programs = f.read(phentsize * phnum)
+    loads = [struct.unpack_from("<IIQQ", programs, i * phentsize) for i in range(phnum)]
+    vaddrs = [vaddr for p_type, _flags, _off, vaddr in loads if p_type == 1]  # PT_LOAD
+    f.seek(shoff)
+    sections = f.read(shentsize * shnum)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", sections, i * shentsize) for i in range(shnum)]
+    dynsym = next((h for h in headers if h[1] == 11), None)  # SHT_DYNSYM
+    if dynsym is None or not vaddrs or dynsym[6] >= len(headers):
+        return None
+    strtab = headers[dynsym[6]]
+    f.seek(strtab[4])
+    names = f.read(strtab[5])
+    f.seek(dynsym[4])
+    table = f.read(dynsym[5])
+    wanted = {}
+    for name in _SYMBOLS:
+        at = names.find(b"\0" + name + b"\0")
+        if at >= 0:
+            wanted[at + 1] = name
+    found: dict[bytes, int] = {}
+    for st_name, _info, _other, shndx, value, _size in struct.iter_unpack("<IBBHQQ", table):
+        if st_name in wanted and shndx != 0 and value:
+            found[wanted[st_name]] = value
+    if b"_PyRuntime" not in found:
+        return None
+    return _Binary(found, min(vaddrs))
+
+
+def _locate(pid: int) -> dict[bytes, int]:
+    """Find the mapped file (the executable or a libpython) that holds ``_PyRuntime`` in ``pid``."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError as exc:
+        raise Unreadable(f"cannot read /proc/{pid}/maps: {exc.strerror or exc}") from exc
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = ""
+    bases: dict[str, int] = {}
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5]
+        if path not in bases and int(parts[2], 16) == 0:  # the mapping of the file's first page
+            bases[path] = int(parts[0].split("-", 1)[0], 16)
+    # The executable (a static python) first, then a shared libpython; through /proc/PID/root so that a
+    # process in another mount namespace (a container) is read from its own files.
+    candidates = [p for p in bases if p == exe] + [p for p in bases if _LIBPYTHON.search(p.rsplit("/", 1)[-1])]
+    for path in candidates:
+        try:
+            binary = _elf_symbols(f"/proc/{pid}/root{path}")
+        except OSError:
+            continue
+        if binary is None:
+            continue
+        load_bias = bases[path] - (binary.first_vaddr & ~0xFFF)
+        symbols = {name: load_bias + value for name, value in binary.symbols.items()}
+        if b"Py_Version" not in symbols:
+            raise Unreadable("CPython before 3.11 (no Py_Version symbol)")
+        return symbols
+    raise Unreadable("no CPython interpreter (_PyRuntime) among the mapped files")
+
+
+class _Memory:
+    """Reads of one process's memory through /proc/PID/mem, with the type checks every object gets."""
+
+    def __init__(self, pid: int, symbols: dict[bytes, int]) -> None:
+        self.pid = pid
+        self.symbols = symbols
+        try:
+            self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+        except OSError as exc:
+            raise Unreadable(f"cannot open /proc/{pid}/mem: {exc.strerror or exc}") from exc
+        self.code_cache: dict[int, tuple[str, str, bytes, int]] = {}
+        self.str_cache: dict[int, str] = {}
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def read(self, address: int, size: int) -> bytes:
+        if address <= 0 or address >= 1 << 63:
+            raise Unreadable(f"bad pointer {address:#x}")
+        try:
+            data = os.pread(self.fd, size, address)
+        except OSError as exc:
+            raise Unreadable(f"cannot read pid {self.pid} at {address:#x}: {exc.strerror or exc}") from exc
+        if len(data) != size:
+            raise Unreadable(f"short read at {address:#x}")
+        return data
+
+    def pointer(self, address: int) -> int:
+        return int.from_bytes(self.read(address, 8), "little")
+
+    def check_type(self, address: int, type_symbol: bytes) -> None:
+        if self.pointer(address + _OB_TYPE) != self.symbols[type_symbol]:
+            raise Unreadable(f"object at {address:#x} is not a {type_symbol.decode()} (layout or torn read)")
+
+
+def _version(mem: _Memory) -> tuple[int, int]:
+    hexversion = int.from_bytes(mem.read(mem.symbols[b"Py_Version"], 4), "little")
+    return hexversion >> 24, (hexversion >> 16) & 0xFF
+
+
+def _string(mem: _Memory, layout: Layout, address: int) -> str:
+    """A ``str`` object's text (compact strings: every code object's names are compact)."""
+    cached = mem.str_cache.get(address)
+    if cached is not None:
+        return cached
+    mem.check_type(address, b"PyUnicode_Type")
+    head = mem.read(address, layout.ascii_size)
+    length = struct.unpack_from("<q", head, _STR_LENGTH)[0]
+    state = struct.unpack_from("<I", head, _STR_STATE)[0]
+    kind, compact, ascii_only = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+    if not compact or kind not in (1, 2, 4) or not 0 <= length < 1 << 20:
+        raise Unreadable(f"str at {address:#x} is not a compact string")
+    start = address + (layout.ascii_size if ascii_only else layout.compact_size)
+    raw = mem.read(start, length * kind) if length else b""
+    text = raw.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind])
+    mem.str_cache[address] = text
+    return text
+
+
+def _code(mem: _Memory, layout: Layout, address: int) -> tuple[str, str, bytes, int]:
+    """(filename, qualified name, line table, first line) of a code object; cached per process."""
+    cached = mem.code_cache.get(address)
+    if cached is not None:
+        return cached
+    mem.check_type(address, b"PyCode_Type")
+    head = mem.read(address, layout.code_code_adaptive)
+    filename = _string(mem, layout, struct.unpack_from("<Q", head, layout.code_filename)[0])
+    qualname = _string(mem, layout, struct.unpack_from("<Q", head, layout.code_qualname)[0])
+    firstlineno = struct.unpack_from("<i", head, layout.code_firstlineno)[0]
+    table_at = struct.unpack_from("<Q", head, layout.code_linetable)[0]
+    mem.check_type(table_at, b"PyBytes_Type")
+    size = int.from_bytes(mem.read(table_at + _OB_SIZE, 8), "little", signed=True)
+    if not 0 <= size < 1 << 24:
+        raise Unreadable(f"line table of {qualname} has size {size}")
+    linetable = mem.read(table_at + _BYTES_DATA, size) if size else b""
+    result = (filename, qualname, linetable, firstlineno)
+    mem.code_cache[address] = result
+    return result
+
+
+def line_of(linetable: bytes, firstlineno: int, unit: int) -> int:
+    """The source line of code unit ``unit`` from a 3.11+ ``co_linetable`` (Objects/locations.md);
+    ``firstlineno`` before the first instruction, 0 when the instruction has no line."""
+    if unit < 0:
+        return firstlineno
+    line, start, i, end = firstlineno, 0, 0, len(linetable)
+
+    def varint() -> int:
+        nonlocal i
+        byte = linetable[i]
+        i += 1
+        value, shift = byte & 63, 0
+        while byte & 64:
+            byte = linetable[i]
+            i += 1
+            shift += 6
+            value |= (byte & 63) << shift
+        return value
+
+    while i < end:
+        first = linetable[i]
+        i += 1
+        code, length = (first >> 3) & 15, (first & 7) + 1
+        has_line = True
+        if code == 15:  # no location
+            has_line = False
+        elif code == 14:  # long form: line delta, end line delta, column, end column
+            value = varint()
+            line += -(value >> 1) if value & 1 else value >> 1
+            varint(), varint(), varint()
+        elif code == 13:  # no column: line delta only
+            value = varint()
+            line += -(value >> 1) if value & 1 else value >> 1
+        elif code >= 10:  # one-line forms: the line moves by code - 10, two column bytes follow
+            line += code - 10
+            i += 2
+        else:  # short forms: same line, one column byte
+            i += 1
+        if start <= unit < start + length:
+            return line if has_line else 0
+        start += length
+    return line
+
+
+def _frames(mem: _Memory, layout: Layout, frame_at: int) -> list[Frame]:
+    frames: list[Frame] = []
+    seen: set[int] = set()
+    while frame_at:
+        if frame_at in seen or len(frames) > _MAX_DEPTH:
+            raise Unreadable("the frame chain loops (the stack changed while it was read)")
+        seen.add(frame_at)
+        raw = mem.read(frame_at, max(layout.frame_owner, layout.frame_instr, layout.frame_previous) + 8)
+        code_at, previous, instr = (struct.unpack_from("<Q", raw, off)[0] for off in
+                                    (layout.frame_code, layout.frame_previous, layout.frame_instr))
+        owner = raw[layout.frame_owner]
+        if owner != _FRAME_OWNED_BY_CSTACK:  # 3.11 has no such owner
+            filename, qualname, linetable, firstlineno = _code(mem, layout, code_at)
+            unit = (instr - (code_at + layout.code_code_adaptive)) // 2
+            frames.append(Frame(qualname, filename, line_of(linetable, firstlineno, unit)))
+        frame_at = previous
+    return frames
+
+
+def _threads(mem: _Memory, layout: Layout) -> list[ThreadStack]:
+    threads = []
+    interp = mem.pointer(mem.symbols[b"_PyRuntime"] + layout.runtime_interpreters_head)
+    seen: set[int] = set()
+    while interp:
+        state = mem.pointer(interp + layout.interp_threads_head)
+        while state:
+            if state in seen or len(seen) > _MAX_THREADS:
+                raise Unreadable("the thread list loops (it changed while it was read)")
+            seen.add(state)
+            raw = mem.read(state, max(layout.native_thread_id, layout.thread_frame) + 8)
+            ident, native, frame_ref, next_state = (struct.unpack_from("<Q", raw, off)[0] for off in (
+                layout.thread_id, layout.native_thread_id, layout.thread_frame, layout.thread_next))
+            if layout.cframe_current_frame is not None:
+                frame_ref = mem.pointer(frame_ref + layout.cframe_current_frame) if frame_ref else 0
+            main = native == mem.pid
+            threads.append(ThreadStack(ident, "MainThread" if main else "", main, _frames(mem, layout, frame_ref)))
+            state = next_state
+        interp = mem.pointer(interp + layout.interp_next)
+    return threads
+
+
+def read_stacks(pid: int) -> list[ThreadStack]:
+    """Every Python thread of ``pid`` with its frames (innermost first), or :class:`Unreadable`."""
+    mem = _Memory(pid, _locate(pid))
+    try:
+        version = _version(mem)
+        layout = LAYOUTS.get(version)
+        if layout is None:
+            raise Unreadable(f"CPython {version[0]}.{version[1]} is not one this reader knows")
+        problem = Unreadable("no attempt made")
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                return _threads(mem, layout)
+            except Unreadable as exc:  # a running process moved under the reads: read again
+                problem = exc
+                mem.code_cache.clear()
+                mem.str_cache.clear()
+        raise problem
+    finally:
+        mem.close()
