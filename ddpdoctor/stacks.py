@@ -1,32 +1,31 @@
-"""`ddpdoctor stacks` engine: find this machine's DDP ranks, py-spy them in parallel, group the stacks.
+"""`ddpdoctor stacks` engine: find this machine's DDP ranks, read their stacks, group them.
 
-Never imports torch (it attaches to someone else's job and must start fast). Discovery reads each
-process's environment through psutil: torchrun workers carry RANK/LOCAL_RANK and TORCHELASTIC_RUN_ID,
-SLURM tasks carry SLURM_PROCID and SLURM_STEP_ID (see :mod:`ddpdoctor.stacks_ident`). Stacks come from
-``py-spy dump --json`` (https://github.com/benfred/py-spy#how-does-py-spy-work: it reads the target's
-memory through ptrace/process_vm_readv, which Yama's ptrace_scope and container seccomp/capabilities can
-forbid), one py-spy per rank, all started at once.
+Never imports torch, psutil or subprocess on the common path (it attaches to someone else's stuck job and
+must start fast). Discovery reads each process's environment from /proc (:mod:`ddpdoctor.procfs`):
+torchrun workers carry RANK/LOCAL_RANK and TORCHELASTIC_RUN_ID, SLURM tasks carry SLURM_PROCID and
+SLURM_STEP_ID (see :mod:`ddpdoctor.stacks_ident`). Stacks come from the process's memory
+(:mod:`ddpdoctor.stacks_memory`), or from ``py-spy dump --json``
+(https://github.com/benfred/py-spy#how-does-py-spy-work), one py-spy per rank, all started at once, for
+what that reader does not do. Both read the target's memory with ptrace rights, which Yama's ptrace_scope
+and container seccomp/capabilities can forbid.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psutil
-
+from ddpdoctor import procfs
+from ddpdoctor.procfs import same_process_alive
 from ddpdoctor.stacks_ident import identity, is_rank_env, job_matches
 from ddpdoctor.stacks_memory import Unreadable, read_stacks
 from ddpdoctor.stacks_report import Frame, ProcessStacks, ThreadStack
+
+if TYPE_CHECKING:
+    import subprocess
 
 # torchrun, `python -m torch.distributed.run` and the deprecated launcher all start ranks as children.
 _AGENT_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
@@ -36,91 +35,66 @@ FALLBACK_HINT = ("Fallback without ptrace: add `import ddpdoctor; ddpdoctor.inst
                  "top of the training script, then run `ddpdoctor stacks --signal`.")
 
 
-@dataclass
 class Candidate:
     """A process to dump, before its stacks are known."""
 
-    proc: ProcessStacks
-    create_time: float | None
-    uid: int | None
-
-
-def _cmdline(p: psutil.Process) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except (psutil.Error, OSError):
-        return ""
-
-
-def _environ(p: psutil.Process) -> dict[str, str] | None:
-    try:
-        return dict(p.environ())
-    except (psutil.Error, OSError):
-        return None
+    def __init__(self, proc: ProcessStacks, create_time: float | None, uid: int | None) -> None:
+        self.proc = proc
+        self.create_time = create_time
+        self.uid = uid
 
 
 def _is_agent(cmdline: str) -> bool:
     return any(marker in cmdline for marker in _AGENT_MARKERS)
 
 
-def _candidate(p: psutil.Process, env: dict[str, str] | None, host: str) -> Candidate:
+def _candidate(pid: int, env: dict[str, str] | None, host: str, start: float | None) -> Candidate:
     ident = identity(env or {})
-    try:
-        create_time: float | None = p.create_time()
-        uid: int | None = p.uids().real
-    except (psutil.Error, OSError):
-        create_time, uid = None, None
-    proc = ProcessStacks(pid=p.pid, host=host, rank=ident.rank, local_rank=ident.local_rank,
+    proc = ProcessStacks(pid=pid, host=host, rank=ident.rank, local_rank=ident.local_rank,
                          world_size=ident.world_size, local_world_size=ident.local_world_size,
-                         job=ident.job, cmdline=_cmdline(p))
-    return Candidate(proc, create_time, uid)
-
-
-def _own_lineage() -> set[int]:
-    """This process and its ancestors: under ``srun ddpdoctor stacks`` they carry SLURM ids too."""
-    lineage = {os.getpid()}
-    with contextlib.suppress(psutil.Error):
-        lineage.update(a.pid for a in psutil.Process().parents())
-    return lineage
+                         job=ident.job, cmdline=procfs.cmdline(pid))
+    return Candidate(proc, start, procfs.real_uid(pid))
 
 
 def discover(pids: Sequence[int] = (), job: str | None = None) -> list[Candidate]:
     """The rank processes on this machine (or exactly ``pids``), optionally only those of ``job``."""
-    host = socket.gethostname()
+    host = os.uname().nodename
     if pids:
         found = []
         for pid in dict.fromkeys(pids):
-            try:
-                p = psutil.Process(pid)
-                found.append(_candidate(p, _environ(p), host))
-            except psutil.NoSuchProcess:
+            info = procfs.stat(pid)
+            if info is None:
                 found.append(Candidate(ProcessStacks(pid=pid, host=host, error="no such process"), None, None))
+            else:
+                found.append(_candidate(pid, procfs.environ(pid), host, info[2]))
         return found
 
-    own = _own_lineage()
+    # This process and its ancestors: under `srun ddpdoctor stacks` they carry SLURM ids too.
+    own = {os.getpid(), *procfs.ancestors(os.getpid())}
     my_step = (os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"))
-    picked: dict[int, tuple[psutil.Process, dict[str, str] | None, int | None]] = {}
-    agents: set[int] = set()
     parents: dict[int, int] = {}
-    for p in psutil.process_iter(["ppid", "cmdline"]):
-        if p.pid in own:
+    starts: dict[int, float] = {}
+    agents: set[int] = set()
+    envs: dict[int, dict[str, str] | None] = {}
+    for pid in procfs.pids():
+        info = procfs.stat(pid)
+        if pid in own or info is None:
             continue
-        parents[p.pid] = int(p.info.get("ppid") or 0)
-        if _is_agent(" ".join(p.info.get("cmdline") or [])):
-            agents.add(p.pid)
-    for p in psutil.process_iter():
-        if p.pid in own or p.pid not in parents:
-            continue
-        env = _environ(p)
-        ppid = parents[p.pid]
+        parents[pid], starts[pid] = info[0], info[2]
+        env = envs[pid] = procfs.environ(pid)
+        maybe_agent = env is None or "RANK" not in env  # an agent's own environment has no RANK
+        if maybe_agent and _is_agent(procfs.cmdline(pid)):
+            agents.add(pid)
+    picked: dict[int, dict[str, str] | None] = {}
+    for pid, env in envs.items():
         if env is not None and is_rank_env(env):
             if my_step[0] is not None and (env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")) == my_step:
                 continue  # a sibling task of this very `srun ddpdoctor stacks`
-        elif ppid not in agents or p.pid in agents:
+        elif parents[pid] not in agents or pid in agents:
             continue  # neither a rank by environment nor a torchrun worker (env unreadable: another user)
-        if job is not None and not job_matches(job, env or {}, identity(env or {}).job, ppid):
+        if job is not None and not job_matches(job, env or {}, identity(env or {}).job, parents[pid]):
             continue
-        picked[p.pid] = (p, env, ppid)
+        picked[pid] = env
     # A shell or agent that carries the SLURM variables is not a rank when a descendant is one.
     drop = set()
     for pid in picked:
@@ -131,28 +105,33 @@ def discover(pids: Sequence[int] = (), job: str | None = None) -> list[Candidate
                 drop.add(ancestor)
             ancestor = parents.get(ancestor)
             seen += 1
-    return [_candidate(p, env, host) for pid, (p, env, _) in picked.items() if pid not in drop]
+    return [_candidate(pid, env, host, starts[pid]) for pid, env in picked.items() if pid not in drop]
 
 
 def find_py_spy() -> str | None:
     """py-spy installed next to this interpreter (the pip wheel's script dir) first, then PATH."""
-    here = Path(sys.executable).parent / ("py-spy.exe" if os.name == "nt" else "py-spy")
-    if here.is_file() and os.access(here, os.X_OK):
-        return str(here)
+    import shutil
+
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy.exe" if os.name == "nt" else "py-spy")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
     return shutil.which("py-spy")
 
 
 def ptrace_scope() -> int | None:
     """Yama's setting (https://www.kernel.org/doc/Documentation/admin-guide/LSM/Yama.rst); None without Yama."""
     try:
-        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read().strip())
     except (OSError, ValueError):
         return None
 
 
 def _has_cap_sys_ptrace() -> bool | None:
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        with open("/proc/self/status") as f:
+            lines = f.read().splitlines()
+        for line in lines:
             if line.startswith("CapEff:"):
                 return bool(int(line.split()[1], 16) >> _CAP_SYS_PTRACE & 1)
     except (OSError, ValueError):
@@ -204,16 +183,6 @@ def _classify(stderr: str, cand: Candidate) -> str:
     return f"py-spy failed: {first or 'no output'}"
 
 
-def same_process_alive(pid: int, create_time: float | None) -> bool:
-    """``pid`` still runs and is the process seen before (its start time matches), not a reused pid."""
-    try:
-        p = psutil.Process(pid)
-        alive = p.status() != psutil.STATUS_ZOMBIE
-        return alive and (create_time is None or abs(p.create_time() - create_time) < 0.5)
-    except psutil.Error:
-        return False
-
-
 def _threads_from_py_spy(doc: object, pid: int) -> list[ThreadStack]:
     threads = []
     for t in doc if isinstance(doc, list) else []:
@@ -225,12 +194,12 @@ def _threads_from_py_spy(doc: object, pid: int) -> list[ThreadStack]:
     return threads
 
 
-@dataclass
 class Dumped:
     """Every candidate's stacks (or its error), and what read them: ``memory``, ``py-spy`` or both."""
 
-    processes: list[ProcessStacks]
-    source: str
+    def __init__(self, processes: list[ProcessStacks], source: str) -> None:
+        self.processes = processes
+        self.source = source
 
 
 def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0,
@@ -260,6 +229,10 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
 
 def _py_spy_all(cands: Sequence[tuple[Candidate, str]], native: bool, timeout: float) -> None:
     """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds."""
+    import contextlib
+    import json
+    import subprocess
+
     exe = find_py_spy()
     if exe is None:
         for cand, why in cands:

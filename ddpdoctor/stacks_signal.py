@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.procfs import same_process_alive
 from ddpdoctor.stackdump import STACK_DIR_ENV, default_stack_dir
-from ddpdoctor.stacks import same_process_alive
 from ddpdoctor.stacks_ident import job_matches
 from ddpdoctor.stacks_report import Frame, ProcessStacks, ThreadStack
 
