@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs start-up (see stacks_cli)
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
+    from typing import Any
 
 __version__ = "0.1.0"
 

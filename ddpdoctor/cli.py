@@ -2,21 +2,23 @@
 
 Each command family lives in ``ddpdoctor/commands/<family>.py`` and adds itself to the app through its
 ``register`` function. Those modules import nothing heavy at import time: ``ddpdoctor --help``,
-``stacks``, ``explain`` and ``env --no-torch`` must start without importing torch.
+``stacks``, ``explain`` and ``env --no-torch`` must start without importing torch. This module does not
+import typer at import time either: everyday ``ddpdoctor stacks`` invocations run without it
+(:mod:`ddpdoctor.stacks_cli`).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-
-import typer
+from collections.abc import Callable
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import EXIT_BUG, EXIT_USAGE, DoctorError
 
-# The click exceptions typer raises: from click itself, or from the copy newer typer releases vendor.
-_click_exc = sys.modules[typer.BadParameter.__module__]
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
+if TYPE_CHECKING:
+    import typer
 
 # Command name -> the module under ddpdoctor/commands that registers it. Only the invoked command's
 # module is imported (the others cost start-up time a `ddpdoctor stacks` on a hung node should not pay);
@@ -26,6 +28,8 @@ COMMANDS = {"check": "check", "env": "env", "bench": "bench", "ckpt": "ckpt", "s
 
 
 def _version_callback(value: bool) -> None:
+    import typer
+
     if value:
         typer.echo(f"ddpdoctor {__version__}")
         raise typer.Exit(0)
@@ -33,6 +37,8 @@ def _version_callback(value: bool) -> None:
 
 def build_app(command: str | None = None) -> typer.Typer:
     """The typer app with every command, or with only ``command`` when that names one."""
+    import typer
+
     app = typer.Typer(
         name="ddpdoctor",
         help="Diagnose PyTorch DistributedDataParallel jobs: before training, while running, after a hang or crash.",
@@ -88,14 +94,28 @@ def invocation_args() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: run the app and turn every outcome into an exit code (0/1/2/3)."""
+    """Console entry point: run the command and turn every outcome into an exit code (0/1/2/3)."""
     args = sys.argv[1:] if argv is None else argv
     _invocation[:] = args
+    if args[:1] == ["stacks"]:
+        from ddpdoctor.stacks_cli import parse_fast, run
+
+        options = parse_fast(args[1:])
+        if options is not None:  # no typer: see ddpdoctor.stacks_cli
+            return _guarded(lambda: run(options))
+    return _guarded(lambda: _run_typer(args))
+
+
+def _run_typer(args: list[str]) -> int:
+    import typer
+
+    # The click exceptions typer raises: from click itself, or from the copy newer typer releases vendor.
+    click_exc = sys.modules[typer.BadParameter.__module__]
     command = next((arg for arg in args if not arg.startswith("-")), None)
     app = build_app(command)
     try:
         result = app(args=args, prog_name="ddpdoctor", standalone_mode=False)
-    except _click_exc.UsageError as exc:
+    except click_exc.UsageError as exc:
         # One line, not click's three-line usage block: the user sees what is wrong at once.
         hint = f" (see: ddpdoctor {exc.ctx.command_path.split(' ', 1)[1]} --help)" if (
             exc.ctx is not None and " " in exc.ctx.command_path) else " (see: ddpdoctor --help)"
@@ -106,19 +126,25 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except typer.Exit as exc:
         return int(exc.exit_code)
+    except click_exc.ClickException as exc:
+        print(f"ddpdoctor: error: {exc.format_message()}", file=sys.stderr)
+        return EXIT_USAGE
+    return int(result) if isinstance(result, int) else 0
+
+
+def _guarded(command: Callable[[], int]) -> int:
+    """Run ``command``; a DoctorError is one line and its exit code, anything unexpected a bug report."""
+    try:
+        return command()
     except DoctorError as exc:
         print(f"ddpdoctor: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except _click_exc.ClickException as exc:
-        print(f"ddpdoctor: error: {exc.format_message()}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print("ddpdoctor: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
         print(bug_report(exc), file=sys.stderr)
         return EXIT_BUG
-    return int(result) if isinstance(result, int) else 0
 
 
 def entry() -> None:

@@ -7,8 +7,6 @@ a ddpdoctor bug: exit 3 with versions, so the user can file it.
 
 from __future__ import annotations
 
-import re
-
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
@@ -26,6 +24,8 @@ class DoctorError(Exception):
 def short_error(exc: BaseException) -> str:
     """An exception in one line: its first line, without c10d/gloo's '[/long/source/path.cc:537] ' prefix;
     the type name when the message is empty."""
+    import re  # here: `ddpdoctor stacks` imports this module and must start fast
+
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first) or first

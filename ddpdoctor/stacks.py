@@ -16,7 +16,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ddpdoctor import procfs
 from ddpdoctor.procfs import same_process_alive
@@ -24,6 +23,7 @@ from ddpdoctor.stacks_ident import identity, is_rank_env, job_matches
 from ddpdoctor.stacks_memory import Unreadable, read_stacks
 from ddpdoctor.stacks_report import Frame, ProcessStacks, ThreadStack
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
 if TYPE_CHECKING:
     import subprocess
 

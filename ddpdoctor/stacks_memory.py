@@ -22,13 +22,14 @@ thread's need the ``threading`` module's dicts and are left to py-spy (``--all-t
 from __future__ import annotations
 
 import os
-import re
 import struct
-from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO
 
+from ddpdoctor.record import FrozenRecord
 from ddpdoctor.stacks_report import Frame, ThreadStack
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 _MAX_THREADS = 4096
 _MAX_DEPTH = 4096  # deeper than any sane recursion limit: a longer chain is a cycle from a torn read
@@ -39,8 +40,7 @@ class Unreadable(Exception):
     """This process's stacks cannot be read here (version, layout, permission): use py-spy instead."""
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(FrozenRecord):
     """Byte offsets of the fields the walk reads, for one CPython minor version (64-bit Linux)."""
 
     runtime_interpreters_head: int
@@ -63,12 +63,51 @@ class Layout:
     ascii_size: int  # sizeof(PyASCIIObject): where a compact ASCII string's characters start
     compact_size: int  # sizeof(PyCompactUnicodeObject): the same for other compact strings
 
+    __slots__ = (
+        "ascii_size",
+        "cframe_current_frame",
+        "code_code_adaptive",
+        "code_filename",
+        "code_firstlineno",
+        "code_linetable",
+        "code_qualname",
+        "compact_size",
+        "frame_code",
+        "frame_instr",
+        "frame_owner",
+        "frame_previous",
+        "interp_next",
+        "interp_threads_head",
+        "native_thread_id",
+        "runtime_interpreters_head",
+        "thread_frame",
+        "thread_id",
+        "thread_next",
+    )
+
+    def __init__(self, **offsets: int | None) -> None:
+        for name in self.__slots__:
+            setattr(self, name, offsets.pop(name))
+        if offsets:
+            raise TypeError(f"unknown Layout fields {sorted(offsets)}")
+
 
 # offsetof() values printed by a C program compiled against each version's headers (Py_BUILD_CORE).
+_COMMON = {"interp_next": 0, "thread_next": 8, "frame_instr": 56, "code_filename": 112, "code_qualname": 128,
+           "code_linetable": 136}
 LAYOUTS = {
-    (3, 11): Layout(40, 0, 16, 8, 152, 160, 56, 8, 32, 48, 56, 69, 112, 128, 136, 72, 184, 48, 72),
-    (3, 12): Layout(40, 0, 72, 8, 136, 144, 56, 0, 0, 8, 56, 70, 112, 128, 136, 68, 192, 40, 56),
-    (3, 13): Layout(632, 0, 7344, 8, 152, 160, 72, None, 0, 8, 56, 70, 112, 128, 136, 68, 200, 40, 56),
+    (3, 11): Layout(**_COMMON, runtime_interpreters_head=40, interp_threads_head=16, thread_id=152,
+                    native_thread_id=160, thread_frame=56, cframe_current_frame=8, frame_code=32,
+                    frame_previous=48, frame_owner=69, code_firstlineno=72, code_code_adaptive=184,
+                    ascii_size=48, compact_size=72),
+    (3, 12): Layout(**_COMMON, runtime_interpreters_head=40, interp_threads_head=72, thread_id=136,
+                    native_thread_id=144, thread_frame=56, cframe_current_frame=0, frame_code=0,
+                    frame_previous=8, frame_owner=70, code_firstlineno=68, code_code_adaptive=192,
+                    ascii_size=40, compact_size=56),
+    (3, 13): Layout(**_COMMON, runtime_interpreters_head=632, interp_threads_head=7344, thread_id=152,
+                    native_thread_id=160, thread_frame=72, cframe_current_frame=None, frame_code=0,
+                    frame_previous=8, frame_owner=70, code_firstlineno=68, code_code_adaptive=200,
+                    ascii_size=40, compact_size=56),
 }
 _FRAME_OWNED_BY_CSTACK = 3  # 3.12+: the shim frame at the bottom of each C-to-Python entry
 _OB_TYPE = 8
@@ -77,16 +116,15 @@ _BYTES_DATA = 32
 _STR_LENGTH = 16
 _STR_STATE = 32
 
-_LIBPYTHON = re.compile(r"libpython3\.\d+")
 _SYMBOLS = (b"_PyRuntime", b"Py_Version", b"PyCode_Type", b"PyUnicode_Type", b"PyBytes_Type")
 
 
-@dataclass(frozen=True)
 class _Binary:
     """An ELF file's symbols we need (addresses relative to its load base) and its lowest PT_LOAD vaddr."""
 
-    symbols: dict[bytes, int]
-    first_vaddr: int
+    def __init__(self, symbols: dict[bytes, int], first_vaddr: int) -> None:
+        self.symbols = symbols
+        self.first_vaddr = first_vaddr
 
 
 _binary_cache: dict[tuple[int, int, int], _Binary | None] = {}
@@ -143,7 +181,8 @@ def _parse_elf(f: BinaryIO, head: bytes) -> _Binary | None:
 def _locate(pid: int) -> dict[bytes, int]:
     """Find the mapped file (the executable or a libpython) that holds ``_PyRuntime`` in ``pid``."""
     try:
-        maps = Path(f"/proc/{pid}/maps").read_text()
+        with open(f"/proc/{pid}/maps") as f:
+            maps = f.read()
     except OSError as exc:
         raise Unreadable(f"cannot read /proc/{pid}/maps: {exc.strerror or exc}") from exc
     try:
@@ -160,7 +199,7 @@ def _locate(pid: int) -> dict[bytes, int]:
             bases[path] = int(parts[0].split("-", 1)[0], 16)
     # The executable (a static python) first, then a shared libpython; through /proc/PID/root so that a
     # process in another mount namespace (a container) is read from its own files.
-    candidates = [p for p in bases if p == exe] + [p for p in bases if _LIBPYTHON.search(p.rsplit("/", 1)[-1])]
+    candidates = [p for p in bases if p == exe] + [p for p in bases if p.rsplit("/", 1)[-1].startswith("libpython3.")]
     for path in candidates:
         try:
             binary = _elf_symbols(f"/proc/{pid}/root{path}")

@@ -9,15 +9,16 @@ diagnosis.
 
 from __future__ import annotations
 
-import json
-import socket
+import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.record import FrozenRecord, Record
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Path pieces of code that is not the user's: stdlib, installed packages, frozen importlib, native libs.
 _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3", "<frozen")
@@ -25,13 +26,15 @@ _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib6
 _DIST_MARKERS = ("torch/distributed/", "torch/nn/parallel/")
 
 
-@dataclass(frozen=True)
-class Frame:
+class Frame(FrozenRecord):
     """One stack frame; ``file`` as the process knows it (usually absolute)."""
 
-    function: str
-    file: str
-    line: int
+    __slots__ = ("file", "function", "line")
+
+    def __init__(self, function: str, file: str, line: int) -> None:
+        self.function = function
+        self.file = file
+        self.line = line
 
     @property
     def short_file(self) -> str:
@@ -52,34 +55,51 @@ class Frame:
         return {"function": self.function, "file": self.file, "line": self.line, "where": self.where()}
 
 
-@dataclass
-class ThreadStack:
+class ThreadStack(Record):
     """One thread; ``frames`` innermost first (as py-spy and faulthandler print them)."""
 
-    thread_id: int
-    name: str
-    main: bool
-    frames: list[Frame]
+    __slots__ = ("frames", "main", "name", "thread_id")
+
+    def __init__(self, thread_id: int, name: str, main: bool, frames: list[Frame]) -> None:
+        self.thread_id = thread_id
+        self.name = name
+        self.main = main
+        self.frames = frames
 
     def to_dict(self) -> dict[str, Any]:
         return {"thread_id": self.thread_id, "name": self.name, "main": self.main,
                 "frames": [f.to_dict() for f in self.frames]}
 
 
-@dataclass
-class ProcessStacks:
+class ProcessStacks(Record):
     """One process we looked at: who it is, and its threads or why we could not get them."""
 
-    pid: int
-    host: str
-    rank: int | None = None
-    local_rank: int | None = None
-    world_size: int | None = None
-    local_world_size: int | None = None
-    job: str | None = None
-    cmdline: str = ""
-    threads: list[ThreadStack] = field(default_factory=list)
-    error: str | None = None
+    __slots__ = (
+        "cmdline",
+        "error",
+        "host",
+        "job",
+        "local_rank",
+        "local_world_size",
+        "pid",
+        "rank",
+        "threads",
+        "world_size",
+    )
+
+    def __init__(self, pid: int, host: str, rank: int | None = None, local_rank: int | None = None,
+                 world_size: int | None = None, local_world_size: int | None = None, job: str | None = None,
+                 cmdline: str = "", threads: list[ThreadStack] | None = None, error: str | None = None) -> None:
+        self.pid = pid
+        self.host = host
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.local_world_size = local_world_size
+        self.job = job
+        self.cmdline = cmdline
+        self.threads: list[ThreadStack] = threads if threads is not None else []
+        self.error = error
 
     @property
     def label(self) -> str:
@@ -113,12 +133,14 @@ def _public(function: str) -> bool:
     return not last.startswith("_") and "<locals>" not in function and last not in {"wrapper", "inner"}
 
 
-@dataclass(frozen=True)
-class Position:
+class Position(FrozenRecord):
     """The frames that matter: where the user's code is, and which collective it is in."""
 
-    user: Frame | None
-    call: str | None
+    __slots__ = ("call", "user")
+
+    def __init__(self, user: Frame | None, call: str | None) -> None:
+        self.user = user
+        self.call = call
 
     def describe(self) -> str:
         """``barrier() at train.py:80`` / ``train.py:38 in load_batch() (not in a torch.distributed call)``."""
@@ -164,11 +186,15 @@ def format_ranks(labels: Iterable[ProcessStacks]) -> str:
     return " and ".join(parts)
 
 
-@dataclass
-class Group:
-    job: str | None
-    position: Position
-    members: list[ProcessStacks]
+class Group(Record):
+    """Ranks of one job at the same position."""
+
+    __slots__ = ("job", "members", "position")
+
+    def __init__(self, job: str | None, position: Position, members: list[ProcessStacks]) -> None:
+        self.job = job
+        self.position = position
+        self.members = members
 
     @property
     def representative(self) -> ProcessStacks:
@@ -190,16 +216,19 @@ class Group:
         }
 
 
-@dataclass
-class JobReport:
+class JobReport(Record):
     """One job's verdict: groups largest first, the outliers, the ranks we could not see."""
 
-    job: str | None
-    groups: list[Group]
-    failed: list[ProcessStacks]
-    world_size: int | None
-    missing_ranks: list[int]
-    tie: bool
+    __slots__ = ("failed", "groups", "job", "missing_ranks", "tie", "world_size")
+
+    def __init__(self, job: str | None, groups: list[Group], failed: list[ProcessStacks],
+                 world_size: int | None, missing_ranks: list[int], tie: bool) -> None:
+        self.job = job
+        self.groups = groups
+        self.failed = failed
+        self.world_size = world_size
+        self.missing_ranks = missing_ranks
+        self.tie = tie
 
     @property
     def outliers(self) -> list[ProcessStacks]:
@@ -319,7 +348,7 @@ def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], so
     return {
         "tool": "ddpdoctor",
         "version": __version__,
-        "host": host if host is not None else socket.gethostname(),
+        "host": host if host is not None else os.uname().nodename,
         "source": source,
         "processes": [p.to_dict() for p in sorted(processes, key=_rank_order)],
         "groups": [g.to_dict() for r in reports for g in r.groups],
@@ -362,13 +391,16 @@ def processes_from_json(doc: Any, origin: str) -> list[ProcessStacks]:
                           "write one per node with `ddpdoctor stacks --json PATH`") from exc
 
 
-def load_json_files(paths: Sequence[str | Path]) -> tuple[list[ProcessStacks], str]:
+def load_json_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[ProcessStacks], str]:
     """Read several nodes' files; the same (host, pid) seen twice is kept once."""
+    import json
+
     seen: dict[tuple[str, int], ProcessStacks] = {}
     sources = set()
     for path in paths:
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
         except FileNotFoundError as exc:
             raise DoctorError(f"{path}: no such file; pass the files written by `ddpdoctor stacks --json`") from exc
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

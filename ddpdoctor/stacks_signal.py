@@ -71,7 +71,7 @@ def _size(path: str) -> int:
         return 0
 
 
-def collect(pids: Sequence[int] = (), job: str | None = None, directory: str | Path | None = None,
+def collect(pids: Sequence[int] = (), job: str | None = None, directory: str | os.PathLike[str] | None = None,
             timeout: float = 10.0) -> list[ProcessStacks]:
     """Signal every live registered rank (optionally only ``pids``/``job``) and parse what each wrote."""
     folder = Path(directory) if directory is not None else default_stack_dir()

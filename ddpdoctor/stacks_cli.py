@@ -1,0 +1,143 @@
+"""`ddpdoctor stacks` as a function of its options, and a strict parser for its everyday invocations.
+
+Why a parser besides typer's: `ddpdoctor stacks` runs on a node whose job is stuck, often on every node at
+once through ``srun``, and importing typer costs more than finding and reading all ranks' stacks. The
+console entry (:func:`ddpdoctor.cli.main`) first offers the arguments to :func:`parse_fast`; it accepts
+only options it can read exactly as typer would (``--pid``, ``--job``, ``--native``, ``--all-threads``,
+``--json``, ``--timeout``) and declines everything else (``--help``, ``merge``, ``--signal``, a value
+typer would reject), which then goes through typer (:mod:`ddpdoctor.commands.stacks`) and its messages.
+Both paths end in :func:`run`. ``tests/test_stacks_cli.py`` checks that both parse alike.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
+if TYPE_CHECKING:
+    from ddpdoctor.stacks_report import ProcessStacks
+
+PathArg = str | os.PathLike[str]
+
+
+class StacksOptions:
+    """The options of ``ddpdoctor stacks`` (defaults as in its ``--help``)."""
+
+    def __init__(self, pid: Sequence[int] = (), job: str | None = None, native: bool = False,
+                 all_threads: bool = False, json_path: PathArg | None = None, signal_mode: bool = False,
+                 stack_dir: PathArg | None = None, timeout: float = 30.0) -> None:
+        self.pid = list(pid)
+        self.job = job
+        self.native = native
+        self.all_threads = all_threads
+        self.json_path = json_path
+        self.signal_mode = signal_mode
+        self.stack_dir = stack_dir
+        self.timeout = timeout
+
+    def as_tuple(self) -> tuple[object, ...]:
+        stack_dir = os.fspath(self.stack_dir) if self.stack_dir is not None else None
+        json_path = os.fspath(self.json_path) if self.json_path is not None else None
+        return (self.pid, self.job, self.native, self.all_threads, json_path, self.signal_mode, stack_dir,
+                self.timeout)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StacksOptions) and self.as_tuple() == other.as_tuple()
+
+    def __repr__(self) -> str:
+        return f"StacksOptions{self.as_tuple()!r}"
+
+
+MIN_TIMEOUT = 0.1
+_FLAGS = {"--native": "native", "--all-threads": "all_threads"}
+_VALUED = ("--pid", "-p", "--job", "--json", "--timeout")
+
+
+def parse_fast(argv: Sequence[str]) -> StacksOptions | None:
+    """The options when ``argv`` (after ``stacks``) holds only what this parser reads exactly as typer
+    does; None for anything else, so that typer parses it and words any error."""
+    opts = StacksOptions()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name in _FLAGS and not eq:
+            setattr(opts, _FLAGS[name], True)
+            i += 1
+            continue
+        if name not in _VALUED:
+            return None
+        if eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        else:
+            return None
+        if name in ("--pid", "-p"):
+            if not value.isascii() or not value.isdigit():
+                return None
+            opts.pid.append(int(value))
+        elif name == "--job":
+            opts.job = value
+        elif name == "--json":
+            if not value:
+                return None
+            opts.json_path = value
+        else:
+            try:
+                timeout = float(value)
+            except ValueError:
+                return None
+            if not math.isfinite(timeout) or timeout < MIN_TIMEOUT:
+                return None
+            opts.timeout = timeout
+    return opts
+
+
+def run(opts: StacksOptions) -> int:
+    """Find the ranks, read their stacks, print the grouped report; the exit code (0 agree, 1 not)."""
+    if opts.json_path is not None:
+        from ddpdoctor.fileio import validate_output_path
+
+        validate_output_path("--json", opts.json_path)
+    if opts.signal_mode:
+        if opts.native:
+            raise DoctorError("--native needs py-spy; --signal dumps only Python frames (drop one of them)")
+        from ddpdoctor.stacks_signal import collect
+
+        return finish(collect(opts.pid, opts.job, opts.stack_dir, opts.timeout), "signal", opts.json_path,
+                      opts.all_threads)
+    from ddpdoctor.stacks import discover, dump_all
+
+    cands = discover(opts.pid, opts.job)
+    if not cands:
+        where = f" of job {opts.job}" if opts.job else ""
+        raise DoctorError(f"no DDP rank processes{where} found on this machine (looked for RANK/LOCAL_RANK "
+                          "with TORCHELASTIC_RUN_ID or SLURM step ids, and children of torchrun); pass "
+                          "--pid PID, or run as the job's user or root to read other users' processes")
+    dumped = dump_all(cands, native=opts.native, timeout=opts.timeout, thread_names=opts.all_threads)
+    return finish(dumped.processes, dumped.source, opts.json_path, opts.all_threads)
+
+
+def finish(processes: list[ProcessStacks], source: str, json_path: PathArg | None, all_threads: bool) -> int:
+    """Group, print, write JSON; exit 1 when the ranks disagree or could not all be seen."""
+    from ddpdoctor.stacks_report import analyze, render_text
+
+    reports = analyze(processes)
+    sys.stdout.write(render_text(reports, all_threads=all_threads, source=source))
+    if json_path is not None:
+        from ddpdoctor.fileio import write_json_atomic
+        from ddpdoctor.stacks_report import to_json
+
+        try:
+            write_json_atomic(json_path, to_json(processes, reports, source))
+        except OSError as exc:
+            raise DoctorError(f"cannot write --json {os.fspath(json_path)}: {exc.strerror or exc}") from exc
+        sys.stdout.write(f"wrote {os.fspath(json_path)}\n")
+    sys.stdout.flush()
+    return EXIT_PROBLEM if any(r.problem for r in reports) else EXIT_OK
