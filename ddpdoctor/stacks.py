@@ -221,14 +221,14 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
             sources.add("memory")
         except Unreadable as exc:
             for_py_spy.append((cand, str(exc)))
-    if for_py_spy:
+    if for_py_spy and _py_spy_all(for_py_spy, native, timeout):
         sources.add("py-spy")
-        _py_spy_all(for_py_spy, native, timeout)
     return Dumped([c.proc for c in cands], "+".join(sorted(sources)) or "memory")
 
 
-def _py_spy_all(cands: Sequence[tuple[Candidate, str]], native: bool, timeout: float) -> None:
-    """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds."""
+def _py_spy_all(cands: Sequence[tuple[Candidate, str]], native: bool, timeout: float) -> bool:
+    """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds; True
+    when py-spy gave the stacks of at least one."""
     import contextlib
     import json
     import subprocess
@@ -240,7 +240,7 @@ def _py_spy_all(cands: Sequence[tuple[Candidate, str]], native: bool, timeout: f
                                if not same_process_alive(cand.proc.pid, cand.create_time) else
                                f"py-spy is needed ({why}) but not found next to this Python or on PATH: "
                                f"`pip install py-spy`. {FALLBACK_HINT}")
-        return
+        return False
     running: list[tuple[Candidate, subprocess.Popen[str]]] = []
     for cand, _why in cands:
         cmd = [exe, "dump", "--json", "--pid", str(cand.proc.pid)] + (["--native"] if native else [])
@@ -263,3 +263,4 @@ def _py_spy_all(cands: Sequence[tuple[Candidate, str]], native: bool, timeout: f
             cand.proc.threads = _threads_from_py_spy(json.loads(out), cand.proc.pid)
         except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
             cand.proc.error = f"py-spy printed something that is not its JSON ({exc}): {out[:120]!r}"
+    return any(cand.proc.threads for cand, _why in cands)

@@ -1,0 +1,146 @@
+"""`ddpdoctor stacks` without typer: the fast parser reads options exactly as typer does, or declines.
+
+The parity tests run typer's real parser (the `stacks` command of the real app) with the engine replaced
+by a recorder, since only the parsed options are compared; the other tests run real processes.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor import cli
+from ddpdoctor.stacks_cli import StacksOptions, parse_fast
+from tests.support import REPO, clean_env
+
+TARGET = REPO / "tests" / "targets" / "blocked_stacks.py"
+
+ACCEPTED = [
+    [],
+    ["--pid", "5"],
+    ["-p", "5", "--pid=7", "--pid", "5"],
+    ["--job", "1234"],
+    ["--job=slurm:77.0"],
+    ["--job", "--native"],  # typer takes the next word as the value, whatever it looks like
+    ["--native", "--all-threads", "--native"],
+    ["--json", "out.json", "--json=other.json"],
+    ["--timeout", "2.5"],
+    ["--timeout=1e1", "--job", ""],
+    ["--timeout", "0.1"],
+]
+DECLINED = [
+    ["--help"], ["-h"], ["merge", "a.json"], ["--signal"], ["--stack-dir", "d", "--signal"],
+    ["--pid", "abc"], ["--pid", "-3"], ["--pid", "٣"], ["--pid"], ["--timeout", "0"], ["--timeout", "nan"],
+    ["--timeout", "inf"], ["--timeout", "soon"], ["--bogus"], ["-p5"], ["--native=1"], ["--json"],
+    ["--json", ""], ["extra"], ["--"],
+]
+
+
+def _typer_options(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> StacksOptions:
+    seen: list[StacksOptions] = []
+
+    def record(options: StacksOptions) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr("ddpdoctor.commands.stacks.run", record)
+    assert cli._run_typer(["stacks", *argv]) == 0
+    assert len(seen) == 1
+    return seen[0]
+
+
+@pytest.mark.parametrize("argv", ACCEPTED, ids=" ".join)
+def test_fast_parser_reads_what_typer_reads(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = parse_fast(argv)
+    assert fast is not None, argv
+    assert fast == _typer_options(argv, monkeypatch)
+
+
+@pytest.mark.parametrize("argv", DECLINED, ids=" ".join)
+def test_fast_parser_leaves_the_rest_to_typer(argv: list[str]) -> None:
+    assert parse_fast(argv) is None
+
+
+def test_declined_input_gets_typers_one_line_error() -> None:
+    res = subprocess.run([sys.executable, "-m", "ddpdoctor", "stacks", "--timeout", "0"], capture_output=True,
+                         text=True, timeout=120, env=clean_env())
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == ("ddpdoctor: error: Invalid value for '--timeout': 0.0 is not in the range "
+                                  "x>=0.1. (see: ddpdoctor stacks --help)")
+
+
+@contextmanager
+def _blocked(python: str) -> Iterator[int]:
+    """A real Python process blocked with known stacks (tests/targets/blocked_stacks.py)."""
+    proc = subprocess.Popen([python, str(TARGET)], stdout=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        line = proc.stdout.readline()  # the target prints "ready" at once; a dead one closes stdout
+        assert line.strip() == "ready" and time.monotonic() < deadline, f"target did not start: {line!r}"
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_everyday_stacks_run_imports_neither_typer_nor_psutil_nor_py_spy() -> None:
+    """The fast path end to end in a fresh interpreter, against a real process read from its memory."""
+    with _blocked(sys.executable) as pid:
+        probe = subprocess.run(
+            [sys.executable, "-c",
+             "import sys; from ddpdoctor.cli import main; code = main(sys.argv[1:]);"
+             " heavy = {'typer', 'psutil', 'torch', 'subprocess', 'typing', 'dataclasses'} & set(sys.modules);"
+             " print('HEAVY', sorted(heavy)); sys.exit(code)",
+             "stacks", "--pid", str(pid)],
+            capture_output=True, text=True, timeout=120, env=clean_env())
+    assert probe.returncode == 0, probe.stderr
+    assert "HEAVY []" in probe.stdout
+    assert "(stacks by memory)" in probe.stdout
+    assert f"the only process (pid {pid}) is at blocked_stacks.py:" in probe.stdout
+    assert "in größe()" in probe.stdout
+
+
+def test_stacks_without_py_spy_typer_or_psutil_installed() -> None:
+    """An interpreter with none of ddpdoctor's optional tools (pyenv's bare 3.11, ddpdoctor from the
+    checkout): 3.11 ranks are read from memory; a 3.10 process gets a one-line reason naming py-spy."""
+    bare = sorted(glob.glob("/root/.pyenv/versions/3.11.*/bin/python3.11"))
+    old = sorted(glob.glob("/root/.pyenv/versions/3.10.*/bin/python3.10"))
+    if not bare or not old:
+        pytest.skip("needs pyenv's CPython 3.11 and 3.10")
+    env = clean_env({"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    missing = subprocess.run([bare[-1], "-c", "import importlib.util as u; print([m for m in ('typer', 'psutil') "
+                              "if u.find_spec(m)])"], capture_output=True, text=True, timeout=60, env=env)
+    if missing.stdout.strip() != "[]" or shutil.which("py-spy", path=env["PATH"]) is not None:
+        pytest.skip("this pyenv 3.11 has typer/psutil, or py-spy is on /usr/bin")
+    with _blocked(bare[-1]) as new_pid, _blocked(old[-1]) as old_pid:
+        res = subprocess.run([bare[-1], "-m", "ddpdoctor", "stacks", "--pid", str(new_pid), "--pid", str(old_pid)],
+                             capture_output=True, text=True, timeout=120, env=env, cwd=str(REPO))
+    assert res.returncode == 1, res.stderr  # one process could not be read: not a clean bill
+    assert "Traceback" not in res.stderr
+    assert f"pid {new_pid}" in res.stdout and "in größe()" in res.stdout
+    assert (f"pid {old_pid} on {os.uname().nodename}: no stack: py-spy is needed (CPython before 3.11 (no "
+            "Py_Version symbol)) but not found") in res.stdout
+    assert "(stacks by memory)" in res.stdout  # py-spy never ran
+
+
+def test_unwritable_json_and_bad_pid_through_the_fast_path(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "ddpdoctor", "stacks", "--pid", "4194304", "--json",
+                          str(tmp_path / "missing-dir" / "x.json")], capture_output=True, text=True, timeout=120,
+                         env=clean_env())
+    assert res.returncode == 2 and res.stdout == "" and "does not exist" in res.stderr
+    out = tmp_path / "x.json"
+    res = subprocess.run([sys.executable, "-m", "ddpdoctor", "stacks", "--pid", "4194304", "--json", str(out)],
+                         capture_output=True, text=True, timeout=120, env=clean_env())
+    assert res.returncode == 1, res.stderr
+    assert "pid 4194304" in res.stdout and "no such process" in res.stdout and f"wrote {out}" in res.stdout
+    assert '"error": "no such process"' in out.read_text()
