@@ -140,7 +140,8 @@ def _has_cap_sys_ptrace() -> bool | None:
 
 
 def ptrace_advice(target_uid: int | None) -> str:
-    """Why py-spy may not attach here, and what to change; always ends with the fallback."""
+    """Why reading a process's memory (ptrace rights) may be refused here, and what to change; always ends
+    with the fallback."""
     reasons = []
     euid = os.geteuid() if hasattr(os, "geteuid") else None
     scope = ptrace_scope()
@@ -173,7 +174,7 @@ def _classify(stderr: str, cand: Candidate) -> str:
         return "the process exited while it was being dumped"
     text = stderr.strip()
     if "Permission Denied" in text or "Operation not permitted" in text or "os error 1)" in text:
-        return f"py-spy was not permitted to read pid {pid}: {ptrace_advice(cand.uid)}"
+        return f"not permitted to read pid {pid}: {ptrace_advice(cand.uid)}"
     if "Failed to get process executable name" in text:
         return (f"py-spy could not read /proc/{pid}/exe (a process of another user or of the container "
                 f"runtime): {ptrace_advice(cand.uid)}")
@@ -220,10 +221,14 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
             cand.proc.threads = read_stacks(cand.proc.pid)
             sources.add("memory")
         except Unreadable as exc:
-            for_py_spy.append((cand, str(exc)))
+            if exc.denied and same_process_alive(cand.proc.pid, cand.create_time):  # py-spy would be refused too
+                cand.proc.error = f"not permitted to read pid {cand.proc.pid}: {ptrace_advice(cand.uid)}"
+            else:
+                for_py_spy.append((cand, str(exc)))
     if for_py_spy and _py_spy_all(for_py_spy, native, timeout):
         sources.add("py-spy")
-    return Dumped([c.proc for c in cands], "+".join(sorted(sources)) or "memory")
+    tried = "py-spy" if native or thread_names else "memory"  # what was tried when nothing could be read
+    return Dumped([c.proc for c in cands], "+".join(sorted(sources)) or tried)
 
 
 def _py_spy_all(cands: Sequence[tuple[Candidate, str]], native: bool, timeout: float) -> bool:

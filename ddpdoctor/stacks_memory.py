@@ -37,7 +37,13 @@ _READ_ATTEMPTS = 3
 
 
 class Unreadable(Exception):
-    """This process's stacks cannot be read here (version, layout, permission): use py-spy instead."""
+    """This process's stacks cannot be read here (version, layout, permission): use py-spy instead.
+
+    ``denied`` is set when the kernel refused access (ptrace rights), which py-spy would meet too."""
+
+    def __init__(self, message: str, denied: bool = False) -> None:
+        super().__init__(message)
+        self.denied = denied
 
 
 class Layout(FrozenRecord):
@@ -184,7 +190,8 @@ def _locate(pid: int) -> dict[bytes, int]:
         with open(f"/proc/{pid}/maps") as f:
             maps = f.read()
     except OSError as exc:
-        raise Unreadable(f"cannot read /proc/{pid}/maps: {exc.strerror or exc}") from exc
+        raise Unreadable(f"cannot read /proc/{pid}/maps: {exc.strerror or exc}",
+                         denied=isinstance(exc, PermissionError)) from exc
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
@@ -224,7 +231,8 @@ class _Memory:
         try:
             self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
         except OSError as exc:
-            raise Unreadable(f"cannot open /proc/{pid}/mem: {exc.strerror or exc}") from exc
+            raise Unreadable(f"cannot open /proc/{pid}/mem: {exc.strerror or exc}",
+                             denied=isinstance(exc, PermissionError)) from exc
         self.code_cache: dict[int, tuple[str, str, bytes, int]] = {}
         self.str_cache: dict[int, str] = {}
 
