@@ -211,10 +211,12 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
     know. Failures become per-process errors."""
     sources: set[str] = set()
     for_py_spy: list[tuple[Candidate, str]] = []
+    # Without py-spy, --all-threads still gets every thread from memory, only unnamed but the main one.
+    need_py_spy = native or (thread_names and find_py_spy() is not None)
     for cand in cands:
         if cand.proc.error is not None:
             continue
-        if native or thread_names:
+        if need_py_spy:
             for_py_spy.append((cand, "--native" if native else "--all-threads"))
             continue
         try:
@@ -227,7 +229,7 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
                 for_py_spy.append((cand, str(exc)))
     if for_py_spy and _py_spy_all(for_py_spy, native, timeout):
         sources.add("py-spy")
-    tried = "py-spy" if native or thread_names else "memory"  # what was tried when nothing could be read
+    tried = "py-spy" if need_py_spy else "memory"  # what was tried when nothing could be read
     return Dumped([c.proc for c in cands], "+".join(sorted(sources)) or tried)
 
 

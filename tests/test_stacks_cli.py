@@ -125,6 +125,12 @@ def test_stacks_without_py_spy_typer_or_psutil_installed() -> None:
     with _blocked(bare[-1]) as new_pid, _blocked(old[-1]) as old_pid:
         res = subprocess.run([bare[-1], "-m", "ddpdoctor", "stacks", "--pid", str(new_pid), "--pid", str(old_pid)],
                              capture_output=True, text=True, timeout=120, env=env, cwd=str(REPO))
+        # --all-threads without py-spy: every thread still comes from memory (only the main one named).
+        threads = subprocess.run([bare[-1], "-m", "ddpdoctor", "stacks", "--pid", str(new_pid), "--all-threads"],
+                                 capture_output=True, text=True, timeout=120, env=env, cwd=str(REPO))
+    assert threads.returncode == 0, threads.stderr
+    assert "(stacks by memory)" in threads.stdout and "thread MainThread (main)" in threads.stdout
+    assert "in worker_waits" in threads.stdout
     assert res.returncode == 1, res.stderr  # one process could not be read: not a clean bill
     assert "Traceback" not in res.stderr
     assert f"pid {new_pid}" in res.stdout and "in größe()" in res.stdout
