@@ -9,7 +9,8 @@ How (the layouts py-spy also follows, here for 64-bit Linux builds without Py_TR
 threading): ``_PyRuntime.interpreters.head`` -> each interpreter's ``threads.head`` -> each thread's
 current ``_PyInterpreterFrame`` -> ``previous``...; each frame's code object gives file, qualified name
 and, from ``co_linetable`` (Objects/locations.md), the line of the instruction the frame is at. The
-offsets below come from ``offsetof`` against each version's own headers (``Include/internal``).
+offsets for 3.11 and 3.12 come from ``offsetof`` against each version's own headers
+(``Include/internal``); 3.13 states its own at the start of ``_PyRuntime`` (``_Py_DebugOffsets``).
 
 Every object read is checked against the interpreter's own type objects (``PyCode_Type``,
 ``PyUnicode_Type``, ``PyBytes_Type``), so a build whose layout differs, or a stack that changes while
@@ -98,7 +99,8 @@ class Layout(FrozenRecord):
             raise TypeError(f"unknown Layout fields {sorted(offsets)}")
 
 
-# offsetof() values printed by a C program compiled against each version's headers (Py_BUILD_CORE).
+# offsetof() values printed by a C program compiled against each version's headers (Py_BUILD_CORE). 3.13
+# publishes its own offsets at the start of _PyRuntime (see :func:`_layout_from_debug_offsets`).
 _COMMON = {"interp_next": 0, "thread_next": 8, "frame_instr": 56, "code_filename": 112, "code_qualname": 128,
            "code_linetable": 136}
 LAYOUTS = {
@@ -109,10 +111,6 @@ LAYOUTS = {
     (3, 12): Layout(**_COMMON, runtime_interpreters_head=40, interp_threads_head=72, thread_id=136,
                     native_thread_id=144, thread_frame=56, cframe_current_frame=0, frame_code=0,
                     frame_previous=8, frame_owner=70, code_firstlineno=68, code_code_adaptive=192,
-                    ascii_size=40, compact_size=56),
-    (3, 13): Layout(**_COMMON, runtime_interpreters_head=632, interp_threads_head=7344, thread_id=152,
-                    native_thread_id=160, thread_frame=72, cframe_current_frame=None, frame_code=0,
-                    frame_previous=8, frame_owner=70, code_firstlineno=68, code_code_adaptive=200,
                     ascii_size=40, compact_size=56),
 }
 _FRAME_OWNED_BY_CSTACK = 3  # 3.12+: the shim frame at the bottom of each C-to-Python entry
@@ -263,6 +261,34 @@ def _version(mem: _Memory) -> tuple[int, int]:
     return hexversion >> 24, (hexversion >> 16) & 0xFF
 
 
+# Where each offset we use sits in 3.13's _Py_DebugOffsets (Include/internal/pycore_runtime.h), counted in
+# uint64 fields: cookie, version, free_threaded, then runtime_state{size, finalizing, interpreters_head},
+# interpreter_state{size, id, next, threads_head, ...}, and so on. The struct is stable within 3.13.x.
+_DEBUG_FIELDS_313 = {"runtime_interpreters_head": 5, "interp_next": 8, "interp_threads_head": 9,
+                     "thread_next": 21, "thread_frame": 23, "thread_id": 24, "native_thread_id": 25,
+                     "frame_previous": 29, "frame_code": 30, "frame_instr": 31, "frame_owner": 33,
+                     "code_filename": 35, "code_qualname": 37, "code_linetable": 38, "code_firstlineno": 39,
+                     "code_code_adaptive": 43, "ascii_size": 70}
+_DEBUG_CHECKS_313 = {45: _OB_TYPE, 65: _OB_SIZE, 66: _BYTES_DATA, 68: _STR_STATE, 69: _STR_LENGTH}
+_DEBUG_SIZE_313 = 73
+
+
+def _layout_from_debug_offsets(mem: _Memory) -> Layout:
+    """3.13's layout as the running interpreter states it in ``_PyRuntime.debug_offsets``, so that a patch
+    release or build whose internal structs moved is still read right."""
+    raw = mem.read(mem.symbols[b"_PyRuntime"], 8 * _DEBUG_SIZE_313)
+    fields = struct.unpack_from(f"<8x{_DEBUG_SIZE_313 - 1}Q", raw)
+    values = (0, *fields)  # index 0 is the cookie
+    if raw[:8] != b"xdebugpy" or values[1] >> 16 != 0x030D:
+        raise Unreadable("_PyRuntime does not start with 3.13's debug offsets")
+    if values[2]:
+        raise Unreadable("a free-threaded build (objects have another header)")
+    if any(values[index] != expected for index, expected in _DEBUG_CHECKS_313.items()):
+        raise Unreadable("object header offsets differ from a default 3.13 build")
+    offsets = {name: values[index] for name, index in _DEBUG_FIELDS_313.items()}
+    return Layout(**offsets, cframe_current_frame=None, compact_size=offsets["ascii_size"] + 16)
+
+
 def _string(mem: _Memory, layout: Layout, address: int) -> str:
     """A ``str`` object's text (compact strings: every code object's names are compact)."""
     cached = mem.str_cache.get(address)
@@ -393,7 +419,7 @@ def read_stacks(pid: int) -> list[ThreadStack]:
     mem = _Memory(pid, _locate(pid))
     try:
         version = _version(mem)
-        layout = LAYOUTS.get(version)
+        layout = _layout_from_debug_offsets(mem) if version == (3, 13) else LAYOUTS.get(version)
         if layout is None:
             raise Unreadable(f"CPython {version[0]}.{version[1]} is not one this reader knows")
         problem = Unreadable("no attempt made")
