@@ -13,11 +13,12 @@ offsets for 3.11 and 3.12 come from ``offsetof`` against each version's own head
 (``Include/internal``); 3.13 states its own at the start of ``_PyRuntime`` (``_Py_DebugOffsets``).
 
 Every object read is checked against the interpreter's own type objects (``PyCode_Type``,
-``PyUnicode_Type``, ``PyBytes_Type``), so a build whose layout differs, or a stack that changes while
-it is read, raises :class:`Unreadable` instead of producing a wrong stack; the caller then asks py-spy.
-The process is not paused (as ``py-spy dump --nonblocking``): a hung rank's stack does not move, and a
-torn read of a running one is caught by the checks and retried. Thread names other than the main
-thread's need the ``threading`` module's dicts and are left to py-spy (``--all-threads``).
+``PyUnicode_Type``, ``PyBytes_Type``), so a build whose layout differs raises :class:`Unreadable` instead
+of producing a wrong stack; the caller then asks py-spy. The process is not paused (as ``py-spy dump
+--nonblocking``): a hung rank's stack does not move, and the stacks are read until two reads in a row
+agree, so the moving stack of a rank that still computes is not taken for one (after four reads py-spy,
+which pauses the process, takes over). Thread names other than the main thread's need the
+``threading`` module's dicts and are left to py-spy (``--all-threads``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 _MAX_THREADS = 4096
 _MAX_DEPTH = 4096  # deeper than any sane recursion limit: a longer chain is a cycle from a torn read
-_READ_ATTEMPTS = 3
+_READ_ATTEMPTS = 4  # up to 4 reads to get two equal ones in a row
 
 
 class Unreadable(Exception):
@@ -113,6 +114,7 @@ LAYOUTS = {
                     frame_previous=8, frame_owner=70, code_firstlineno=68, code_code_adaptive=192,
                     ascii_size=40, compact_size=56),
 }
+_FRAME_OWNED_BY_GENERATOR = 1
 _FRAME_OWNED_BY_CSTACK = 3  # 3.12+: the shim frame at the bottom of each C-to-Python entry
 _OB_TYPE = 8
 _OB_SIZE = 16
@@ -182,8 +184,10 @@ def _parse_elf(f: BinaryIO, head: bytes) -> _Binary | None:
     return _Binary(found, min(vaddrs))
 
 
-def _locate(pid: int) -> dict[bytes, int]:
-    """Find the mapped file (the executable or a libpython) that holds ``_PyRuntime`` in ``pid``."""
+def _interpreters(pid: int) -> list[dict[bytes, int]]:
+    """The absolute addresses of :data:`_SYMBOLS` in each mapped file of ``pid`` that holds a
+    ``_PyRuntime``: the executable (a static python) first, then each libpython (a process can map more
+    than one, e.g. through ctypes; only one of them runs)."""
     try:
         with open(f"/proc/{pid}/maps") as f:
             maps = f.read()
@@ -194,48 +198,64 @@ def _locate(pid: int) -> dict[bytes, int]:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         exe = ""
-    bases: dict[str, int] = {}
+    first_page: dict[str, tuple[int, str]] = {}  # path -> (start address, maps range) of its offset-0 mapping
     for line in maps.splitlines():
         parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/"):
-            continue
-        path = parts[5]
-        if path not in bases and int(parts[2], 16) == 0:  # the mapping of the file's first page
-            bases[path] = int(parts[0].split("-", 1)[0], 16)
-    # The executable (a static python) first, then a shared libpython; through /proc/PID/root so that a
-    # process in another mount namespace (a container) is read from its own files.
-    candidates = [p for p in bases if p == exe] + [p for p in bases if p.rsplit("/", 1)[-1].startswith("libpython3.")]
+        if len(parts) == 6 and parts[5].startswith("/") and parts[5] not in first_page and int(parts[2], 16) == 0:
+            start, end = (int(bound, 16) for bound in parts[0].split("-", 1))
+            first_page[parts[5]] = (start, f"{start:x}-{end:x}")  # map_files names carry no zero padding
+    deleted = " (deleted)"
+    candidates = [p for p in first_page if p == exe] + [
+        p for p in first_page if p != exe and p.removesuffix(deleted).rsplit("/", 1)[-1].startswith("libpython3.")]
+    found = []
     for path in candidates:
+        start, address_range = first_page[path]
+        # A file replaced on disk since the process started is read through map_files (needs root); the
+        # others through /proc/PID/root, so that a process in another mount namespace is read from its files.
+        source = f"/proc/{pid}/map_files/{address_range}" if path.endswith(deleted) else f"/proc/{pid}/root{path}"
         try:
-            binary = _elf_symbols(f"/proc/{pid}/root{path}")
-        except OSError:
+            binary = _elf_symbols(source)
+        except OSError as exc:
+            if path.endswith(deleted):
+                raise Unreadable(f"{path.removesuffix(deleted)} was replaced on disk after the process started; "
+                                 f"reading it from /proc/PID/map_files needs root ({exc.strerror or exc})") from exc
             continue
-        if binary is None:
-            continue
-        load_bias = bases[path] - (binary.first_vaddr & ~0xFFF)
-        symbols = {name: load_bias + value for name, value in binary.symbols.items()}
-        if b"Py_Version" not in symbols:
-            raise Unreadable("CPython before 3.11 (no Py_Version symbol)")
-        return symbols
-    raise Unreadable("no CPython interpreter (_PyRuntime) among the mapped files")
+        if binary is not None:
+            load_bias = start - (binary.first_vaddr & ~0xFFF)
+            found.append({name: load_bias + value for name, value in binary.symbols.items()})
+    if not found:
+        raise Unreadable("no CPython interpreter (_PyRuntime) among the mapped files")
+    return found
+
+
+def _namespace_pid(pid: int) -> int:
+    """``pid`` as the process sees itself (the last NSpid): what its main thread's native id equals, also
+    in a container with its own pid namespace."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return pid
 
 
 class _Memory:
     """Reads of one process's memory through /proc/PID/mem, with the type checks every object gets."""
 
-    def __init__(self, pid: int, symbols: dict[bytes, int]) -> None:
+    def __init__(self, pid: int, fd: int, symbols: dict[bytes, int], main_thread_id: int) -> None:
         self.pid = pid
+        self.fd = fd
         self.symbols = symbols
-        try:
-            self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
-        except OSError as exc:
-            raise Unreadable(f"cannot open /proc/{pid}/mem: {exc.strerror or exc}",
-                             denied=isinstance(exc, PermissionError)) from exc
-        self.code_cache: dict[int, tuple[str, str, bytes, int]] = {}
+        self.main_thread_id = main_thread_id
+        self.code_cache: dict[int, _Code] = {}
         self.str_cache: dict[int, str] = {}
 
-    def close(self) -> None:
-        os.close(self.fd)
+    def forget(self) -> None:
+        """Drop what was learnt about objects: after a read that disagreed, an address may hold another."""
+        self.code_cache.clear()
+        self.str_cache.clear()
 
     def read(self, address: int, size: int) -> bytes:
         if address <= 0 or address >= 1 << 63:
@@ -303,13 +323,31 @@ def _string(mem: _Memory, layout: Layout, address: int) -> str:
         raise Unreadable(f"str at {address:#x} is not a compact string")
     start = address + (layout.ascii_size if ascii_only else layout.compact_size)
     raw = mem.read(start, length * kind) if length else b""
-    text = raw.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind])
+    # "replace": a file name decoded with surrogateescape holds lone surrogates, which cannot be printed.
+    text = raw.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], "replace")
     mem.str_cache[address] = text
     return text
 
 
-def _code(mem: _Memory, layout: Layout, address: int) -> tuple[str, str, bytes, int]:
-    """(filename, qualified name, line table, first line) of a code object; cached per process."""
+class _Code:
+    """What a frame needs of its code object."""
+
+    __slots__ = ("filename", "first_traceable", "firstlineno", "linetable", "qualname")
+
+    def __init__(self, filename: str, qualname: str, linetable: bytes, firstlineno: int, first_traceable: int) -> None:
+        self.filename = filename
+        self.qualname = qualname
+        self.linetable = linetable
+        self.firstlineno = firstlineno
+        self.first_traceable = first_traceable
+
+
+# PyCodeObject ends (3.11-3.13) with `int _co_firsttraceable; void *co_extra; char co_code_adaptive[]`.
+_FIRST_TRACEABLE_BEFORE_CODE = 16
+
+
+def _code(mem: _Memory, layout: Layout, address: int) -> _Code:
+    """A code object's names, line table, first line and first traceable instruction; cached."""
     cached = mem.code_cache.get(address)
     if cached is not None:
         return cached
@@ -318,15 +356,16 @@ def _code(mem: _Memory, layout: Layout, address: int) -> tuple[str, str, bytes, 
     filename = _string(mem, layout, struct.unpack_from("<Q", head, layout.code_filename)[0])
     qualname = _string(mem, layout, struct.unpack_from("<Q", head, layout.code_qualname)[0])
     firstlineno = struct.unpack_from("<i", head, layout.code_firstlineno)[0]
+    first_traceable = struct.unpack_from("<i", head, layout.code_code_adaptive - _FIRST_TRACEABLE_BEFORE_CODE)[0]
     table_at = struct.unpack_from("<Q", head, layout.code_linetable)[0]
     mem.check_type(table_at, b"PyBytes_Type")
     size = int.from_bytes(mem.read(table_at + _OB_SIZE, 8), "little", signed=True)
     if not 0 <= size < 1 << 24:
         raise Unreadable(f"line table of {qualname} has size {size}")
     linetable = mem.read(table_at + _BYTES_DATA, size) if size else b""
-    result = (filename, qualname, linetable, firstlineno)
-    mem.code_cache[address] = result
-    return result
+    code = _Code(filename, qualname, linetable, firstlineno, first_traceable)
+    mem.code_cache[address] = code
+    return code
 
 
 def line_of(linetable: bytes, firstlineno: int, unit: int) -> int:
@@ -385,9 +424,12 @@ def _frames(mem: _Memory, layout: Layout, frame_at: int) -> list[Frame]:
                                     (layout.frame_code, layout.frame_previous, layout.frame_instr))
         owner = raw[layout.frame_owner]
         if owner != _FRAME_OWNED_BY_CSTACK:  # 3.11 has no such owner
-            filename, qualname, linetable, firstlineno = _code(mem, layout, code_at)
+            code = _code(mem, layout, code_at)
             unit = (instr - (code_at + layout.code_code_adaptive)) // 2
-            frames.append(Frame(qualname, filename, line_of(linetable, firstlineno, unit)))
+            # An incomplete frame (before its RESUME, e.g. 3.13's __init__ cleanup shim) is one that
+            # CPython's own tracebacks leave out (_PyFrame_IsIncomplete).
+            if owner == _FRAME_OWNED_BY_GENERATOR or unit >= code.first_traceable:
+                frames.append(Frame(code.qualname, code.filename, line_of(code.linetable, code.firstlineno, unit)))
         frame_at = previous
     return frames
 
@@ -407,29 +449,63 @@ def _threads(mem: _Memory, layout: Layout) -> list[ThreadStack]:
                 layout.thread_id, layout.native_thread_id, layout.thread_frame, layout.thread_next))
             if layout.cframe_current_frame is not None:
                 frame_ref = mem.pointer(frame_ref + layout.cframe_current_frame) if frame_ref else 0
-            main = native == mem.pid
+            main = native == mem.main_thread_id
             threads.append(ThreadStack(ident, "MainThread" if main else "", main, _frames(mem, layout, frame_ref)))
             state = next_state
         interp = mem.pointer(interp + layout.interp_next)
+    # An idle subinterpreter keeps a frameless state on a thread that runs code elsewhere, and a thread
+    # being started has no id yet: neither is a thread to show.
+    busy = {t.thread_id for t in threads if t.frames}
+    threads = [t for t in threads if t.frames or (t.thread_id and t.thread_id not in busy)]
+    if not threads:
+        raise Unreadable("no Python thread found (an interpreter not started, or shutting down)")
     return threads
+
+
+def _settled_threads(mem: _Memory) -> list[ThreadStack]:
+    """Two reads in a row that agree: the process is not paused, so a stack that moved while it was
+    read (a rank still computing) must not pass for one; py-spy, which pauses it, then takes over."""
+    version = _version(mem)
+    layout = _layout_from_debug_offsets(mem) if version == (3, 13) else LAYOUTS.get(version)
+    if layout is None:
+        raise Unreadable(f"CPython {version[0]}.{version[1]} is not one this reader knows")
+    previous = None
+    for _ in range(_READ_ATTEMPTS):
+        try:
+            threads = _threads(mem, layout)
+        except Unreadable:
+            mem.forget()
+            previous = None
+            continue
+        if threads == previous:
+            return threads
+        if previous is not None:
+            mem.forget()
+        previous = threads
+    raise Unreadable("the stacks kept changing while they were read")
 
 
 def read_stacks(pid: int) -> list[ThreadStack]:
     """Every Python thread of ``pid`` with its frames (innermost first), or :class:`Unreadable`."""
-    mem = _Memory(pid, _locate(pid))
+    candidates = _interpreters(pid)
     try:
-        version = _version(mem)
-        layout = _layout_from_debug_offsets(mem) if version == (3, 13) else LAYOUTS.get(version)
-        if layout is None:
-            raise Unreadable(f"CPython {version[0]}.{version[1]} is not one this reader knows")
-        problem = Unreadable("no attempt made")
-        for _ in range(_READ_ATTEMPTS):
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError as exc:
+        raise Unreadable(f"cannot open /proc/{pid}/mem: {exc.strerror or exc}",
+                         denied=isinstance(exc, PermissionError)) from exc
+    try:
+        problem = Unreadable("no interpreter")
+        main_thread_id = _namespace_pid(pid)
+        for symbols in candidates:
+            if b"Py_Version" not in symbols:
+                problem = Unreadable("CPython before 3.11 (no Py_Version symbol)")
+                continue
             try:
-                return _threads(mem, layout)
-            except Unreadable as exc:  # a running process moved under the reads: read again
+                return _settled_threads(_Memory(pid, fd, symbols, main_thread_id))
+            except Unreadable as exc:
                 problem = exc
-                mem.code_cache.clear()
-                mem.str_cache.clear()
+            except (IndexError, KeyError, ValueError, OverflowError, struct.error) as exc:  # garbage read
+                problem = Unreadable(f"unexpected data ({type(exc).__name__}: {exc})")
         raise problem
     finally:
-        mem.close()
+        os.close(fd)
