@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from ddpdoctor import __version__
-from ddpdoctor.errors import EXIT_BUG, EXIT_USAGE, DoctorError
+from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, EXIT_USAGE, DoctorError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
 if TYPE_CHECKING:
@@ -97,13 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the command and turn every outcome into an exit code (0/1/2/3)."""
     args = sys.argv[1:] if argv is None else argv
     _invocation[:] = args
+    return _guarded(lambda: _run(args))
+
+
+def _run(args: list[str]) -> int:
     if args[:1] == ["stacks"]:
         from ddpdoctor.stacks_cli import parse_fast, run
 
         options = parse_fast(args[1:])
         if options is not None:  # no typer: see ddpdoctor.stacks_cli
-            return _guarded(lambda: run(options))
-    return _guarded(lambda: _run_typer(args))
+            return run(options)
+    return _run_typer(args)
 
 
 def _run_typer(args: list[str]) -> int:
@@ -142,6 +146,12 @@ def _guarded(command: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("ddpdoctor: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ddpdoctor stacks | head`: the reader has what it wanted
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # else the interpreter's last flush complains again
+        return EXIT_PROBLEM
     except Exception as exc:
         print(bug_report(exc), file=sys.stderr)
         return EXIT_BUG

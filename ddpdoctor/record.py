@@ -2,7 +2,7 @@
 ``ddpdoctor stacks`` more start-up time than reading a rank's stack.
 
 A subclass lists its fields in ``__slots__`` and assigns them in ``__init__``; equality and ``repr``
-follow the fields, as a dataclass's would.
+follow the fields in ``__slots__`` order (kept sorted), much as a dataclass's would.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ class Record:
         return tuple(getattr(self, name) for name in self.__slots__)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Record) and type(other) is type(self) and self.fields() == other.fields()
+        if not isinstance(other, Record):
+            return NotImplemented
+        return type(other) is type(self) and self.fields() == other.fields()
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -27,9 +29,14 @@ class Record:
 
 
 class FrozenRecord(Record):
-    """A record used as a dict key: hashable, and its fields are not reassigned after ``__init__``."""
+    """A record used as a dict key: hashable, and each field is set once (in ``__init__``)."""
 
     __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if hasattr(self, name):
+            raise AttributeError(f"{type(self).__name__}.{name} cannot be reassigned (a frozen record)")
+        object.__setattr__(self, name, value)
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(self.fields())

@@ -82,7 +82,8 @@ def discover(pids: Sequence[int] = (), job: str | None = None) -> list[Candidate
             continue
         parents[pid], starts[pid] = info[0], info[2]
         env = envs[pid] = procfs.environ(pid)
-        maybe_agent = env is None or "RANK" not in env  # an agent's own environment has no RANK
+        # A worker always has TORCHELASTIC_RUN_ID; its agent never does (it may have RANK: Kubeflow sets it).
+        maybe_agent = env is None or "TORCHELASTIC_RUN_ID" not in env
         if maybe_agent and _is_agent(procfs.cmdline(pid)):
             agents.add(pid)
     picked: dict[int, dict[str, str] | None] = {}

@@ -11,7 +11,6 @@ Both paths end in :func:`run`. ``tests/test_stacks_cli.py`` checks that both par
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,8 @@ from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
 if TYPE_CHECKING:
+    from typing import TextIO
+
     from ddpdoctor.stacks_report import ProcessStacks
 
 PathArg = str | os.PathLike[str]
@@ -54,6 +55,7 @@ class StacksOptions:
 
 
 MIN_TIMEOUT = 0.1
+MAX_TIMEOUT = 86400.0  # a day: every wait has a deadline
 _FLAGS = {"--native": "native", "--all-threads": "all_threads"}
 _VALUED = ("--pid", "-p", "--job", "--json", "--timeout")
 
@@ -79,13 +81,13 @@ def parse_fast(argv: Sequence[str]) -> StacksOptions | None:
         else:
             return None
         if name in ("--pid", "-p"):
-            if not value.isascii() or not value.isdigit():
+            if not value.isascii() or not value.isdigit() or len(value) > 10:
                 return None
             opts.pid.append(int(value))
         elif name == "--job":
             opts.job = value
         elif name == "--json":
-            if not value:
+            if not _as_pathlib_writes_it(value):
                 return None
             opts.json_path = value
         else:
@@ -93,10 +95,19 @@ def parse_fast(argv: Sequence[str]) -> StacksOptions | None:
                 timeout = float(value)
             except ValueError:
                 return None
-            if not math.isfinite(timeout) or timeout < MIN_TIMEOUT:
+            if not MIN_TIMEOUT <= timeout <= MAX_TIMEOUT:  # NaN too
                 return None
             opts.timeout = timeout
     return opts
+
+
+def _as_pathlib_writes_it(value: str) -> bool:
+    """True when typer's ``Path`` would print ``value`` unchanged (no ``./``, ``//``, trailing ``/``), so
+    that both parsers name the same file in the same words; pathlib itself costs start-up."""
+    if not value or value.startswith("//"):
+        return False
+    parts = value.split("/")
+    return all(part not in ("", ".") for part in (parts[1:] if value.startswith("/") else parts))
 
 
 def run(opts: StacksOptions) -> int:
@@ -129,8 +140,7 @@ def finish(processes: list[ProcessStacks], source: str, json_path: PathArg | Non
     from ddpdoctor.stacks_report import analyze, render_text
 
     reports = analyze(processes)
-    sys.stdout.write(render_text(reports, all_threads=all_threads, source=source))
-    if json_path is not None:
+    if json_path is not None:  # first: the file is there even if stdout is a pipe that closes early
         from ddpdoctor.fileio import write_json_atomic
         from ddpdoctor.stacks_report import to_json
 
@@ -138,6 +148,20 @@ def finish(processes: list[ProcessStacks], source: str, json_path: PathArg | Non
             write_json_atomic(json_path, to_json(processes, reports, source))
         except OSError as exc:
             raise DoctorError(f"cannot write --json {os.fspath(json_path)}: {exc.strerror or exc}") from exc
-        sys.stdout.write(f"wrote {os.fspath(json_path)}\n")
-    sys.stdout.flush()
+    out = _stdout()
+    out.write(render_text(reports, all_threads=all_threads, source=source))
+    if json_path is not None:
+        out.write(f"wrote {os.fspath(json_path)}\n")
+    out.flush()
     return EXIT_PROBLEM if any(r.problem for r in reports) else EXIT_OK
+
+
+def _stdout() -> TextIO:
+    """stdout that prints any file or function name: as click does for typer's commands, an ASCII-only
+    terminal setting gets escapes instead of a UnicodeEncodeError, and a closed stdout swallows output."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
+    return sys.stdout

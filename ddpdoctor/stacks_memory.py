@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from typing import BinaryIO
 
 _MAX_THREADS = 4096
-_MAX_DEPTH = 4096  # deeper than any sane recursion limit: a longer chain is a cycle from a torn read
+_MAX_DEPTH = 100_000  # far deeper than any recursion limit in use: a longer chain is garbage from a torn read
 _READ_ATTEMPTS = 4  # up to 4 reads to get two equal ones in a row
 
 

@@ -370,6 +370,13 @@ def _optional_int(entry: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
+def _optional_str(entry: Mapping[str, Any], key: str) -> str | None:
+    value = entry.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key} is {value!r}, not a string")
+    return value
+
+
 def processes_from_json(doc: Any, origin: str) -> list[ProcessStacks]:
     """Parse the ``processes`` of a ``--json`` file; a wrong file is a usage error naming the file."""
     try:
@@ -383,8 +390,8 @@ def processes_from_json(doc: Any, origin: str) -> list[ProcessStacks]:
                                      local_rank=_optional_int(p, "local_rank"),
                                      world_size=_optional_int(p, "world_size"),
                                      local_world_size=_optional_int(p, "local_world_size"),
-                                     job=p.get("job"), cmdline=str(p.get("cmdline") or ""),
-                                     threads=threads, error=p.get("error")))
+                                     job=_optional_str(p, "job"), cmdline=str(p.get("cmdline") or ""),
+                                     threads=threads, error=_optional_str(p, "error")))
         return out
     except (KeyError, TypeError, ValueError) as exc:
         raise DoctorError(f"{origin} is not a `ddpdoctor stacks --json` file (missing or bad field: {exc}); "
@@ -403,7 +410,7 @@ def load_json_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Proce
                 doc = json.load(f)
         except FileNotFoundError as exc:
             raise DoctorError(f"{path}: no such file; pass the files written by `ddpdoctor stacks --json`") from exc
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise DoctorError(f"{path}: not readable JSON ({exc}); was the file cut short?") from exc
         if not isinstance(doc, dict):
             raise DoctorError(f"{path} is not a `ddpdoctor stacks --json` file (top level is not an object)")

@@ -33,6 +33,7 @@ ACCEPTED = [
     ["--job", "--native"],  # typer takes the next word as the value, whatever it looks like
     ["--native", "--all-threads", "--native"],
     ["--json", "out.json", "--json=other.json"],
+    ["--json", "/abs/dir/x.json", "--json", "dir/x.json"],
     ["--timeout", "2.5"],
     ["--timeout=1e1", "--job", ""],
     ["--timeout", "0.1"],
@@ -41,7 +42,10 @@ DECLINED = [
     ["--help"], ["-h"], ["merge", "a.json"], ["--signal"], ["--stack-dir", "d", "--signal"],
     ["--pid", "abc"], ["--pid", "-3"], ["--pid", "٣"], ["--pid"], ["--timeout", "0"], ["--timeout", "nan"],
     ["--timeout", "inf"], ["--timeout", "soon"], ["--bogus"], ["-p5"], ["--native=1"], ["--json"],
-    ["--json", ""], ["extra"], ["--"],
+    ["--json", ""], ["extra"], ["--"], ["--timeout", "86401"], ["--pid", "9" * 5000],
+    # typer's Path rewrites these (`./x` -> `x`): declined, so that both name the file alike
+    ["--json", "./x.json"], ["--json", "out.json/"], ["--json", "a//b.json"], ["--json", "//x.json"], ["--json", "///x.json"],
+    ["--json", "a/./b.json"], ["--json", "."],
 ]
 
 
@@ -75,7 +79,7 @@ def test_declined_input_gets_typers_one_line_error() -> None:
                          text=True, timeout=120, env=clean_env())
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip() == ("ddpdoctor: error: Invalid value for '--timeout': 0.0 is not in the range "
-                                  "x>=0.1. (see: ddpdoctor stacks --help)")
+                                  "0.1<=x<=86400.0. (see: ddpdoctor stacks --help)")
 
 
 @contextmanager
@@ -150,3 +154,37 @@ def test_unwritable_json_and_bad_pid_through_the_fast_path(tmp_path: Path) -> No
     assert res.returncode == 1, res.stderr
     assert "pid 4194304" in res.stdout and "no such process" in res.stdout and f"wrote {out}" in res.stdout
     assert '"error": "no such process"' in out.read_text()
+
+
+def test_huge_pid_and_non_numeric_timeout_are_one_line_usage_errors() -> None:
+    for args, text in ((["--pid", "9" * 5000], "is not a valid int"),
+                       (["--timeout", "nan"], "is not a number of seconds"),
+                       (["--timeout", "inf"], "is not in the range 0.1<=x<=86400.0")):
+        res = subprocess.run([sys.executable, "-m", "ddpdoctor", "stacks", *args], capture_output=True, text=True,
+                             timeout=120, env=clean_env())
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert text in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_output_to_a_closed_pipe_ascii_terminal_or_closed_stdout(tmp_path: Path) -> None:
+    """`ddpdoctor stacks | head -1` that closes early, LANG=C-like stdout, and `>&-`: no traceback."""
+    out = tmp_path / "stacks.json"
+    with _blocked(sys.executable) as pid:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before anything is written: every write is EPIPE
+        try:
+            closed = subprocess.run([sys.executable, "-m", "ddpdoctor", "stacks", "--pid", str(pid), "--json",
+                                     str(out)], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+                                    env=clean_env())
+        finally:
+            os.close(write_end)
+        ascii_out = subprocess.run([sys.executable, "-m", "ddpdoctor", "stacks", "--pid", str(pid)],
+                                   capture_output=True, text=True, timeout=120,
+                                   env=clean_env({"PYTHONIOENCODING": "ascii"}))
+        no_stdout = subprocess.run(["bash", "-c", f'"{sys.executable}" -m ddpdoctor stacks --pid {pid} >&-'],
+                                   capture_output=True, text=True, timeout=120, env=clean_env())
+    assert closed.returncode == 1 and closed.stderr == ""
+    assert '"größe"' in out.read_text(encoding="utf-8") or "gr\\u00f6\\u00dfe" in out.read_text()
+    assert ascii_out.returncode == 0, ascii_out.stderr
+    assert "in gr\\xf6\\xdfe()" in ascii_out.stdout
+    assert no_stdout.returncode == 0 and "Traceback" not in no_stdout.stderr, no_stdout.stderr

@@ -12,9 +12,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
+from ddpdoctor.stacks import discover
 from ddpdoctor.stacks_ident import identity, is_rank_env, job_key
 from ddpdoctor.stacks_report import (
     Frame,
@@ -132,3 +134,32 @@ def test_slurm_tasks_found_by_environment_and_wrapper_shell_dropped() -> None:
         for task in tasks:
             os.killpg(task.pid, 9)
             task.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc environments")
+def test_torchrun_worker_found_under_an_agent_whose_environment_has_rank(tmp_path: Path) -> None:
+    """Kubeflow's PyTorchJob (or `export RANK=...; torchrun --node_rank=$RANK`) gives the agent itself a
+    RANK; a worker whose environment cannot tell (here: emptied) is still its child."""
+    agent_script = tmp_path / "torchrun_agent.py"  # "torchrun" in the command line, as the real agent has
+    agent_script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env={})\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    agent = subprocess.Popen([sys.executable, str(agent_script)], stdout=subprocess.PIPE, text=True,
+                             env=clean_env({"RANK": "0", "WORLD_SIZE": "2"}), start_new_session=True)
+    try:
+        assert agent.stdout is not None
+        worker = int(agent.stdout.readline())
+        found = [c.proc.pid for c in discover(job=str(agent.pid))]
+        assert found == [worker]
+    finally:
+        os.killpg(agent.pid, 9)
+        agent.wait(timeout=60)
+
+
+def test_frozen_records_cannot_be_changed_after_they_are_made() -> None:
+    frame = Frame("all_reduce", "/x/torch/distributed/distributed_c10d.py", 3)
+    with pytest.raises(AttributeError, match="cannot be reassigned"):
+        frame.line = 4
+    assert {frame: 1}[Frame("all_reduce", "/x/torch/distributed/distributed_c10d.py", 3)] == 1

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from ddpdoctor.fileio import validate_output_path
-from ddpdoctor.stacks_cli import MIN_TIMEOUT, StacksOptions, finish, run
+from ddpdoctor.stacks_cli import MAX_TIMEOUT, MIN_TIMEOUT, StacksOptions, finish, run
 
 stacks_app = typer.Typer(
     help="Read every DDP rank's stack on this machine, group them, and name the odd rank out.",
@@ -23,6 +23,12 @@ stacks_app = typer.Typer(
 )
 
 
+def _finite(value: float) -> float:
+    if value != value:  # NaN passes click's range check
+        raise typer.BadParameter("is not a number of seconds")
+    return value
+
+
 @stacks_app.callback()
 def stacks(
     ctx: typer.Context,
@@ -31,12 +37,14 @@ def stacks(
                                       "job.step), the torchrun agent's pid, or the job key ddpdoctor prints."),
     native: bool = typer.Option(False, "--native", help="Pass --native to py-spy (C/C++ frames too)."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
-    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Also write the result as JSON to PATH."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", readable=False,
+                                             help="Also write the result as JSON to PATH."),
     signal_mode: bool = typer.Option(False, "--signal", help="No py-spy: signal ranks that called "
                                      "ddpdoctor.install_stack_dumps() and read their dumps."),
     stack_dir: Optional[Path] = typer.Option(None, "--stack-dir", metavar="DIR", help="Where --signal dumps live "
                                              "(default $DDPDOCTOR_STACK_DIR or /tmp/ddpdoctor-stacks-<uid>)."),
-    timeout: float = typer.Option(30.0, "--timeout", min=MIN_TIMEOUT, metavar="SECONDS", help="Seconds to wait for all dumps."),
+    timeout: float = typer.Option(30.0, "--timeout", min=MIN_TIMEOUT, max=MAX_TIMEOUT, callback=_finite,
+                                  metavar="SECONDS", help="Seconds to wait for all dumps."),
 ) -> None:
     """Find the ranks (torchrun/SLURM environment), dump them in parallel, group by where they wait."""
     if ctx.invoked_subcommand is not None:
