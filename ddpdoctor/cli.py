@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, EXIT_USAGE, DoctorError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import typer
 
 # Command name -> the module under ddpdoctor/commands that registers it. Only the invoked command's

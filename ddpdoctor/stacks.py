@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
 
 from ddpdoctor import procfs
 from ddpdoctor.procfs import same_process_alive
@@ -26,6 +25,7 @@ from ddpdoctor.stacks_report import Frame, ProcessStacks, ThreadStack
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Sequence
 
 # torchrun, `python -m torch.distributed.run` and the deprecated launcher all start ranks as children.
 _AGENT_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")

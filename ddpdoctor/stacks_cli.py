@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import TextIO
 
     from ddpdoctor.stacks_report import ProcessStacks

@@ -13,9 +13,11 @@ torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from ddpdoctor.record import FrozenRecord
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class Identity(FrozenRecord):

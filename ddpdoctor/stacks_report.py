@@ -10,7 +10,6 @@ diagnosis.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import DoctorError
@@ -18,6 +17,7 @@ from ddpdoctor.record import FrozenRecord, Record
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
 # Path pieces of code that is not the user's: stdlib, installed packages, frozen importlib, native libs.
