@@ -200,6 +200,8 @@ def _interpreters(pid: int) -> list[dict[bytes, int]]:
         exe = ""
     first_page: dict[str, tuple[int, str]] = {}  # path -> (start address, maps range) of its offset-0 mapping
     for line in maps.splitlines():
+        if "libpython3." not in line and not (exe and exe in line):  # a torch rank maps hundreds of files
+            continue
         parts = line.split(None, 5)
         if len(parts) == 6 and parts[5].startswith("/") and parts[5] not in first_page and int(parts[2], 16) == 0:
             start, end = (int(bound, 16) for bound in parts[0].split("-", 1))
@@ -251,11 +253,13 @@ class _Memory:
         self.main_thread_id = main_thread_id
         self.code_cache: dict[int, _Code] = {}
         self.str_cache: dict[int, str] = {}
+        self.line_cache: dict[tuple[int, int], int] = {}  # (code object, code unit) -> line
 
     def forget(self) -> None:
         """Drop what was learnt about objects: after a read that disagreed, an address may hold another."""
         self.code_cache.clear()
         self.str_cache.clear()
+        self.line_cache.clear()
 
     def read(self, address: int, size: int) -> bytes:
         if address <= 0 or address >= 1 << 63:
@@ -429,7 +433,10 @@ def _frames(mem: _Memory, layout: Layout, frame_at: int) -> list[Frame]:
             # An incomplete frame (before its RESUME, e.g. 3.13's __init__ cleanup shim) is one that
             # CPython's own tracebacks leave out (_PyFrame_IsIncomplete).
             if owner == _FRAME_OWNED_BY_GENERATOR or unit >= code.first_traceable:
-                frames.append(Frame(code.qualname, code.filename, line_of(code.linetable, code.firstlineno, unit)))
+                line = mem.line_cache.get((code_at, unit))
+                if line is None:
+                    line = mem.line_cache[code_at, unit] = line_of(code.linetable, code.firstlineno, unit)
+                frames.append(Frame(code.qualname, code.filename, line))
         frame_at = previous
     return frames
 
