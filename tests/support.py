@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +99,48 @@ def load_checking_offsets(path: Path) -> tuple[Any, Any]:
         else:
             os.environ["TORCH_SERIALIZATION_DEBUG"] = old_env
     return loaded, meta
+
+
+# A Python process blocked with known stacks (for the stack readers' tests), and how to run such targets.
+BLOCKED_TARGET = REPO / "tests" / "targets" / "blocked_stacks.py"
+TARGET_DEADLINE_S = 60.0
+
+
+def kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the target's whole session (it may have children) and reap it."""
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait(timeout=TARGET_DEADLINE_S)
+
+
+@contextmanager
+def started(cmd: list[str], log: Path, ready: bool = True) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``cmd`` (stderr to ``log``); with ``ready``, return once it printed the line "ready"."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=REPO)
+    try:
+        if ready:
+            wait_ready(proc, log)
+        yield proc
+    finally:
+        kill_session(proc)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def wait_ready(proc: subprocess.Popen[bytes], log: Path) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + TARGET_DEADLINE_S
+    seen = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while b"ready\n" not in seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{proc.args!r} never printed ready: {seen!r}\n{log.read_text(errors='replace')}"
+            if sel.select(timeout=min(left, 1.0)):
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                assert chunk, f"{proc.args!r} exited ({proc.wait()}):\n{log.read_text(errors='replace')}"
+                seen += chunk

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,9 +19,7 @@ import pytest
 
 from ddpdoctor import cli
 from ddpdoctor.stacks_cli import StacksOptions, parse_fast
-from tests.support import REPO, clean_env
-
-TARGET = REPO / "tests" / "targets" / "blocked_stacks.py"
+from tests.support import BLOCKED_TARGET, REPO, clean_env, started
 
 ACCEPTED = [
     [],
@@ -83,23 +80,15 @@ def test_declined_input_gets_typers_one_line_error() -> None:
 
 
 @contextmanager
-def _blocked(python: str) -> Iterator[int]:
+def _blocked(python: str, log: Path) -> Iterator[int]:
     """A real Python process blocked with known stacks (tests/targets/blocked_stacks.py)."""
-    proc = subprocess.Popen([python, str(TARGET)], stdout=subprocess.PIPE, text=True, env=clean_env())
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        line = proc.stdout.readline()  # the target prints "ready" at once; a dead one closes stdout
-        assert line.strip() == "ready" and time.monotonic() < deadline, f"target did not start: {line!r}"
+    with started([python, str(BLOCKED_TARGET)], log) as proc:
         yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait(timeout=60)
 
 
-def test_everyday_stacks_run_imports_neither_typer_nor_psutil_nor_py_spy() -> None:
+def test_everyday_stacks_run_imports_neither_typer_nor_psutil_nor_py_spy(tmp_path: Path) -> None:
     """The fast path end to end in a fresh interpreter, against a real process read from its memory."""
-    with _blocked(sys.executable) as pid:
+    with _blocked(sys.executable, tmp_path / "target.log") as pid:
         probe = subprocess.run(
             [sys.executable, "-c",
              "import sys; from ddpdoctor.cli import main; code = main(sys.argv[1:]);"
@@ -114,7 +103,7 @@ def test_everyday_stacks_run_imports_neither_typer_nor_psutil_nor_py_spy() -> No
     assert "in größe()" in probe.stdout
 
 
-def test_stacks_without_py_spy_typer_or_psutil_installed() -> None:
+def test_stacks_without_py_spy_typer_or_psutil_installed(tmp_path: Path) -> None:
     """An interpreter with none of ddpdoctor's optional tools (pyenv's bare 3.11, ddpdoctor from the
     checkout): 3.11 ranks are read from memory; a 3.10 process gets a one-line reason naming py-spy."""
     bare = sorted(glob.glob("/root/.pyenv/versions/3.11.*/bin/python3.11"))
@@ -126,7 +115,7 @@ def test_stacks_without_py_spy_typer_or_psutil_installed() -> None:
                               "if u.find_spec(m)])"], capture_output=True, text=True, timeout=60, env=env)
     if missing.stdout.strip() != "[]" or shutil.which("py-spy", path=env["PATH"]) is not None:
         pytest.skip("this pyenv 3.11 has typer/psutil, or py-spy is on /usr/bin")
-    with _blocked(bare[-1]) as new_pid, _blocked(old[-1]) as old_pid:
+    with _blocked(bare[-1], tmp_path / "new.log") as new_pid, _blocked(old[-1], tmp_path / "old.log") as old_pid:
         res = subprocess.run([bare[-1], "-m", "ddpdoctor", "stacks", "--pid", str(new_pid), "--pid", str(old_pid)],
                              capture_output=True, text=True, timeout=120, env=env, cwd=str(REPO))
         # --all-threads without py-spy: every thread still comes from memory (only the main one named).
@@ -169,7 +158,7 @@ def test_huge_pid_and_non_numeric_timeout_are_one_line_usage_errors() -> None:
 def test_output_to_a_closed_pipe_ascii_terminal_or_closed_stdout(tmp_path: Path) -> None:
     """`ddpdoctor stacks | head -1` that closes early, LANG=C-like stdout, and `>&-`: no traceback."""
     out = tmp_path / "stacks.json"
-    with _blocked(sys.executable) as pid:
+    with _blocked(sys.executable, tmp_path / "target.log") as pid:
         read_end, write_end = os.pipe()
         os.close(read_end)  # the reader is gone before anything is written: every write is EPIPE
         try:

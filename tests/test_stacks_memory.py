@@ -14,7 +14,6 @@ import glob
 import itertools
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import threading
 import time
 import types
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +31,9 @@ import pytest
 from ddpdoctor.stacks import _threads_from_py_spy, find_py_spy
 from ddpdoctor.stacks_memory import Unreadable, line_of, read_stacks
 from ddpdoctor.stacks_report import Frame, ThreadStack
-from tests.support import REPO
+from tests.support import BLOCKED_TARGET, REPO, kill_session, started, wait_ready
 
-TARGET = REPO / "tests" / "targets" / "blocked_stacks.py"
+TARGET = BLOCKED_TARGET
 DEADLINE_S = 60.0
 
 
@@ -66,46 +65,6 @@ def _version(exe: str) -> tuple[int, int]:
     out = subprocess.run([exe, "-I", "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
                          text=True, timeout=DEADLINE_S, check=True).stdout.split()
     return int(out[0]), int(out[1])
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the target's whole session (it may have children) and reap it."""
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with suppress(ProcessLookupError):
-        proc.kill()
-    proc.wait(timeout=DEADLINE_S)
-
-
-@contextmanager
-def started(cmd: list[str], log: Path, ready: bool = True) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``cmd`` (stderr to ``log``); with ``ready``, return once it printed the line "ready"."""
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=REPO)
-    try:
-        if ready:
-            _wait_ready(proc, log)
-        yield proc
-    finally:
-        _kill(proc)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], log: Path) -> None:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + DEADLINE_S
-    seen = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while b"ready\n" not in seen:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{proc.args!r} never printed ready: {seen!r}\n{log.read_text(errors='replace')}"
-            if sel.select(timeout=min(left, 1.0)):
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                assert chunk, f"{proc.args!r} exited ({proc.wait()}):\n{log.read_text(errors='replace')}"
-                seen += chunk
 
 
 def _tasks(pid: int) -> dict[int, tuple[str, int]]:
@@ -532,7 +491,7 @@ def test_deleted_binary_is_read_through_map_files(deleted: str, tmp_path: Path) 
         proc = subprocess.Popen([exe, str(TARGET)], stdout=subprocess.PIPE, stderr=err, env=env,
                                 start_new_session=True)
     try:
-        _wait_ready(proc, tmp_path / "stderr.log")
+        wait_ready(proc, tmp_path / "stderr.log")
         assert any(gone in line for line in Path(f"/proc/{proc.pid}/maps").read_text().splitlines())
         os.unlink(gone)
         _wait_settled(proc.pid)
@@ -545,7 +504,7 @@ def test_deleted_binary_is_read_through_map_files(deleted: str, tmp_path: Path) 
         main = next(t for t in threads if t.main)
         assert [(f.function, f.line) for f in main.frames if f.file == str(TARGET)] == EXPECTED_MAIN
     finally:
-        _kill(proc)
+        kill_session(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 
