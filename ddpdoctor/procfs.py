@@ -29,7 +29,7 @@ def pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _read(pid: int, name: str) -> bytes | None:
+def _read(pid: int | str, name: str) -> bytes | None:
     try:
         with open(f"/proc/{pid}/{name}", "rb") as f:
             return f.read()
@@ -64,12 +64,26 @@ def environ(pid: int) -> dict[str, str] | None:
     return env
 
 
-def real_uid(pid: int) -> int | None:
-    raw = _read(pid, "status")
-    for line in (raw or b"").splitlines():
-        if line.startswith(b"Uid:"):
-            return int(line.split()[1])
+def status_field(pid: int | str, name: str) -> list[str] | None:
+    """The words of one ``/proc/PID/status`` line (``Uid``, ``NSpid``, ``CapEff``...); ``pid`` may be
+    ``"self"``. None when the process is gone or the kernel has no such line."""
+    prefix = name.encode() + b":"
+    for line in (_read(pid, "status") or b"").splitlines():
+        if line.startswith(prefix):
+            return line[len(prefix):].decode().split()
     return None
+
+
+def real_uid(pid: int) -> int | None:
+    words = status_field(pid, "Uid")
+    return int(words[0]) if words else None
+
+
+def namespace_pid(pid: int) -> int:
+    """``pid`` as the process sees itself (the last NSpid): what its main thread's native id equals, also
+    in a container with its own pid namespace."""
+    words = status_field(pid, "NSpid")
+    return int(words[-1]) if words else pid
 
 
 def ancestors(pid: int) -> list[int]:

@@ -129,15 +129,8 @@ def ptrace_scope() -> int | None:
 
 
 def _has_cap_sys_ptrace() -> bool | None:
-    try:
-        with open("/proc/self/status") as f:
-            lines = f.read().splitlines()
-        for line in lines:
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> _CAP_SYS_PTRACE & 1)
-    except (OSError, ValueError):
-        return None
-    return None
+    words = procfs.status_field("self", "CapEff")
+    return bool(int(words[0], 16) >> _CAP_SYS_PTRACE & 1) if words else None
 
 
 def ptrace_advice(target_uid: int | None) -> str:
@@ -213,7 +206,8 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
     sources: set[str] = set()
     for_py_spy: list[tuple[Candidate, str]] = []
     # Without py-spy, --all-threads still gets every thread from memory, only unnamed but the main one.
-    need_py_spy = native or (thread_names and find_py_spy() is not None)
+    py_spy = find_py_spy() if native or thread_names else None
+    need_py_spy = native or (thread_names and py_spy is not None)
     for cand in cands:
         if cand.proc.error is not None:
             continue
@@ -228,20 +222,19 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
                 cand.proc.error = f"not permitted to read pid {cand.proc.pid}: {ptrace_advice(cand.uid)}"
             else:
                 for_py_spy.append((cand, str(exc)))
-    if for_py_spy and _py_spy_all(for_py_spy, native, timeout):
+    if for_py_spy and _py_spy_all(for_py_spy, py_spy or find_py_spy(), native, timeout):
         sources.add("py-spy")
     tried = "py-spy" if need_py_spy else "memory"  # what was tried when nothing could be read
     return Dumped([c.proc for c in cands], "+".join(sorted(sources)) or tried)
 
 
-def _py_spy_all(cands: Sequence[tuple[Candidate, str]], native: bool, timeout: float) -> bool:
+def _py_spy_all(cands: Sequence[tuple[Candidate, str]], exe: str | None, native: bool, timeout: float) -> bool:
     """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds; True
     when py-spy gave the stacks of at least one."""
     import contextlib
     import json
     import subprocess
 
-    exe = find_py_spy()
     if exe is None:
         for cand, why in cands:
             cand.proc.error = ("the process exited while it was being dumped"

@@ -15,6 +15,7 @@ import os
 import sys
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
+from ddpdoctor.record import Record
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
 if TYPE_CHECKING:
@@ -26,8 +27,11 @@ if TYPE_CHECKING:
 PathArg = str | os.PathLike[str]
 
 
-class StacksOptions:
-    """The options of ``ddpdoctor stacks`` (defaults as in its ``--help``)."""
+class StacksOptions(Record):
+    """The options of ``ddpdoctor stacks`` (defaults as in its ``--help``); paths kept as text, whichever
+    parser gave them."""
+
+    __slots__ = ("all_threads", "job", "json_path", "native", "pid", "signal_mode", "stack_dir", "timeout")
 
     def __init__(self, pid: Sequence[int] = (), job: str | None = None, native: bool = False,
                  all_threads: bool = False, json_path: PathArg | None = None, signal_mode: bool = False,
@@ -36,22 +40,10 @@ class StacksOptions:
         self.job = job
         self.native = native
         self.all_threads = all_threads
-        self.json_path = json_path
+        self.json_path = os.fspath(json_path) if json_path is not None else None
         self.signal_mode = signal_mode
-        self.stack_dir = stack_dir
+        self.stack_dir = os.fspath(stack_dir) if stack_dir is not None else None
         self.timeout = timeout
-
-    def as_tuple(self) -> tuple[object, ...]:
-        stack_dir = os.fspath(self.stack_dir) if self.stack_dir is not None else None
-        json_path = os.fspath(self.json_path) if self.json_path is not None else None
-        return (self.pid, self.job, self.native, self.all_threads, json_path, self.signal_mode, stack_dir,
-                self.timeout)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, StacksOptions) and self.as_tuple() == other.as_tuple()
-
-    def __repr__(self) -> str:
-        return f"StacksOptions{self.as_tuple()!r}"
 
 
 MIN_TIMEOUT = 0.1

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import struct
 
+from ddpdoctor.procfs import namespace_pid
 from ddpdoctor.record import FrozenRecord
 from ddpdoctor.stacks_report import Frame, ThreadStack
 
@@ -71,27 +72,7 @@ class Layout(FrozenRecord):
     ascii_size: int  # sizeof(PyASCIIObject): where a compact ASCII string's characters start
     compact_size: int  # sizeof(PyCompactUnicodeObject): the same for other compact strings
 
-    __slots__ = (
-        "ascii_size",
-        "cframe_current_frame",
-        "code_code_adaptive",
-        "code_filename",
-        "code_firstlineno",
-        "code_linetable",
-        "code_qualname",
-        "compact_size",
-        "frame_code",
-        "frame_instr",
-        "frame_owner",
-        "frame_previous",
-        "interp_next",
-        "interp_threads_head",
-        "native_thread_id",
-        "runtime_interpreters_head",
-        "thread_frame",
-        "thread_id",
-        "thread_next",
-    )
+    __slots__ = tuple(__annotations__)  # the fields above, each listed once
 
     def __init__(self, **offsets: int | None) -> None:
         for name in self.__slots__:
@@ -228,19 +209,6 @@ def _interpreters(pid: int) -> list[dict[bytes, int]]:
     if not found:
         raise Unreadable("no CPython interpreter (_PyRuntime) among the mapped files")
     return found
-
-
-def _namespace_pid(pid: int) -> int:
-    """``pid`` as the process sees itself (the last NSpid): what its main thread's native id equals, also
-    in a container with its own pid namespace."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return pid
 
 
 class _Memory:
@@ -502,7 +470,7 @@ def read_stacks(pid: int) -> list[ThreadStack]:
                          denied=isinstance(exc, PermissionError)) from exc
     try:
         problem = Unreadable("no interpreter")
-        main_thread_id = _namespace_pid(pid)
+        main_thread_id = namespace_pid(pid)
         for symbols in candidates:
             if b"Py_Version" not in symbols:
                 problem = Unreadable("CPython before 3.11 (no Py_Version symbol)")
