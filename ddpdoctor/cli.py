@@ -4,7 +4,7 @@ Each command family lives in ``ddpdoctor/commands/<family>.py`` and adds itself 
 ``register`` function. Those modules import nothing heavy at import time: ``ddpdoctor --help``,
 ``stacks``, ``explain`` and ``env --no-torch`` must start without importing torch. This module does not
 import typer at import time either: everyday ``ddpdoctor stacks`` invocations run without it
-(:mod:`ddpdoctor.stacks_cli`).
+(:mod:`ddpdoctor.stacks.fastcli`).
 """
 
 from __future__ import annotations
@@ -103,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: list[str]) -> int:
     if args[:1] == ["stacks"]:
-        from ddpdoctor.stacks_cli import parse_fast, run
+        from ddpdoctor.stacks.fastcli import parse_fast, run
 
         options = parse_fast(args[1:])
-        if options is not None:  # no typer: see ddpdoctor.stacks_cli
+        if options is not None:  # no typer: see ddpdoctor.stacks.fastcli
             return run(options)
     return _run_typer(args)
 

@@ -30,7 +30,7 @@ from functools import partial
 from importlib import resources
 from typing import IO, Any
 
-from ddpdoctor.check_api import format_rank_list
+from ddpdoctor.ranks import format_rank_list
 
 CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines) is scanned as it is

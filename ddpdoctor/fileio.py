@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,12 +77,30 @@ def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[Binar
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     """Write ``data`` as indented JSON to ``path`` through :func:`atomic_output`."""
     with atomic_output(Path(path)) as handle:
-        handle.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
+        handle.write((json.dumps(data, indent=2, default=str) + "\n").encode("utf-8"))
+
+
+# ``--json -``: the JSON document on stdout, instead of the text report (the convention of every command).
+STDOUT = "-"
+
+
+def json_to_stdout(path: str | os.PathLike[str] | None) -> bool:
+    """Whether ``--json`` asks for the document on stdout (then the text report is not printed)."""
+    return path is not None and str(path) == STDOUT
+
+
+def emit_json(path: str | os.PathLike[str], data: Any) -> None:
+    """The ``--json PATH`` convention: ``-`` prints the document on stdout, anything else is written atomically."""
+    if json_to_stdout(path):
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        write_json_atomic(path, data)
 
 
 def validate_output_path(flag: str, path: str | os.PathLike[str] | None) -> None:
     """Fail before the work, not after it, when an output file cannot be written there."""
-    if path is None:
+    if path is None or json_to_stdout(path):
         return
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):

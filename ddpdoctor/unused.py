@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.check_api import rank_phrase
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.modelspec import user_error
+from ddpdoctor.ranks import rank_phrase
 
 if TYPE_CHECKING:
     import torch

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpdoctor import ckpt, fileio
+from ddpdoctor import fileio
+from ddpdoctor.ckpt import core as ckpt
 
 
 @pytest.fixture

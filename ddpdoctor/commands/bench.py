@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ddpdoctor.bench import BenchConfig, check_plot_available, parse_dtype, parse_ops, parse_size, size_sweep
+from ddpdoctor.bench.analysis import (
+    BenchConfig,
+    check_plot_available,
+    parse_dtype,
+    parse_ops,
+    parse_size,
+    size_sweep,
+)
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.fileio import validate_output_path
 
@@ -70,6 +77,7 @@ def register(app: typer.Typer) -> None:
                                                "(default: $MASTER_PORT, else a free one)."),
     ) -> None:
         """Bandwidth sweep like nccl-tests (algbw, busbw, #wrong) across ranks and nodes; --pairs finds slow links."""
+        from ddpdoctor.cli import invocation_args
         from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
 
         validate_launch_options(nproc, backend, master_port, timeout)
@@ -77,8 +85,9 @@ def register(app: typer.Typer) -> None:
                               min_busbw, json_path, plot_path, backend, timeout)
 
         def run_here(info: LaunchInfo) -> int:
-            from ddpdoctor.bench_run import run_bench
+            from ddpdoctor.bench.driver import run_bench
 
             return run_bench(info, config)
 
-        run_here_or_self_launch(run_here, nproc=nproc, backend=backend, master_port=master_port, timeout=timeout)
+        raise typer.Exit(run_here_or_self_launch(run_here, argv=invocation_args(), nproc=nproc, backend=backend,
+                                                 master_port=master_port, timeout=timeout))

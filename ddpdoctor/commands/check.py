@@ -12,7 +12,7 @@ import typer
 from ddpdoctor.errors import DoctorError
 
 if TYPE_CHECKING:
-    from ddpdoctor.check_api import Check
+    from ddpdoctor.check.api import Check
 
 def _split_ids(values: list[str]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
@@ -64,10 +64,11 @@ def register(app: typer.Typer) -> None:
         min_busbw: float | None = typer.Option(None, "--min-busbw", help="bandwidth check: fail below this GB/s."),
     ) -> None:
         """Check connectivity, ports, env consistency and more on every rank; one report from rank 0."""
-        from ddpdoctor.check_api import CheckOptions
+        from ddpdoctor.check.api import CheckOptions
+        from ddpdoctor.check.runner import RunConfig, run_rank
+        from ddpdoctor.cli import invocation_args
         from ddpdoctor.fileio import validate_output_path
         from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
-        from ddpdoctor.runtime.rank import RunConfig, run_rank
 
         validate_launch_options(nproc, backend, master_port, timeout)
         validate_output_path("--json", json_path)
@@ -83,5 +84,6 @@ def register(app: typer.Typer) -> None:
         options = CheckOptions(timeout_s=timeout, checkpoint=checkpoint, model=model, batch=batch,
                                input_shape=parse_shape(input_shape), min_busbw_gbps=min_busbw, verbose=verbose)
         config = RunConfig(checks=checks, backend=backend, options=options, json_path=json_path)
-        run_here_or_self_launch(functools.partial(run_rank, config=config), nproc=nproc, backend=backend,
-                                master_port=master_port, timeout=timeout)
+        raise typer.Exit(run_here_or_self_launch(
+            functools.partial(run_rank, config=config), argv=invocation_args(), nproc=nproc, backend=backend,
+            master_port=master_port, timeout=timeout))

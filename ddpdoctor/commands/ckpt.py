@@ -1,4 +1,4 @@
-"""`ddpdoctor ckpt inspect|strip|diff`: checkpoint prefixes and key mismatches (engine: ddpdoctor.ckpt).
+"""`ddpdoctor ckpt inspect|strip|diff`: checkpoint prefixes and key mismatches (engine: ddpdoctor.ckpt.core).
 
 torch is imported only inside the commands, so `ddpdoctor --help` stays fast.
 """
@@ -37,7 +37,7 @@ def inspect_cmd(
 
     Exit 0 when nothing is wrong (prefix warnings included), 1 when a finding fails (mixed keys).
     """
-    from ddpdoctor import ckpt
+    from ddpdoctor.ckpt import core as ckpt
 
     rep = ckpt.inspect_checkpoint(ckpt.open_checkpoint(path, trust=trust))
     if json_out:
@@ -63,7 +63,7 @@ def strip_cmd(
 
     Tensor data is copied by the kernel, never loaded; OUT is written to a temp file and renamed.
     """
-    from ddpdoctor import ckpt
+    from ddpdoctor.ckpt import core as ckpt
 
     rep = ckpt.strip_file(path, output, prefixes=prefix or None, key=key, in_place=in_place, trust=trust)
     if json_out:
@@ -92,7 +92,7 @@ def diff_cmd(
 
     Exit 0 when the checkpoint loads with strict=True as is, 1 otherwise.
     """
-    from ddpdoctor import ckpt
+    from ddpdoctor.ckpt import core as ckpt
 
     checkpoint = ckpt.open_checkpoint(path, trust=trust)
     net = ckpt.build_model_for_shapes(model)

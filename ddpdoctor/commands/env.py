@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
                                       "itself is broken)."),
     ) -> None:
         """Versions, GPUs, network interfaces and relevant variables, ready to paste into a bug report."""
-        from ddpdoctor import envreport
+        from ddpdoctor.env import report as envreport
 
         facts = envreport.collect(with_torch=not no_torch)
         typer.echo(json.dumps(facts, indent=2, default=str) if as_json else envreport.render(facts))

@@ -1,7 +1,7 @@
 """`ddpdoctor stacks`: every rank's stack, grouped, the rank that is somewhere else named.
 
-Thin: typer's options in, :func:`ddpdoctor.stacks_cli.run` out (everyday invocations skip typer
-altogether, see :mod:`ddpdoctor.stacks_cli`). Never imports torch: it attaches to a job that is already stuck.
+Thin: typer's options in, :func:`ddpdoctor.stacks.fastcli.run` out (everyday invocations skip typer
+altogether, see :mod:`ddpdoctor.stacks.fastcli`). Never imports torch: it attaches to a job that is already stuck.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from ddpdoctor.fileio import validate_output_path
-from ddpdoctor.stacks_cli import MAX_TIMEOUT, MIN_TIMEOUT, StacksOptions, finish, run
+from ddpdoctor.stacks.fastcli import MAX_TIMEOUT, MIN_TIMEOUT, StacksOptions, finish, run
 
 stacks_app = typer.Typer(
     help="Read every DDP rank's stack on this machine, group them, and name the odd rank out.",
@@ -59,7 +59,7 @@ def merge(
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Write the merged result as JSON to PATH."),
 ) -> None:
     """Group the stacks of several nodes' JSON files as one job."""
-    from ddpdoctor.stacks_report import load_json_files
+    from ddpdoctor.stacks.report import load_json_files
 
     validate_output_path("--json", json_path)
     processes, source = load_json_files(files)

@@ -26,8 +26,8 @@ def register(app: typer.Typer) -> None:
         json_path: str | None = typer.Option(None, "--json", help="Also write the outcome as JSON to this path."),
     ) -> None:
         """Run SCRIPT watched: on a hang or a collective mismatch, say which rank diverged, where."""
-        from ddpdoctor import watch as engine
         from ddpdoctor.runtime import launcher
+        from ddpdoctor.watch import supervisor as engine
 
         if nproc is not None and nproc < 1:
             raise DoctorError(f"--nproc must be at least 1, got: {nproc}")

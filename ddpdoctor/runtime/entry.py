@@ -3,7 +3,8 @@
 ``check`` and ``bench`` share it: under torchrun/srun/mpirun this process is a rank (it runs
 ``run_here`` and leaves with ``os._exit``, because a thread abandoned inside a C++ collective, or gloo's
 teardown waiting on a peer that already left, must not keep it alive); with no launcher it starts
-``nproc`` local ranks running the same command line and exits with rank 0's code.
+``nproc`` local ranks running the same command line (``argv``) and returns rank 0's exit code. No CLI
+here: the command passes its own arguments in and turns the code into its exit.
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn
-
-import typer
 
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.runtime.launcher import LaunchInfo
@@ -35,9 +33,9 @@ def validate_launch_options(nproc: int | None, backend: str, master_port: int | 
         raise DoctorError(f"--timeout must be a positive number of seconds up to {MAX_TIMEOUT_S}, got: {timeout:g}")
 
 
-def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, nproc: int | None, backend: str,
-                            master_port: int | None, timeout: float) -> NoReturn:
-    """Never returns: leaves with the rank's exit code, or raises typer.Exit with rank 0's."""
+def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, argv: list[str], nproc: int | None,
+                            backend: str, master_port: int | None, timeout: float) -> int:
+    """Rank 0's exit code after self-launch; under a launcher this process leaves with its rank's code."""
     from ddpdoctor.runtime import launcher
 
     info = launcher.detect()
@@ -50,11 +48,10 @@ def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, nproc: int
         sys.stderr.flush()
         os._exit(code)
 
-    from ddpdoctor.cli import invocation_args
-    from ddpdoctor.runtime.rank import require_usable_backend
+    from ddpdoctor.runtime.backend import require_usable_backend
     from ddpdoctor.runtime.selflaunch import default_nproc, self_launch
 
     require_usable_backend(backend)  # before starting any rank: every one of them would fail the same way
     if master_port is None and os.environ.get("MASTER_PORT"):
         master_port = info.master_port  # validated by the launcher detection
-    raise typer.Exit(self_launch(invocation_args(), nproc or default_nproc(), master_port, timeout))
+    return self_launch(argv, nproc or default_nproc(), master_port, timeout)

@@ -1,0 +1,129 @@
+"""How much `ddpdoctor watch` slows a small DDP training loop, and what one recorded collective costs.
+
+    python benchmarks/watch_overhead.py [--rounds 3] [--steps 150]
+
+1. examples/train_ok.py (gloo, 2 ranks, one explicit all_reduce per step plus DDP's own) runs bare under
+   torchrun and under `ddpdoctor watch`, alternating, ``--rounds`` times each; rank 0 prints the mean step
+   time; the best and the median runs are compared (target: <= 5 % slower per step).
+2. One process, a 1-rank gloo group: the time of ``dist.all_reduce`` on a 1-element tensor before and after
+   the recorder is installed; the difference is the recording cost per collective in microseconds.
+
+Prints ratios; asserts nothing (timings on a shared machine are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support import clean_env, free_port, torchrun_cmd  # noqa: E402
+
+SCRIPT = str(REPO / "examples" / "train_ok.py")
+
+
+def step_time_us(cmd: list[str]) -> float:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env(), cwd=str(REPO))
+    match = re.search(r"TRAIN_OK steps=\d+ step_time_us=([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not match:
+        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return float(match.group(1))
+
+
+def loop_overhead(rounds: int, steps: int, per_call_us: float) -> None:
+    """Bare torchrun vs watched runs of the same loop, alternating."""
+    script_args = [SCRIPT, "--epochs", "1", "--steps", str(steps), "--samples", str(16 * steps + 16), "--width", "256"]
+    bare, watched = [], []
+    for _ in range(rounds):
+        bare.append(step_time_us([*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                                  "--master-port", str(free_port()), *script_args]))
+        watched.append(step_time_us([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", *script_args]))
+    for label, pick in (("best of", min), ("median of", statistics.median)):
+        b, w = pick(bare), pick(watched)
+        print(f"training loop ({steps} steps, 2 ranks, gloo), {label} {rounds}: bare {b:.0f} us/step, "
+              f"watched {w:.0f} us/step, overhead {100 * (w - b) / b:+.1f} %")
+    print(f"  runs: bare {[round(x) for x in bare]}, watched {[round(x) for x in watched]}")
+    # train_ok.py makes two recorded calls per step: its logging all_reduce and DDP's backward().
+    estimate = per_call_us / min(bare) * 100
+    print(f"  expected from the per-call costs: {per_call_us:.1f} us/step = {estimate:.2f} % of the best bare step")
+
+
+def recording_cost(calls: int) -> float:
+    """Extra microseconds per training step: one recorded all_reduce plus one recorded DDP backward."""
+    import torch
+    import torch.distributed as dist
+
+    from ddpdoctor.watch import recorder as recording
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    tensor = torch.ones(1)
+
+    def per_call(fn: Callable[..., object], *args: object) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        return (time.perf_counter() - start) / calls * 1e6
+
+    recorder = recording.install(0, 1)
+    original = dist.all_reduce.__ddpdoctor_original__  # type: ignore[attr-defined]
+    # The recorder alone, around a function that does nothing: no gloo noise in the difference.
+    noop = recorder.wrap(lambda *a, **k: None, recording._collective_maker(recorder, "all_reduce", original))
+    bare, watched, wrapped, empty = [], [], [], []
+    for _ in range(7):  # alternate, keep the best of each: the machine is shared
+        bare.append(per_call(original, tensor))
+        watched.append(per_call(dist.all_reduce, tensor))
+        wrapped.append(per_call(noop, tensor))
+        empty.append(per_call(lambda *a: None, tensor))
+        recorder.pending.clear()
+    print(f"per collective: all_reduce(float32[1]) {min(bare):.1f} us bare, {min(watched):.1f} us recorded; "
+          f"the recording itself costs {min(wrapped) - min(empty):.2f} us per call")
+    # backward() of a DDP model is recorded too (as the pseudo-op naming DDP's gradient all_reduce);
+    # the flag the DDP constructor wrapper sets switches that recording on and off.
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+    x = torch.randn(8, 16)
+
+    def backward_us(record: bool) -> float:
+        recorder.uses_ddp = record
+        total = 0.0
+        for _ in range(calls // 4):
+            loss = model(x).sum()
+            start = time.perf_counter()
+            loss.backward()
+            total += time.perf_counter() - start
+        recorder.pending.clear()
+        return total / (calls // 4) * 1e6
+
+    plain, recorded = [], []
+    for _ in range(7):
+        plain.append(backward_us(False))
+        recorded.append(backward_us(True))
+    print(f"per DDP backward(): {min(plain):.1f} us plain, {min(recorded):.1f} us recorded "
+          f"(+{min(recorded) - min(plain):.1f} us)")
+    dist.destroy_process_group()
+    return max(0.0, min(watched) - min(bare)) + max(0.0, min(recorded) - min(plain))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    per_call = recording_cost(args.calls)
+    loop_overhead(args.rounds, args.steps, per_call)
+
+
+if __name__ == "__main__":
+    main()

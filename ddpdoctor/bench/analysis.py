@@ -1,0 +1,477 @@
+"""`ddpdoctor bench`: the numbers, exactly as nccl-tests defines them, and how they are shown.
+
+This module is pure (no torch at import): option parsing (sizes like ``64M``), the size sweep, the
+bandwidth formulas, combining each rank's timings, the pairwise link analysis, the table, the JSON and
+the plot. The collectives themselves run in :mod:`ddpdoctor.bench.ops`; the ranks are orchestrated by
+:mod:`ddpdoctor.bench.driver`.
+
+Bandwidth, as nccl-tests' doc/PERFORMANCE.md defines it (GB = 1e9 bytes):
+
+- ``algbw = S / t`` where S is the bytes each rank contributes (all_reduce, broadcast, sendrecv) or that
+  times the number of ranks (all_gather, reduce_scatter, all_to_all). The ``size`` column is the larger
+  buffer of the operation, as nccl-tests prints it, so for every op ``algbw = size / t``.
+- ``busbw = algbw * factor``: 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and
+  all_to_all, 1 for broadcast and sendrecv. busbw is comparable with the hardware's link speed whatever
+  the number of ranks; algbw is what the application sees.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import DoctorError
+
+MIB = 1 << 20
+# A host (or link) is "slow" when it reaches less than this fraction of what the others reach.
+SLOW_FRACTION = 0.5
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One benchmarked operation: how its size maps to S and its nccl-tests bus factor."""
+
+    name: str
+    # all_gather, reduce_scatter, all_to_all: a row's size is the whole result, each rank gives size / n.
+    scaled_by_nranks: bool
+    # nccl-tests' redop/root columns.
+    redop: str
+    root: int
+
+    def bus_factor(self, nranks: int) -> float:
+        """busbw / algbw, from nccl-tests doc/PERFORMANCE.md."""
+        if self.name == "all_reduce":
+            return 2 * (nranks - 1) / nranks
+        if self.name in ("all_gather", "reduce_scatter", "all_to_all"):
+            return (nranks - 1) / nranks
+        return 1.0
+
+    @staticmethod
+    def algbw_gbps(size: int, time_us: float) -> float:
+        """algbw = size / t (nccl-tests' S x nranks for the scaled ops: row sizes are whole elements per rank)."""
+        return size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
+
+    def busbw_gbps(self, size: int, nranks: int, time_us: float) -> float:
+        return self.algbw_gbps(size, time_us) * self.bus_factor(nranks)
+
+
+OPS: dict[str, OpSpec] = {
+    "all_reduce": OpSpec("all_reduce", False, "sum", -1),
+    "all_gather": OpSpec("all_gather", True, "none", -1),
+    "reduce_scatter": OpSpec("reduce_scatter", True, "sum", -1),
+    "broadcast": OpSpec("broadcast", False, "none", 0),
+    "all_to_all": OpSpec("all_to_all", True, "none", -1),
+    "sendrecv": OpSpec("sendrecv", False, "none", -1),
+}
+OP_NAMES: tuple[str, ...] = tuple(OPS)
+
+# nccl-tests' type names (what the table shows) -> torch dtype names, with the aliases users type.
+DTYPES: dict[str, str] = {
+    "float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64",
+    "int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64",
+}
+_DTYPE_ALIASES: dict[str, str] = {
+    "float32": "float", "fp32": "float", "f32": "float", "float16": "half", "fp16": "half", "f16": "half",
+    "bf16": "bfloat16", "float64": "double", "fp64": "double", "f64": "double", "int": "int32",
+    "char": "int8", "uint": "uint8",
+}
+DTYPE_BYTES: dict[str, int] = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1, "uint8": 1,
+                               "int32": 4, "int64": 8}
+
+
+def parse_size(text: str, flag: str = "size") -> int:
+    """'64M' -> 67108864 (powers of 1024, as nccl-tests reads -b/-e); DoctorError on anything else."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if not match:
+        raise DoctorError(f"{flag} takes a size like 1024, 1K, 64M or 1G, got: {text!r}")
+    value = float(match.group(1)) * _UNITS[match.group(2)]
+    if value < 1 or value != int(value):
+        raise DoctorError(f"{flag} must be a whole number of bytes >= 1, got: {text!r}")
+    return int(value)
+
+
+def parse_dtype(text: str) -> str:
+    """The nccl-tests type name for what the user typed (float, fp16, bf16, int8, ...)."""
+    name = text.strip().lower()
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise DoctorError(f"-d/--dtype must be one of {', '.join(DTYPES)} (or fp32, fp16, bf16...), got: {text!r}")
+    return name
+
+
+def parse_ops(text: str) -> list[str]:
+    """'all' -> every op; 'all_reduce,broadcast' -> those (dashes and 'allreduce' accepted)."""
+    wanted: list[str] = []
+    for part in text.split(","):
+        name = part.strip().lower().replace("-", "_")
+        if not name:
+            continue
+        if name == "all":
+            return list(OP_NAMES)
+        name = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+                "alltoall": "all_to_all", "send_recv": "sendrecv"}.get(name, name)
+        if name not in OPS:
+            raise DoctorError(f"--op must be one of {', '.join(OP_NAMES)} or all, got: {part.strip()!r}")
+        if name not in wanted:
+            wanted.append(name)
+    if not wanted:
+        raise DoctorError("--op is empty; give one of " + ", ".join(OP_NAMES) + " or all")
+    return wanted
+
+
+def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
+    """The sizes nccl-tests visits: min, min*f, ... up to max (max itself is not added if skipped)."""
+    if min_bytes > max_bytes:
+        raise DoctorError(f"-b/--min-bytes ({human_bytes(min_bytes)}) is larger than -e/--max-bytes "
+                          f"({human_bytes(max_bytes)})")
+    if not step_factor > 1 and min_bytes != max_bytes:
+        raise DoctorError(f"-f/--step-factor must be greater than 1, got: {step_factor:g}")
+    sizes = [min_bytes]
+    while min_bytes != max_bytes:
+        grown = sizes[-1] * step_factor  # compared as a float: -f inf or 1e308 has no int
+        if grown > max_bytes:
+            break
+        nxt = max(int(grown), sizes[-1] + 1)
+        if nxt > max_bytes:
+            break
+        sizes.append(nxt)
+    return sizes
+
+
+def row_count(size: int, dtype: str, op: str, nranks: int) -> int:
+    """Elements in the row's (larger) buffer, rounded down so each rank's share is whole elements."""
+    count = size // DTYPE_BYTES[dtype]
+    if OPS[op].scaled_by_nranks:
+        count -= count % nranks
+    return count
+
+
+def human_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What the user asked for; every rank rebuilds it from the same command line."""
+
+    ops: tuple[str, ...] = ("all_reduce",)
+    sizes: tuple[int, ...] = (MIB,)
+    iters: int = 20
+    warmup: int = 5
+    dtype: str = "float"
+    check: bool = True
+    pairs: bool = False
+    min_busbw_gbps: float | None = None
+    json_path: str | None = None
+    plot_path: str | None = None
+    backend: str = "auto"
+    timeout_s: float = 60.0
+    op_label: str = "all_reduce"
+
+    @property
+    def pair_bytes(self) -> int:
+        """Message size of the pairwise link test: the sweep's largest size."""
+        return max(self.sizes)
+
+
+@dataclass
+class Row:
+    """One size of one op, combined over all ranks."""
+
+    op: str
+    bytes: int
+    count: int
+    dtype: str
+    time_us: float
+    max_time_us: float
+    slowest_rank: int
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int | None  # None when -c 0
+    # The sweep's size before rounding to whole elements per rank (what -b/-e/-f asked for).
+    requested_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "bytes": self.bytes, "count": self.count, "dtype": self.dtype,
+                "time_us": self.time_us, "max_time_us": self.max_time_us, "algbw_gbps": self.algbw_gbps,
+                "busbw_gbps": self.busbw_gbps, "wrong": self.wrong, "slowest_rank": self.slowest_rank,
+                "requested_bytes": self.requested_bytes}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Row:
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+
+
+def combine_row(op: str, size: int, count: int, dtype: str, times_us: Sequence[float],
+                wrong: Sequence[int] | None, requested: int = 0) -> Row:
+    """Each rank's time for one size -> one row: nccl-tests' default (-a 1) reports the ranks' average."""
+    nranks = len(times_us)
+    avg = sum(times_us) / nranks
+    slowest = max(range(nranks), key=lambda r: times_us[r])
+    spec = OPS[op]
+    return Row(op, size, count, dtype, avg, times_us[slowest], slowest, spec.algbw_gbps(size, avg),
+               spec.busbw_gbps(size, nranks, avg), None if wrong is None else int(sum(wrong)),
+               requested or size)
+
+
+def avg_busbw(rows: Sequence[Row]) -> float | None:
+    """Average busbw over the sizes >= 1 MiB (small sizes measure latency, not bandwidth).
+
+    The requested size counts: 1 MiB of all_gather on 3 ranks is 1048572 bytes, still a 1 MiB row.
+    """
+    big = [r.busbw_gbps for r in rows if max(r.bytes, r.requested_bytes) >= MIB]
+    return sum(big) / len(big) if big else None
+
+
+# -- pairs -------------------------------------------------------------------------------------------
+
+
+def round_robin(items: Sequence[int]) -> list[list[tuple[int, int]]]:
+    """Rounds of disjoint pairs covering every pair once (the circle method): n-1 rounds, n/2 at a time.
+
+    Running disjoint pairs together keeps the test to n-1 rounds instead of n(n-1)/2 steps, and no link
+    carries two pairs at once.
+    """
+    players: list[int | None] = list(items)
+    if len(players) < 2:
+        return []
+    if len(players) % 2:
+        players.append(None)
+    n = len(players)
+    rounds: list[list[tuple[int, int]]] = []
+    for _ in range(n - 1):
+        pairs = []
+        for i in range(n // 2):
+            a, b = players[i], players[n - 1 - i]
+            if a is not None and b is not None:
+                pairs.append((min(a, b), max(a, b)))
+        rounds.append(pairs)
+        players = [players[0], players[-1], *players[1:-1]]
+    return rounds
+
+
+def pair_schedule(hosts: Mapping[int, str]) -> list[list[tuple[int, int]]]:
+    """Rounds of rank pairs: first every pair of hosts (their lowest ranks), then ranks within each host.
+
+    Within a host, each rank is paired with the host's first rank, so a rank with a bad local path
+    (PCIe switch, wrong NUMA node) stands out; those pairs on different hosts run in the same round.
+    """
+    by_host: dict[str, list[int]] = {}
+    for rank in sorted(hosts):
+        by_host.setdefault(hosts[rank], []).append(rank)
+    leaders = [ranks[0] for ranks in by_host.values()]
+    rounds = round_robin(leaders)
+    depth = max((len(ranks) for ranks in by_host.values()), default=0)
+    for i in range(1, depth):
+        step = [(ranks[0], ranks[i]) for ranks in by_host.values() if len(ranks) > i]
+        if step:
+            rounds.append(step)
+    return rounds
+
+
+@dataclass
+class PairResult:
+    a: int
+    b: int
+    host_a: str
+    host_b: str
+    busbw_gbps: float
+    time_us: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "host_a": self.host_a, "host_b": self.host_b,
+                "busbw_gbps": self.busbw_gbps, "time_us": self.time_us}
+
+
+@dataclass
+class PairAnalysis:
+    pairs: list[PairResult]
+    slow_hosts: list[str] = field(default_factory=list)
+    slow_links: list[PairResult] = field(default_factory=list)
+    host_best_gbps: dict[str, float] = field(default_factory=dict)
+
+    def typical_host_gbps(self) -> float:
+        """The median best link of the hosts that are not slow: what a slow host is compared with."""
+        others = [bw for h, bw in self.host_best_gbps.items() if h not in self.slow_hosts]
+        return statistics.median(others) if others else 0.0
+
+
+def analyse_pairs(pairs: Sequence[PairResult]) -> PairAnalysis:
+    """Name the slow hosts and links.
+
+    A host is slow when even its best link to another host is below SLOW_FRACTION of the median host's
+    best: with three hosts where C's NIC is throttled, A-C and B-C are slow but A-B is not, so A and B
+    are fine and C is named (two of three links are slow, so a plain median of links would not do).
+    A link is slow when it is below SLOW_FRACTION of what both its ends reach elsewhere (a bad cable or
+    switch port between two healthy hosts). Pairs within a host are compared with each other.
+    """
+    inter = [p for p in pairs if p.host_a != p.host_b]
+    intra = [p for p in pairs if p.host_a == p.host_b]
+    best: dict[str, float] = {}
+    for p in inter:
+        for host in (p.host_a, p.host_b):
+            best[host] = max(best.get(host, 0.0), p.busbw_gbps)
+    slow_hosts: list[str] = []
+    # With two hosts there is one link: nothing to tell which end is at fault.
+    if len(best) >= 3:
+        typical = statistics.median(best.values())
+        slow_hosts = sorted(h for h, bw in best.items() if bw < SLOW_FRACTION * typical)
+    slow_links = [p for p in inter if p.host_a not in slow_hosts and p.host_b not in slow_hosts
+                  and p.busbw_gbps < SLOW_FRACTION * min(best[p.host_a], best[p.host_b])]
+    if len(intra) >= 3:
+        typical = statistics.median(p.busbw_gbps for p in intra)
+        slow_links += [p for p in intra if p.busbw_gbps < SLOW_FRACTION * typical]
+    ordered = sorted(pairs, key=lambda p: p.busbw_gbps)
+    return PairAnalysis(ordered, slow_hosts, sorted(slow_links, key=lambda p: p.busbw_gbps), best)
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+
+def _fmt_bw(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.01 or value == 0 else f"{value:.4f}"
+
+
+def table_header(op: str, world_size: int, backend: str, hosts: int, iters: int, warmup: int) -> str:
+    """nccl-tests' header: size, count, type, redop, root, time, algbw, busbw, #wrong (+ max, slowest)."""
+    return "\n".join([
+        f"# ddpdoctor bench: {op}, {world_size} rank{'s' if world_size != 1 else ''} on {hosts} "
+        f"host{'s' if hosts != 1 else ''}, backend {backend}, iters {iters}, warmup {warmup}",
+        f"#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} "
+        f"{'busbw':>8} {'#wrong':>7} {'max':>10} {'slowest':>8}",
+        f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} "
+        f"{'(GB/s)':>8} {'':>7} {'(us)':>10} {'rank':>8}",
+    ])
+
+
+def table_row(r: Row) -> str:
+    spec = OPS[r.op]
+    wrong = "N/A" if r.wrong is None else str(r.wrong)
+    return (f"{r.bytes:>12} {r.count:>12} {r.dtype:>8} {spec.redop:>6} {spec.root:>5} {r.time_us:>10.1f} "
+            f"{_fmt_bw(r.algbw_gbps):>8} {_fmt_bw(r.busbw_gbps):>8} {wrong:>7} {r.max_time_us:>10.1f} "
+            f"{r.slowest_rank:>8}")
+
+
+def table_footer(rows: Sequence[Row]) -> str:
+    """nccl-tests' footer; the average busbw counts only sizes >= 1 MiB."""
+    wrong_total = sum(r.wrong or 0 for r in rows)
+    checked = any(r.wrong is not None for r in rows)
+    lines = [f"# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}"
+             if checked else "# Out of bounds values : not checked (-c 0)"]
+    avg = avg_busbw(rows)
+    lines.append(f"# Avg bus bandwidth    : {_fmt_bw(avg)} GB/s (sizes >= 1 MiB)" if avg is not None
+                 else "# Avg bus bandwidth    : n/a (no size >= 1 MiB in the sweep)")
+    return "\n".join(lines)
+
+
+def render_pairs(analysis: PairAnalysis, size: int) -> str:
+    """The pairwise sendrecv results, slowest first, and what they point at."""
+    lines = [f"# pairwise sendrecv, {human_bytes(size)} each way, slowest first",
+             f"#{'rank a':>7} {'rank b':>7} {'host a':>16} {'host b':>16} {'busbw(GB/s)':>12} {'time(us)':>10}"]
+    slow = {(p.a, p.b) for p in analysis.slow_links}
+    for p in analysis.pairs:
+        mark = "  <- slow" if (p.a, p.b) in slow or {p.host_a, p.host_b} & set(analysis.slow_hosts) else ""
+        lines.append(f"{p.a:>8} {p.b:>7} {p.host_a:>16} {p.host_b:>16} {_fmt_bw(p.busbw_gbps):>12} "
+                     f"{p.time_us:>10.1f}{mark}")
+    if analysis.slow_hosts:
+        for host in analysis.slow_hosts:
+            lines.append(f"# SLOW HOST {host}: its best link reaches {_fmt_bw(analysis.host_best_gbps[host])} "
+                         f"GB/s, other hosts {_fmt_bw(analysis.typical_host_gbps())} GB/s: check its NIC, cable, switch port and "
+                         "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME")
+    for p in analysis.slow_links:
+        where = "within host " + p.host_a if p.host_a == p.host_b else f"between {p.host_a} and {p.host_b}"
+        lines.append(f"# SLOW LINK rank {p.a} <-> rank {p.b} ({where}): {_fmt_bw(p.busbw_gbps)} GB/s")
+    if not analysis.slow_hosts and not analysis.slow_links:
+        lines.append("# no slow host or link found")
+    return "\n".join(lines)
+
+
+def result_json(config: BenchConfig, world_size: int, backend: str, rows: Sequence[Row],
+                analysis: PairAnalysis | None) -> dict[str, Any]:
+    """The --json document (README: "ddpdoctor bench --json")."""
+    data: dict[str, Any] = {
+        "op": config.op_label, "world_size": world_size, "backend": backend, "dtype": config.dtype,
+        "iters": config.iters, "warmup": config.warmup,
+        "rows": [r.to_json() for r in rows], "avg_busbw_gbps": avg_busbw(rows),
+        "per_op": {op: {"avg_busbw_gbps": avg_busbw([r for r in rows if r.op == op])}
+                   for op in config.ops},
+    }
+    if analysis is not None:
+        data["pair_bytes"] = config.pair_bytes
+        data["pairs"] = [p.to_json() for p in analysis.pairs]
+        data["slow_hosts"] = list(analysis.slow_hosts)
+        data["slow_links"] = [p.to_json() for p in analysis.slow_links]
+    return data
+
+
+def problems(config: BenchConfig, rows: Sequence[Row], analysis: PairAnalysis | None) -> list[str]:
+    """What makes the run exit 1: wrong values, busbw under --min-busbw (like NCCL_TESTS_MIN_BW), a slow host."""
+    found: list[str] = []
+    for op in config.ops:
+        op_rows = [r for r in rows if r.op == op]
+        wrong = sum(r.wrong or 0 for r in op_rows)
+        if wrong:
+            bad = [human_bytes(r.bytes) for r in op_rows if r.wrong]
+            found.append(f"{op}: {wrong} wrong values (at {', '.join(bad)}): data is corrupted in transit; "
+                         "check NCCL_PROTO/NCCL_ALGO overrides, NIC offloads and GPU memory errors")
+        if config.min_busbw_gbps is not None and op_rows:
+            avg = avg_busbw(op_rows)
+            measured = avg if avg is not None else sum(r.busbw_gbps for r in op_rows) / len(op_rows)
+            over = "" if avg is not None else " (over all sizes: none >= 1 MiB)"
+            if measured < config.min_busbw_gbps:
+                found.append(f"{op}: average busbw {_fmt_bw(measured)} GB/s{over} is below --min-busbw "
+                             f"{config.min_busbw_gbps:g} GB/s")
+    if analysis is not None and analysis.slow_hosts:
+        found.append(f"slow host{'s' if len(analysis.slow_hosts) > 1 else ''}: {', '.join(analysis.slow_hosts)}")
+    return found
+
+
+def check_plot_available() -> None:
+    """DoctorError (exit 2) before any rank starts when --plot cannot work."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise DoctorError("--plot needs matplotlib, which is not installed: "
+                          "pip install 'ddpdoctor[plot]' (or pip install matplotlib)") from None
+
+
+def write_plot(path: str, rows: Sequence[Row], title: str) -> None:
+    """busbw against size, log-2 size axis, one line per op."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for op in dict.fromkeys(r.op for r in rows):
+        op_rows = [r for r in rows if r.op == op]
+        ax.plot([r.bytes for r in op_rows], [r.busbw_gbps for r in op_rows], marker="o", label=op)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    from ddpdoctor.fileio import atomic_output
+
+    try:
+        with atomic_output(Path(path)) as handle:  # no half-written PNG under the user's name
+            fig.savefig(handle, format="png")
+    finally:
+        plt.close(fig)
+
+
+def progress_line(done: int, total: int, label: str, width: int = 30) -> str:
+    filled = math.floor(width * done / total) if total else width
+    return f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}"[:120]

@@ -1,0 +1,19 @@
+"""The check engine behind ``ddpdoctor check``: what a check is, how every rank runs them, one report.
+
+- :mod:`~ddpdoctor.check.api`: :class:`Check` (a pure unit returning findings), :class:`CheckContext`,
+  :class:`CheckOptions`, and the helpers checks use to merge findings across ranks.
+- :mod:`~ddpdoctor.check.runner`: one rank's run (join the control plane, rendezvous, initialise the process
+  group under test, run each check under a deadline, post findings; rank 0 collects and names the silent).
+- :mod:`~ddpdoctor.check.report`: the merged findings as one table or the JSON contract (pure functions).
+
+The checks themselves live in :mod:`ddpdoctor.checks`, one file each.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.check.api import Check, CheckContext, CheckOptions, all_findings, collapse
+from ddpdoctor.check.report import Report, render_table
+from ddpdoctor.check.runner import RankRun, RunConfig, run_rank
+
+__all__ = ["Check", "CheckContext", "CheckOptions", "RankRun", "Report", "RunConfig", "all_findings", "collapse",
+           "render_table", "run_rank"]

@@ -1,0 +1,104 @@
+"""Pure functions: the merged findings of a run -> one table (tabulate) or the JSON contract.
+
+Rendering depends only on data, so it is tested without processes. Root cause first: ranks that never
+reported and failures come before warnings and passes, in the order the checks ran.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tabulate import tabulate
+
+from ddpdoctor import __version__
+from ddpdoctor.findings import ERROR, FAIL, PASS, SKIP, WARN, Finding, RankInfo, overall_status
+from ddpdoctor.ranks import format_rank_list
+
+# Failures first (they are what the user came for), then warnings, passes, and skips last.
+_DISPLAY_ORDER = {FAIL: 0, ERROR: 0, WARN: 1, PASS: 2, SKIP: 3}
+MAX_TAGGED = 4
+
+
+@dataclass
+class Report:
+    """Everything rank 0 knows at the end of a run."""
+
+    world_size: int
+    backend: str
+    launcher: str
+    ranks: list[RankInfo]
+    findings: list[Finding]
+    check_order: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def status(self) -> str:
+        return overall_status(self.findings)
+
+    def ordered(self) -> list[Finding]:
+        """Root cause first: unreported ranks, then failures by check order, then the rest."""
+        order = {check: i for i, check in enumerate(self.check_order)}
+
+        def key(item: tuple[int, Finding]) -> tuple[int, int, int, int]:
+            index, finding = item
+            unreported = 0 if finding.details.get("unreported") else 1
+            return (_DISPLAY_ORDER[finding.status], unreported, order.get(finding.check, len(order)), index)
+
+        return [f for _, f in sorted(enumerate(self.findings), key=key)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool": "ddpdoctor",
+            "version": __version__,
+            "status": self.status,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "launcher": self.launcher,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "ranks": [r.to_json() for r in sorted(self.ranks, key=lambda r: r.rank)],
+            "findings": [f.to_json() for f in self.ordered()],
+        }
+
+
+def format_ranks(ranks: list[int], world_size: int, peers: dict[int, RankInfo]) -> str:
+    """'all (0-7)' when every rank agrees, else the ranks with [host:local_rank] tags for outliers."""
+    if not ranks:
+        return "-"
+    if sorted(set(ranks)) == list(range(world_size)) and world_size > 1:
+        return f"all ({format_rank_list(ranks)})"
+    if len(ranks) <= MAX_TAGGED:
+        return " ".join(f"{r} {peers[r].tag}" if r in peers else str(r) for r in sorted(ranks))
+    return format_rank_list(ranks)
+
+
+def render_table(report: Report, verbose: bool = False) -> str:
+    """The one screen a user reads: header, table, and what to do about every problem."""
+    peers = {r.rank: r for r in report.ranks}
+    hosts = sorted({r.host for r in report.ranks})
+    header = (f"ddpdoctor check: {report.world_size} rank{'s' if report.world_size != 1 else ''} on "
+              f"{len(hosts)} host{'s' if len(hosts) != 1 else ''} ({', '.join(hosts) or '?'}), "
+              f"backend {report.backend}, launcher {report.launcher}, {report.elapsed_s:.1f} s")
+    ordered = report.ordered()
+    rows = [[f.check, f.status.upper() if f.status in (FAIL, ERROR) else f.status,
+             format_ranks(f.ranks, report.world_size, peers), f.summary] for f in ordered]
+    table = tabulate(rows, headers=["check", "status", "ranks", "summary"], tablefmt="simple",
+                     maxcolwidths=[None, None, 28, 90])
+    lines = [header, "", table]
+    todo = [f for f in ordered if f.remedy and f.status in (FAIL, ERROR, WARN)]
+    if todo:
+        lines += ["", "What to do:"]
+        for number, finding in enumerate(todo, 1):
+            lines.append(f"  {number}. [{finding.check}] {finding.remedy}")
+    if verbose:
+        lines += ["", "Details:"]
+        for finding in ordered:
+            if finding.details:
+                text = json.dumps(finding.details, indent=2, sort_keys=True, default=str)
+                lines.append(f"  {finding.check} ({finding.status}, ranks {format_rank_list(finding.ranks)}):")
+                lines += ["    " + line for line in text.splitlines()]
+    counts = {s: sum(1 for f in report.findings if f.status == s) for s in (FAIL, ERROR, WARN, PASS, SKIP)}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    lines += ["", f"Result: {report.status.upper()} ({summary})"]
+    return "\n".join(lines)

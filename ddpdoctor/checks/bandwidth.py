@@ -1,0 +1,120 @@
+"""`bandwidth`: a quick all_reduce sweep and pairwise link test; fails below ``--min-busbw``, warns on slow hosts.
+
+What fails in real life: the job runs, but slowly, because the collectives take a slow path: NCCL picked
+the management NIC or fell back to TCP sockets instead of InfiniBand/RoCE (``NCCL INFO NET/Socket :
+Using [0]eth0`` in an ``NCCL_DEBUG=INFO`` log where ``NET/IB`` was expected), one node's NIC negotiated a
+lower link speed, a cable or switch port drops packets, or GPUs talk through the CPU instead of
+NVLink/P2P (``NCCL_P2P_DISABLE=1`` left in a script). Nothing errors; the step time is just 2-10x worse,
+and it is the same on every rank because every collective waits for the slowest link.
+Reproduce by hand: ``tc qdisc add dev eth0 root tbf rate 1gbit burst 64kb latency 50ms`` on one node of a
+multi-node job, then ``ddpdoctor check --only bandwidth`` (or ``ddpdoctor bench --pairs``) names it.
+
+Steps (a few seconds at most): all_reduce at 256 KiB, 1 MiB and 4 MiB (busbw as nccl-tests defines it),
+then bidirectional sendrecv between every pair of hosts and between ranks within a host at 1 MiB. The
+full sweep with every op is ``ddpdoctor bench``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ddpdoctor.bench.analysis import MIB, PairResult, Row, analyse_pairs, avg_busbw, human_bytes
+from ddpdoctor.check.api import Check, CheckContext, all_findings, collapse
+from ddpdoctor.findings import FAIL, PASS, WARN, Finding, RankInfo
+
+MEASURED = "measured"
+SIZES = (256 << 10, MIB, 4 * MIB)
+ITERS, WARMUP = 5, 2
+PAIR_BYTES, PAIR_ITERS, PAIR_WARMUP = MIB, 3, 1
+# A rank that is slowest at every size and this much slower than the average is named.
+OUTLIER_RATIO = 1.5
+
+
+def _run(ctx: CheckContext) -> list[Finding]:
+    import torch
+
+    from ddpdoctor.bench.driver import measure_pairs, measure_row
+
+    device = torch.device(ctx.device)
+    rows = [measure_row("all_reduce", size, "float", ITERS, WARMUP, True, device) for size in SIZES]
+    hosts = {r: ctx.peers[r].host if r in ctx.peers else f"rank{r}" for r in range(ctx.world_size)}
+    pairs = measure_pairs(hosts, PAIR_BYTES, "float", PAIR_ITERS, PAIR_WARMUP, device) if ctx.world_size > 1 else []
+    # Every rank has the combined numbers (they were gathered); one copy is enough in the report.
+    if ctx.rank != 0:
+        return [ctx.finding(PASS, MEASURED)]
+    return [ctx.finding(PASS, MEASURED, rows=[r.to_json() for r in rows], pairs=[p.to_json() for p in pairs],
+                        world_size=ctx.world_size, min_busbw_gbps=ctx.options.min_busbw_gbps)]
+
+
+def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:
+    findings = all_findings(findings_by_rank)
+    measured = next((f for f in findings if f.summary == MEASURED and "rows" in f.details), None)
+    others = [f for f in findings if f.summary != MEASURED]
+    if measured is None:
+        return collapse(others)
+    rows = [Row.from_json(r) for r in measured.details["rows"]]
+    pairs = [PairResult(**p) for p in measured.details["pairs"]]
+    world = int(measured.details["world_size"])
+    ranks = sorted(int(r) for r in findings_by_rank)
+    min_busbw = measured.details.get("min_busbw_gbps")
+    result = _judge(rows, pairs, world, ranks, peers, min_busbw)
+    return result + collapse(others)
+
+
+def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[int],
+           peers: Mapping[int, RankInfo], min_busbw: float | None) -> list[Finding]:
+    """The findings rank 0 reports from the combined numbers."""
+    avg = avg_busbw(typed) or 0.0
+    largest = max(typed, key=lambda r: r.bytes)
+    # busbw by size, e.g. "256 KiB 0.21, 1 MiB 0.40, 4 MiB 0.56": latency vs bandwidth at a glance.
+    table = ", ".join(f"{human_bytes(r.bytes)} {r.busbw_gbps:.2f}" for r in typed)
+    details: dict[str, Any] = {"rows": [r.to_json() for r in typed], "pairs": [p.to_json() for p in pairs],
+                               "avg_busbw_gbps": avg}
+    result: list[Finding] = []
+    wrong = sum(r.wrong or 0 for r in typed)
+    if wrong:
+        result.append(Finding("bandwidth", FAIL, f"all_reduce returned {wrong} wrong values", ranks,
+                              "data is corrupted in transit: check NCCL_PROTO/NCCL_ALGO overrides, NIC offloads "
+                              "and GPU memory errors (ddpdoctor bench -c 1 shows at which sizes)", details))
+    if min_busbw is not None and avg < min_busbw:
+        result.append(Finding("bandwidth", FAIL, f"all_reduce busbw {avg:.2f} GB/s is below --min-busbw "
+                              f"{min_busbw:g} GB/s", ranks,
+                              "find the slow part with `ddpdoctor bench --pairs`; with NCCL, run with "
+                              "NCCL_DEBUG=INFO and check that NET/IB (not NET/Socket) and P2P are used", details))
+    analysis = analyse_pairs(pairs)
+    by_host: dict[str, list[int]] = {}
+    for p in pairs:
+        by_host.setdefault(p.host_a, []).append(p.a)
+        by_host.setdefault(p.host_b, []).append(p.b)
+    for host in analysis.slow_hosts:
+        on_host = sorted(r for r, info in peers.items() if info.host == host) or sorted(set(by_host[host]))
+        result.append(Finding("bandwidth", WARN, f"host {host} is slow: its best link reaches "
+                              f"{analysis.host_best_gbps[host]:.2f} GB/s, other hosts "
+                              f"{analysis.typical_host_gbps():.2f} GB/s", on_host,
+                              f"check {host}'s NIC link speed (ethtool), cable and switch port, and that "
+                              "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME name the fast interface there",
+                              {"host": host, "pairs": [p.to_json() for p in pairs]}))
+    for p in analysis.slow_links:
+        where = f"within host {p.host_a}" if p.host_a == p.host_b else f"between {p.host_a} and {p.host_b}"
+        result.append(Finding("bandwidth", WARN, f"link rank {p.a} <-> rank {p.b} ({where}) is slow: "
+                              f"{p.busbw_gbps:.2f} GB/s", [p.a, p.b],
+                              "a bad cable/switch port between hosts, or within a host a GPU on another "
+                              "PCIe switch/NUMA node: compare `nvidia-smi topo -m`", p.to_json()))
+    slowest = {r.slowest_rank for r in typed}
+    if world > 2 and len(slowest) == 1 and largest.max_time_us > OUTLIER_RATIO * largest.time_us:
+        rank = slowest.pop()
+        tag = f" {peers[rank].tag}" if rank in peers else ""
+        result.append(Finding("bandwidth", WARN, f"rank {rank}{tag} is the slowest at every size "
+                              f"({largest.max_time_us:.0f} us vs {largest.time_us:.0f} us average at "
+                              f"{human_bytes(largest.bytes)})", [rank],
+                              "that rank's host or GPU is busy or throttled: check other processes on it "
+                              "(nvidia-smi, top) and its clocks", {"rank": rank}))
+    if not result or all(f.status == WARN for f in result):
+        result.insert(0, Finding("bandwidth", PASS, f"all_reduce busbw {avg:.2f} GB/s over {world} ranks "
+                                 f"({table} GB/s)", ranks, details=details))
+    return result
+
+
+CHECK = Check(id="bandwidth", title="Collective bandwidth and slow hosts/links",
+              run=_run, combine=_combine, needs_process_group=True)

@@ -1,0 +1,141 @@
+"""`env`: the environment every rank runs in, compared across ranks.
+
+What fails in real life: one node exports ``NCCL_SOCKET_IFNAME=eth0`` while the others have ``ib0``; a
+rank runs another torch version from a stale venv; ``NCCL_SOCKET_IFNAME`` names an interface the host does
+not have; ``/dev/shm`` is Docker's 64 MB. How it shows up: NCCL hangs at the first collective, or
+``NCCL WARN Bootstrap : no socket interface found``, ``ncclSystemError: ... unhandled system error``,
+``Error while creating shared memory segment``; old ``NCCL_ASYNC_ERROR_HANDLING`` prints a deprecation
+warning and will stop working.
+Reproduce by hand: ``NCCL_SOCKET_IFNAME=nosuch0 ddpdoctor check --only env``, or under torchrun give one
+rank a different value of any ``NCCL_*`` variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ddpdoctor.check.api import Check, CheckContext, all_findings, collapse
+from ddpdoctor.env import facts as envinfo
+from ddpdoctor.findings import FAIL, PASS, WARN, Finding, RankInfo
+from ddpdoctor.ranks import rank_phrase
+
+FACTS = "environment collected"
+
+# Variables that legitimately differ per rank: per-task GPU binding (SLURM --gpus-per-task sets a
+# different CUDA_VISIBLE_DEVICES on every rank; the gpu check verifies no two ranks share a GPU) and
+# per-host thread pools. Telling users to make them equal would break working jobs.
+PER_RANK_OK = {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+
+# Logging and cache locations: different values change what is printed or where files go, not how ranks
+# talk to each other.
+INFORMATIONAL = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "TORCH_CPP_LOG_LEVEL",
+                 "TORCH_SHOW_CPP_STACKTRACES", "TORCH_HOME", "TORCH_EXTENSIONS_DIR", "TORCH_LOGS"}
+
+# Interface names are per host: a cluster whose nodes name their NICs differently sets different values
+# on purpose. Within one host they must agree; across hosts a difference is only worth a look.
+PER_HOST = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
+
+
+def _run(ctx: CheckContext) -> list[Finding]:
+    variables = envinfo.watched_env()
+    findings = [ctx.finding(PASS, FACTS, vars=variables, versions=envinfo.versions(),
+                            world_size=ctx.world_size, local_world_size=ctx.local_world_size, host=ctx.host)]
+    names = envinfo.usable_interfaces()
+    multi_host = len({peer.host for peer in ctx.peers.values()}) > 1
+    for var, problem_of in (("NCCL_SOCKET_IFNAME", envinfo.nccl_ifname_problem),
+                            ("GLOO_SOCKET_IFNAME", envinfo.gloo_ifname_problem)):
+        if var in variables:
+            problem = problem_of(variables[var], names)
+            if not problem and multi_host and variables[var].strip() in ("lo", "=lo"):
+                problem = "selects only the loopback interface, which cannot reach the other hosts"
+            if problem:
+                findings.append(ctx.finding(
+                    FAIL, f"{var}={variables[var]} {problem}",
+                    f"set {var} to an interface this host has (see `ip -br addr` on {ctx.host}), "
+                    "or unset it to let the library choose"))
+    for old, new in envinfo.DEPRECATED_VARS.items():
+        if old in variables:
+            findings.append(ctx.finding(WARN, f"{old} is deprecated", f"use {new}={variables[old]} instead"))
+    shm = envinfo.shm_bytes()
+    if shm is not None and shm < envinfo.MIN_SHM_BYTES and ctx.backend == "nccl" and ctx.local_world_size > 1:
+        findings.append(ctx.finding(
+            WARN, f"/dev/shm is only {shm // (1 << 20)} MiB",
+            "NCCL needs shared memory between local ranks: run the container with --shm-size=8g "
+            "(or --ipc=host), or mount a larger /dev/shm", shm_bytes=shm))
+    return findings
+
+
+def _holders(values_by_rank: Mapping[int, object]) -> dict[str, list[int]]:
+    holders: dict[str, list[int]] = {}
+    for rank, value in sorted(values_by_rank.items()):
+        holders.setdefault(repr(value) if value is not None else "(unset)", []).append(rank)
+    return holders
+
+
+def _differences(label: str, values_by_rank: Mapping[int, object]) -> str | None:
+    """'X differs across ranks: 'a' on ranks 0-2; 'b' on rank 3' when values differ, else None."""
+    holders = _holders(values_by_rank)
+    if len(holders) <= 1:
+        return None
+    parts = [f"{value} on {rank_phrase(r)}"
+             for value, r in sorted(holders.items(), key=lambda item: (-len(item[1]), item[1][0]))]
+    return f"{label} differs across ranks: " + "; ".join(parts)
+
+
+def _outliers(values_by_rank: Mapping[int, object]) -> list[int]:
+    """Ranks whose value differs from the lowest rank's (rank 0's when it reported): the reference."""
+    reference = values_by_rank[min(values_by_rank)]
+    return sorted(r for r, v in values_by_rank.items() if v != reference)
+
+
+def _variable_finding(name: str, values: Mapping[int, object], hosts: Mapping[int, str]) -> Finding | None:
+    message = _differences(name, values)
+    if message is None or name in INFORMATIONAL or name in PER_RANK_OK:
+        return None
+    status = FAIL
+    remedy = (f"export the same {name} on every rank (set it in the launch script, not per node)")
+    if name in PER_HOST:
+        differs_within_a_host = any(
+            len({values[r] for r in values if hosts.get(r) == host}) > 1 for host in set(hosts.values()))
+        if not differs_within_a_host:
+            status = WARN
+            remedy = (f"fine if the hosts name their NICs differently; otherwise export the same {name} "
+                      "everywhere (a wrong NIC on one host hangs the first collective)")
+    return Finding("env", status, message, _outliers(values), remedy,
+                   {"variable": name, "values": {str(r): v for r, v in values.items()}})
+
+
+def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:
+    facts = {f.ranks[0]: f.details for f in all_findings(findings_by_rank) if f.summary == FACTS}
+    others = [f for f in all_findings(findings_by_rank) if f.summary != FACTS]
+    result: list[Finding] = []
+    if facts:
+        hosts = {r: str(d.get("host", "")) for r, d in facts.items()}
+        all_vars = sorted({name for d in facts.values() for name in d["vars"]})
+        for name in all_vars:
+            finding = _variable_finding(name, {r: d["vars"].get(name) for r, d in facts.items()}, hosts)
+            if finding is not None:
+                result.append(finding)
+        for key in ("torch", "python", "cuda", "nccl"):
+            values = {r: d["versions"].get(key) for r, d in facts.items()}
+            message = _differences(f"{key} version", values)
+            if message:
+                result.append(Finding("env", FAIL, message, _outliers(values),
+                                      f"install the same {key} version on every node (same container image or venv)"))
+        sizes = {r: d["world_size"] for r, d in facts.items()}
+        message = _differences("WORLD_SIZE", sizes)
+        if message:
+            result.append(Finding("env", FAIL, message, _outliers(sizes), "launch every node with the same world size"))
+        if not result and not [f for f in others if f.status != PASS]:
+            versions = next(iter(facts.values()))["versions"]
+            allowed = [name for name in all_vars
+                       if len({repr(d["vars"].get(name)) for d in facts.values()}) > 1]
+            note = f"; {', '.join(allowed)} differ per rank, as allowed" if allowed else ""
+            result.append(Finding(
+                "env", PASS, f"{len(all_vars)} watched variables and versions agree "
+                f"(torch {versions.get('torch')}, python {versions.get('python')}){note}", sorted(facts),
+                details={"vars": next(iter(facts.values()))["vars"], "versions": versions}))
+    return result + collapse(others)
+
+
+CHECK = Check(id="env", title="Environment and versions consistent across ranks", run=_run, combine=_combine)

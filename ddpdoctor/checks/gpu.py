@@ -1,0 +1,506 @@
+"""`gpu`: which GPU each rank really uses, and whether those GPUs are healthy and alike.
+
+What fails in real life, and how it shows up:
+
+* **Two ranks on one GPU.** ``torch.cuda.set_device(local_rank)`` was forgotten (every rank uses
+  ``cuda:0``), or the launcher gives every task the same ``CUDA_VISIBLE_DEVICES``. NCCL refuses at the
+  first collective::
+
+      torch.distributed.DistBackendError: NCCL error in: .../ProcessGroupNCCL.cpp:1727, invalid usage
+      ncclInvalidUsage: This usually reflects invalid usage of NCCL library.
+      Last error:
+      Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000
+
+  Reproduce by hand on a 2-GPU node: ``CUDA_VISIBLE_DEVICES=0 torchrun --nproc-per-node 2 train.py``.
+* **A rank on the wrong GPU**: more ranks per node than visible GPUs (``torchrun --nproc-per-node 8``
+  on a 4-GPU node) gives ``RuntimeError: CUDA error: invalid device ordinal``; a rank that never called
+  ``set_device`` allocates on ``cuda:0`` and runs out of memory there (``torch.OutOfMemoryError: CUDA out
+  of memory. Tried to allocate ...``) while its own GPU idles.
+* **Mixed driver / CUDA / NCCL versions across hosts**: hangs or ``NCCL error ... unhandled system
+  error`` at the first collective between hosts that were upgraded at different times.
+* **One GPU unlike its peers**: an NVLink down, a PCIe link trained at x8 instead of x16 or a lower
+  generation, uncorrectable ECC errors (``CUDA error: uncorrectable ECC error encountered``), retired
+  pages or pending row remaps, thermal/hardware slowdown. The whole job runs at the slowest GPU's speed,
+  or dies with an Xid in ``dmesg``. Compare by hand: ``nvidia-smi -q -d ECC,PCIE,PERFORMANCE,PAGE_RETIREMENT``
+  and ``nvidia-smi nvlink --status``.
+* **Another process on the GPU** (a stale job, a notebook): less memory, slower steps; ``nvidia-smi``
+  lists it.
+
+Without CUDA (CPU-only PyTorch, no driver, no GPU, ``CUDA_VISIBLE_DEVICES=""``) the check reports
+``skip`` with the reason -- never ``pass``.
+
+Layout: :func:`gather_rank_facts` is the thin part that asks PyTorch and NVML (``ddpdoctor.env.nvml``) on
+each rank; :func:`analyze` is a pure function of every rank's plain-dict facts, run by rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ddpdoctor.check.api import Check, CheckContext
+from ddpdoctor.env.facts import nccl_version
+from ddpdoctor.env.nvml import collect_host_gpu_facts
+from ddpdoctor.errors import short_error
+from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
+from ddpdoctor.ranks import rank_phrase
+
+CHECK_ID = "gpu"
+
+# Clock-event reasons that mean the GPU is running slower than it should (nvml.h ClocksEventReasons);
+# gpu_idle, sw_power_cap and applications_clocks_setting are normal.
+BAD_THROTTLE_REASONS = frozenset(
+    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
+
+
+# --------------------------------------------------------------------------------------------------
+# The thin part: ask PyTorch and NVML on this rank.
+# --------------------------------------------------------------------------------------------------
+
+def gather_rank_facts(ctx: CheckContext, nvml_module: Any = None) -> dict[str, Any]:
+    """This rank's GPU facts as a JSON-able dict (what :func:`analyze` reads)."""
+    host_gpus = collect_host_gpu_facts(nvml_module)
+    facts: dict[str, Any] = {
+        "host": ctx.host, "local_rank": ctx.local_rank, "local_world_size": ctx.local_world_size,
+        "pid": ctx.pid, "device": ctx.device, "backend": ctx.backend,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "nvml_available": host_gpus["available"], "nvml_reason": host_gpus["reason"],
+        "driver_version": host_gpus["driver_version"],
+        "cuda_driver_version": host_gpus["cuda_driver_version"],
+        "cuda_available": False, "skip_reason": "", "gpu": None, "p2p": None,
+    }
+    import torch
+
+    facts["torch_cuda_version"] = torch.version.cuda
+    facts["nccl_version"] = nccl_version(torch)
+    with warnings.catch_warnings(record=True) as caught:
+        # A CUDA build on a bad driver says why only as a UserWarning ("CUDA initialization: The NVIDIA
+        # driver on your system is too old ..."), so keep the warning text for the skip reason.
+        warnings.simplefilter("always")
+        available = bool(torch.cuda.is_available())
+    if not available:
+        facts["skip_reason"] = no_cuda_reason(torch.__version__, torch.version.cuda,
+                                              facts["cuda_visible_devices"], host_gpus["reason"],
+                                              [str(w.message) for w in caught])
+        return facts
+    facts["cuda_available"] = True
+    if not ctx.device.startswith("cuda"):
+        facts["skip_reason"] = (f"this run uses device {ctx.device!r} (backend {ctx.backend}), not a GPU; "
+                                "run with the nccl backend to check the GPUs")
+        return facts
+    count = torch.cuda.device_count()
+    index = int(ctx.device.split(":", 1)[1]) if ":" in ctx.device else torch.cuda.current_device()
+    facts["device_count"] = count
+    facts["device_index"] = index
+    facts["current_device"] = torch.cuda.current_device()
+    visible = [_torch_device_ids(torch, i) for i in range(count)]
+    mine = visible[index] if 0 <= index < count else {"name": None, "uuid": None, "pci_bus_id": None}
+    facts.update(device_name=mine["name"], uuid=mine["uuid"], pci_bus_id=mine["pci_bus_id"])
+    facts["gpu"] = match_nvml_gpu(host_gpus["gpus"], mine["uuid"], mine["pci_bus_id"])
+    if ctx.local_rank == 0:
+        # One rank per host is enough: peer access is a property of the host's GPUs, not of the rank.
+        try:
+            matrix = [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j))
+                       for j in range(count)] for i in range(count)]
+            facts["p2p"] = {"devices": visible, "matrix": matrix}
+        except RuntimeError as exc:  # a CUDA error here must not cost the rest of the facts
+            facts["p2p"] = {"devices": visible, "error": short_error(exc)}
+    return facts
+
+
+def _torch_device_ids(torch: Any, index: int) -> dict[str, Any]:
+    """Name, NVML-style UUID and PCI bus id of CUDA device ``index`` (as this process numbers it)."""
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)  # PyTorch >= 2.0
+    bus = getattr(props, "pci_bus_id", None)  # newer PyTorch only; the UUID is the primary key
+    pci = None
+    if bus is not None:
+        pci = f"{int(getattr(props, 'pci_domain_id', 0)):08X}:{int(bus):02X}:" \
+              f"{int(getattr(props, 'pci_device_id', 0)):02X}.0"
+    return {"index": index, "name": str(props.name),
+            "uuid": normalize_uuid(str(uuid)) if uuid is not None else None, "pci_bus_id": pci}
+
+
+# --------------------------------------------------------------------------------------------------
+# The pure part: plain dicts in, findings out.
+# --------------------------------------------------------------------------------------------------
+
+def normalize_uuid(uuid: str) -> str:
+    """NVML's spelling ("GPU-58111ddc-..."); PyTorch prints the same UUID without the prefix."""
+    text = uuid.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if text.startswith(prefix):
+            return prefix.upper() + text[len(prefix):]
+    return "GPU-" + text
+
+
+def match_nvml_gpu(gpus: Iterable[Mapping[str, Any]], uuid: str | None,
+                   pci_bus_id: str | None) -> dict[str, Any] | None:
+    """The NVML entry for a CUDA device, by UUID, else by PCI bus id.
+
+    NVML numbers GPUs by PCI order and ignores CUDA_VISIBLE_DEVICES, so the index cannot be used.
+    """
+    for gpu in gpus:
+        if uuid and gpu.get("uuid") and normalize_uuid(str(gpu["uuid"])) == normalize_uuid(uuid):
+            return dict(gpu)
+    for gpu in gpus:
+        if pci_bus_id and gpu.get("pci_bus_id") and _same_bus(str(gpu["pci_bus_id"]), pci_bus_id):
+            return dict(gpu)
+    return None
+
+
+def _same_bus(a: str, b: str) -> bool:
+    """Bus ids compare without the domain's zero padding (NVML: 8 digits, sysfs and CUDA: 4)."""
+    def key(s: str) -> tuple[int, ...]:
+        parts = s.replace(".", ":").split(":")  # [domain:]bus:device.function
+        if len(parts) == 3:
+            parts = ["0", *parts]
+        return tuple(int(x, 16) for x in parts)
+    try:
+        return key(a) == key(b)
+    except ValueError:
+        return a.upper() == b.upper()
+
+
+def no_cuda_reason(torch_version: str, torch_cuda: str | None, cuda_visible_devices: str | None,
+                   nvml_reason: str, cuda_warnings: list[str]) -> str:
+    """Why this rank cannot use a GPU, most specific cause first."""
+    parts: list[str] = []
+    if torch_cuda is None:
+        parts.append(f"PyTorch {torch_version} is a CPU-only build (torch.version.cuda is None)")
+    elif cuda_visible_devices is not None and cuda_visible_devices.strip() in ("", "-1", "none"):
+        parts.append(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} hides every GPU")
+    else:
+        parts.append("torch.cuda.is_available() is False")
+    parts.extend(w.splitlines()[0] for w in cuda_warnings if w.strip())
+    if nvml_reason:
+        parts.append(nvml_reason)
+    return "; ".join(parts)
+
+
+def expected_device_index(local_rank: int, local_world_size: int, device_count: int) -> int | None:
+    """The device a rank should use: cuda:LOCAL_RANK, or cuda:0 when each rank sees only its own GPU.
+
+    None when there are more local ranks than visible GPUs (no right answer: ranks must share).
+    """
+    if device_count == 1:
+        return 0
+    if 0 <= local_rank < device_count:
+        return local_rank
+    return None
+
+
+def analyze(facts_by_rank: Mapping[int, Mapping[str, Any]],
+            ranks: Mapping[int, RankInfo] | None = None) -> list[Finding]:
+    """Every GPU finding for the job, from each rank's :func:`gather_rank_facts` dict."""
+    ranks = ranks or {}
+    tags = {r: _tag(r, f, ranks) for r, f in facts_by_rank.items()}
+    gpu_ranks = {r: f for r, f in facts_by_rank.items() if f.get("cuda_available") and not f.get("skip_reason")}
+    skipped = {r: f for r, f in facts_by_rank.items() if r not in gpu_ranks}
+    findings: list[Finding] = []
+    if not gpu_ranks:
+        by_reason: dict[str, list[int]] = defaultdict(list)
+        for r, f in sorted(skipped.items()):
+            by_reason[str(f.get("skip_reason") or "no usable GPU")].append(r)
+        return [_finding(SKIP, f"no GPU check: {reason}", rs,
+                         nvml_available=any(facts_by_rank[r].get("nvml_available") for r in rs))
+                for reason, rs in by_reason.items()]
+    if skipped:
+        findings.append(_finding(
+            FAIL,
+            f"{rank_phrase(skipped)} cannot use a GPU while {rank_phrase(gpu_ranks)} can: "
+            + "; ".join(sorted({f"{tags[r]} {f.get('skip_reason')}" for r, f in skipped.items()})),
+            sorted(skipped),
+            "install the CUDA build of PyTorch and the NVIDIA driver on every host, and check "
+            "CUDA_VISIBLE_DEVICES on the ranks named"))
+    findings += _duplicates(gpu_ranks, tags)
+    findings += _wrong_devices(gpu_ranks, tags)
+    findings += _version_mismatches(gpu_ranks)
+    findings += _unhealthy(gpu_ranks, tags)
+    findings += _other_processes(gpu_ranks, tags, ranks)
+    problems = [f for f in findings if f.status != PASS]
+    if not problems:
+        findings.append(_all_good(gpu_ranks))
+    findings += _p2p_summaries(gpu_ranks)
+    return findings
+
+
+def _duplicates(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, str]) -> list[Finding]:
+    """Ranks sharing one physical GPU: NCCL's 'Duplicate GPU detected'."""
+    by_gpu: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for r, f in gpu_ranks.items():
+        if f.get("uuid"):
+            by_gpu[("uuid", normalize_uuid(str(f["uuid"])))].append(r)
+        elif f.get("pci_bus_id"):
+            by_gpu[("pci", str(f.get("host")), str(f["pci_bus_id"]))].append(r)
+    out = []
+    for key, rs in sorted(by_gpu.items(), key=lambda kv: min(kv[1])):
+        if len(rs) < 2:
+            continue
+        rs.sort()
+        first = gpu_ranks[rs[0]]
+        named = ", ".join(f"rank {r} {tags[r]} (cuda:{gpu_ranks[r].get('device_index')})" for r in rs)
+        out.append(_finding(
+            FAIL,
+            f"ranks {' and '.join(str(r) for r in rs)} share one GPU {key[-1]} "
+            f"({first.get('device_name')}): {named}; NCCL fails with \"Duplicate GPU detected : rank "
+            f"{rs[1]} and rank {rs[0]} both on CUDA device ...\"",
+            rs,
+            "give each rank its own GPU: call torch.cuda.set_device(local_rank) before "
+            "init_process_group, run at most one rank per GPU (--nproc-per-node <= number of GPUs), and "
+            "do not give every task the same CUDA_VISIBLE_DEVICES",
+            uuid=key[-1], cuda_visible_devices={r: gpu_ranks[r].get("cuda_visible_devices") for r in rs}))
+    return out
+
+
+def _wrong_devices(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, str]) -> list[Finding]:
+    """Ranks whose device is not cuda:LOCAL_RANK (or cuda:0 when they see one GPU each)."""
+    out = []
+    for r, f in sorted(gpu_ranks.items()):
+        count = int(f.get("device_count") or 0)
+        local_rank = int(f.get("local_rank", -1))
+        index = f.get("device_index")
+        expected = expected_device_index(local_rank, int(f.get("local_world_size") or 1), count)
+        cvd = f.get("cuda_visible_devices")
+        seen = f"CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"
+        if expected is None:
+            out.append(_finding(
+                FAIL,
+                f"rank {r} {tags[r]} is local rank {local_rank} but sees only {count} GPUs ({seen}): "
+                "more ranks per host than GPUs (\"CUDA error: invalid device ordinal\")",
+                [r], "launch at most one rank per GPU: --nproc-per-node <= number of GPUs on the host",
+                device_count=count, local_rank=local_rank))
+        elif index != expected:
+            out.append(_finding(
+                FAIL,
+                f"rank {r} {tags[r]} uses cuda:{index} but local rank {local_rank} should use "
+                f"cuda:{expected} ({count} GPUs visible, {seen})",
+                [r], "call torch.cuda.set_device(local_rank) (LOCAL_RANK from the launcher) before "
+                "init_process_group and before creating any CUDA tensor",
+                device_index=index, expected_device_index=expected))
+    return out
+
+
+def _version_mismatches(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
+    """Driver versions that differ between ranks (between hosts, in practice).
+
+    PyTorch's CUDA build and NCCL versions are the env check's (torch/cuda/nccl, a fail there).
+    """
+    fields = (
+        ("driver_version", "NVIDIA driver", WARN),
+        ("cuda_driver_version", "CUDA driver API", WARN),
+    )
+    out = []
+    for field, label, status in fields:
+        groups: dict[str, list[int]] = defaultdict(list)
+        for r, f in gpu_ranks.items():
+            if f.get(field) is not None:
+                groups[str(f[field])].append(r)
+        if len(groups) < 2:
+            continue
+        parts = []
+        for value, rs in sorted(groups.items(), key=lambda kv: min(kv[1])):
+            hosts = sorted({str(gpu_ranks[r].get("host")) for r in rs})
+            parts.append(f"{value} on {rank_phrase(rs)} (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})")
+        out.append(_finding(
+            status, f"mixed {label} versions: " + "; ".join(parts),
+            sorted(r for rs in groups.values() for r in rs),
+            f"install the same {label} version on every host (mixed versions hang or fail at the first "
+            "collective between hosts)",
+            field=field, versions={v: sorted(rs) for v, rs in groups.items()}))
+    return out
+
+
+def _unhealthy(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, str]) -> list[Finding]:
+    """Per-GPU health problems, and GPUs whose links are worse than their peers of the same model."""
+    by_uuid: dict[str, tuple[dict[str, Any], list[int]]] = {}
+    for r, f in sorted(gpu_ranks.items()):
+        gpu = f.get("gpu")
+        if not gpu:
+            continue
+        key = str(gpu.get("uuid") or f"{f.get('host')}/{gpu.get('pci_bus_id')}")
+        by_uuid.setdefault(key, (dict(gpu), []))[1].append(r)
+    peers: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for gpu, _ in by_uuid.values():
+        peers[str(gpu.get("name"))].append(gpu)
+    out = []
+    for gpu, rs in by_uuid.values():
+        where = f"{', '.join(tags[r] for r in rs)} GPU {gpu.get('uuid')} ({gpu.get('name')}, PCI {gpu.get('pci_bus_id')})"
+        for status, problem, remedy in gpu_problems(gpu, peers[str(gpu.get("name"))]):
+            out.append(_finding(status, f"{where}: {problem}", rs, remedy, gpu=gpu))
+    return out
+
+
+def gpu_problems(gpu: Mapping[str, Any],
+                 peers: Iterable[Mapping[str, Any]] = ()) -> list[tuple[str, str, str]]:
+    """(status, problem, remedy) for one GPU's NVML facts, judged alone and against same-model peers."""
+    found: list[tuple[str, str, str]] = []
+    drain = ("drain the host and have the GPU checked (nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER; "
+             "dmesg | grep -i xid)")
+    if gpu.get("error"):
+        found.append((FAIL, f"NVML cannot reach this GPU: {gpu['error']}",
+                      "the GPU may have fallen off the bus (Xid 79): " + drain))
+    if (gpu.get("ecc_volatile_uncorrected") or 0) > 0:
+        found.append((FAIL, f"{gpu['ecc_volatile_uncorrected']} uncorrectable ECC errors since the last "
+                            "driver reload (\"CUDA error: uncorrectable ECC error encountered\")", drain))
+    elif (gpu.get("ecc_aggregate_uncorrected") or 0) > 0:
+        found.append((WARN, f"{gpu['ecc_aggregate_uncorrected']} uncorrectable ECC errors over its lifetime",
+                      "watch this GPU; " + drain))
+    if gpu.get("row_remap_failure"):
+        found.append((FAIL, "row remapping failed: the memory cannot be repaired", drain))
+    elif gpu.get("row_remap_pending"):
+        found.append((WARN, "a memory row remap is pending and takes effect only after a GPU reset",
+                      "reset the GPU when it is idle (nvidia-smi -r -i <index>) or reboot the host"))
+    if (gpu.get("retired_pages") or 0) > 0:
+        found.append((WARN, f"{gpu['retired_pages']} memory pages retired after ECC errors", drain))
+    up, total = gpu.get("nvlink_up"), gpu.get("nvlink_total")
+    peer_list = [p for p in peers if p is not gpu and p.get("uuid") != gpu.get("uuid")]
+    peer_up = [p["nvlink_up"] for p in peer_list if p.get("nvlink_up") is not None]
+    if up is not None and total and up < total:
+        found.append((WARN, f"only {up} of {total} NVLinks up", "check nvidia-smi nvlink --status; "
+                      "NCCL falls back to slower paths through this GPU; " + drain))
+    elif up is not None and peer_up and up < max(peer_up):
+        found.append((WARN, f"{up} NVLinks up where its peers have {max(peer_up)}",
+                      "check nvidia-smi nvlink --status on this host; " + drain))
+    width, width_max = gpu.get("pcie_link_width"), gpu.get("pcie_link_width_max")
+    peer_width = [p["pcie_link_width"] for p in peer_list if p.get("pcie_link_width") is not None]
+    if width is not None and width_max and width < width_max:
+        found.append((WARN, f"PCIe link trained at x{width} of x{width_max}",
+                      "reseat the GPU or its riser; check nvidia-smi -q -d PCIE"))
+    elif width is not None and peer_width and width < max(peer_width):
+        found.append((WARN, f"PCIe link x{width} where its peers have x{max(peer_width)}",
+                      "reseat the GPU or its riser; check nvidia-smi -q -d PCIE"))
+    gen = gpu.get("pcie_link_gen")
+    peer_gen = [p["pcie_link_gen"] for p in peer_list if p.get("pcie_link_gen") is not None]
+    if gen is not None and peer_gen and gen < min(peer_gen):
+        # Idle GPUs drop their link generation to save power, so only a GPU slower than *every* peer
+        # at the same moment is suspicious (nvidia-smi docs: "Current link generation ... may be reduced
+        # when the GPU is not in use").
+        found.append((WARN, f"PCIe gen {gen} where its peers run gen {min(peer_gen)}",
+                      "re-check under load (nvidia-smi -q -d PCIE); if it stays low, check BIOS PCIe "
+                      "settings and the slot"))
+    bad = sorted(set(gpu.get("throttle_reasons") or ()) & BAD_THROTTLE_REASONS)
+    if bad:
+        found.append((WARN, f"clocks slowed down: {', '.join(bad)} (SM {gpu.get('clocks_sm_mhz')} of "
+                            f"{gpu.get('clocks_max_sm_mhz')} MHz)",
+                      "check cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER)"))
+    return found
+
+
+def _other_processes(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, str],
+                     ranks: Mapping[int, RankInfo]) -> list[Finding]:
+    """Processes on a rank's GPU that are not ranks of this job."""
+    ours: dict[str, set[int]] = defaultdict(set)
+    for r, f in gpu_ranks.items():
+        info = ranks.get(r)
+        ours[str(f.get("host"))].add(int(f.get("pid", info.pid if info else -1)))
+    out, seen = [], set()
+    for r, f in sorted(gpu_ranks.items()):
+        gpu = f.get("gpu") or {}
+        key = (str(f.get("host")), str(gpu.get("uuid")))
+        if key in seen:
+            continue
+        seen.add(key)
+        others = [p for p in (gpu.get("processes") or []) if int(p.get("pid", -1)) not in ours[key[0]]]
+        if not others:
+            continue
+        users = [rr for rr, ff in gpu_ranks.items()
+                 if (str(ff.get("host")), str((ff.get("gpu") or {}).get("uuid"))) == key]
+        listed = ", ".join(
+            f"pid {p['pid']}" + (f" ({_gib(p['used_memory_bytes'])})" if p.get("used_memory_bytes") else "")
+            for p in others)
+        out.append(_finding(
+            WARN, f"{tags[r]} GPU {gpu.get('uuid')} is also used by other processes: {listed}",
+            sorted(users),
+            "stop the other processes (nvidia-smi shows them) or move this job to free GPUs; inside a "
+            "container the pids are the host's",
+            processes=others))
+    return out
+
+
+def _p2p_summaries(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
+    """One pass finding per host: which GPU pairs can access each other directly."""
+    out = []
+    for r, f in sorted(gpu_ranks.items()):
+        p2p = f.get("p2p")
+        if not p2p or len(p2p.get("matrix") or []) < 2:
+            continue
+        matrix = p2p["matrix"]
+        n = len(matrix)
+        missing = [(i, j) for i in range(n) for j in range(n) if i != j and not matrix[i][j]]
+        if not missing:
+            text = f"all {n} GPUs can access each other peer-to-peer"
+        elif len(missing) == n * (n - 1):
+            text = f"no peer-to-peer access between its {n} GPUs (NCCL goes through host memory)"
+        else:
+            pairs = ", ".join(f"{i}->{j}" for i, j in missing[:12]) + (" ..." if len(missing) > 12 else "")
+            text = f"{len(missing)} of {n * (n - 1)} GPU pairs lack peer-to-peer access: {pairs}"
+        out.append(_finding(PASS, f"host {f.get('host')}: {text}", [r],
+                            host=f.get("host"), p2p=p2p, pairs_without_p2p=[list(p) for p in missing]))
+    return out
+
+
+def _all_good(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> Finding:
+    f0 = gpu_ranks[min(gpu_ranks)]
+    names = sorted({str(f.get("device_name")) for f in gpu_ranks.values()})
+    nvml_note = "" if all(f.get("gpu") for f in gpu_ranks.values()) else \
+        " (NVML health facts unavailable on some ranks)"
+    return _finding(
+        PASS,
+        f"{len(gpu_ranks)} ranks on {len(gpu_ranks)} distinct GPUs ({', '.join(names)}); driver "
+        f"{f0.get('driver_version')}, CUDA {f0.get('cuda_driver_version')}, NCCL {f0.get('nccl_version')}"
+        + nvml_note,
+        sorted(gpu_ranks))
+
+
+# --------------------------------------------------------------------------------------------------
+# Wiring into the check runtime.
+# --------------------------------------------------------------------------------------------------
+
+def _run(ctx: CheckContext) -> list[Finding]:
+    """Gather this rank's facts; rank 0's combine judges them all together."""
+    facts = gather_rank_facts(ctx)
+    if facts["skip_reason"]:
+        return [ctx.finding(SKIP, f"no GPU check: {facts['skip_reason']}", facts=facts)]
+    summary = f"cuda:{facts['device_index']} {facts['device_name']} {facts['uuid']}"
+    return [ctx.finding(PASS, summary, facts=facts)]
+
+
+def _combine(findings: Mapping[int, list[Finding]], ranks: Mapping[int, RankInfo]) -> list[Finding]:
+    """Rank 0: turn every rank's facts into the job's GPU findings; other findings pass through."""
+    facts: dict[int, Mapping[str, Any]] = {}
+    passthrough: list[Finding] = []
+    for rank, rank_findings in findings.items():
+        for finding in rank_findings:
+            if isinstance(finding.details.get("facts"), Mapping):
+                facts[rank] = finding.details["facts"]
+            else:
+                passthrough.append(finding)  # an error/timeout the runtime recorded
+    return passthrough + (analyze(facts, ranks) if facts else [])
+
+
+CHECK = Check(id=CHECK_ID, title="GPUs: rank-to-GPU mapping, versions and health (NVML)",
+              run=_run, combine=_combine)
+
+
+# --------------------------------------------------------------------------------------------------
+# Small helpers.
+# --------------------------------------------------------------------------------------------------
+
+def _finding(status: str, summary: str, ranks: Iterable[int], remedy: str = "", **details: Any) -> Finding:
+    return Finding(check=CHECK_ID, status=status, summary=summary, ranks=sorted(ranks), remedy=remedy,
+                   details=dict(details))
+
+
+def _tag(rank: int, facts: Mapping[str, Any], ranks: Mapping[int, RankInfo]) -> str:
+    info = ranks.get(rank)
+    if info is not None:
+        return info.tag
+    return f"[{facts.get('host', '?')}:{facts.get('local_rank', '?')}]"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"

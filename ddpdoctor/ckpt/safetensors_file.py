@@ -1,0 +1,104 @@
+"""The safetensors format: validate its header, and rewrite it with renamed keys.
+
+A ``.safetensors`` file is an 8-byte little-endian header length N, N bytes of JSON
+(``{"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, offsets relative
+to the end of the header), then the raw bytes (https://github.com/huggingface/safetensors#format). Renaming
+keys only rewrites the JSON; the data block is copied as is by the kernel. The header is padded with
+spaces (as the reference writer pads it to a multiple of 8) so the data block keeps its offset modulo the
+page size, and tensors stay aligned.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ddpdoctor.ckpt.filecopy import copy_range
+from ddpdoctor.errors import DoctorError
+
+# The reference implementation refuses headers above 100 MB (safetensors/src/tensor.rs MAX_HEADER_SIZE).
+MAX_HEADER = 100_000_000
+
+DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+# safetensors dtype -> torch dtype name, for reports that mix formats.
+TORCH_DTYPE = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E5M2": "float8_e5m2",
+               "F8_E4M3": "float8_e4m3fn", "I16": "int16", "U16": "uint16", "F16": "float16",
+               "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64",
+               "U64": "uint64", "F64": "float64"}
+
+
+@dataclass
+class SafeTensors:
+    """A parsed safetensors header: tensor entries in file order, metadata, where the data starts."""
+
+    path: Path
+    tensors: dict[str, dict[str, Any]]
+    metadata: dict[str, str] | None
+    data_start: int
+    data_size: int
+
+
+def looks_like_safetensors(head: bytes) -> bool:
+    """8-byte length then '{': the only thing that starts a safetensors file."""
+    return len(head) >= 9 and head[8:9] == b"{"
+
+
+def open_safetensors(path: Path) -> SafeTensors:
+    """Parse and validate the header; DoctorError naming what is wrong with a damaged one."""
+    size = path.stat().st_size
+    bad = f"{path} has a corrupt safetensors header"
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise DoctorError(f"{bad}: the file is shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            raise DoctorError(f"{bad}: header length {n} does not fit in the {size}-byte file (truncated?)")
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DoctorError(f"{bad}: the JSON header does not parse ({exc})") from None
+    if not isinstance(header, dict):
+        raise DoctorError(f"{bad}: the JSON header is not an object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise DoctorError(f"{bad}: __metadata__ is not an object")
+    data_size = size - 8 - n
+    for name, entry in header.items():
+        try:
+            begin, end = (int(x) for x in entry["data_offsets"])
+            numel = 1
+            for dim in entry["shape"]:
+                numel *= int(dim)
+            expected = numel * DTYPE_SIZES[entry["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            raise DoctorError(f"{bad}: entry {name!r} lacks a valid dtype, shape or data_offsets") from None
+        if not 0 <= begin <= end <= data_size or end - begin != expected:
+            raise DoctorError(f"{bad}: entry {name!r} points outside the data block or has the wrong size "
+                              "(truncated file?)")
+    return SafeTensors(path, header, metadata, 8 + n, data_size)
+
+
+def rewrite(src: SafeTensors, out: BinaryIO, renamed: dict[str, str], *, start_writeback: bool = False) -> None:
+    """Write ``src`` with keys renamed (``renamed`` maps old -> new), data copied unchanged."""
+    header: dict[str, Any] = {}
+    if src.metadata is not None:
+        header["__metadata__"] = src.metadata
+    for name, entry in src.tensors.items():
+        header[renamed.get(name, name)] = entry
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    if src.data_start % 8 == 0:
+        # Spaces are valid JSON padding; keeping the data block's page offset lets the kernel copy
+        # page-congruent ranges (about twice as fast as shifted ones) at the cost of < 4 KiB.
+        raw += b" " * ((src.data_start - 8 - len(raw)) % 4096)
+    else:
+        raw += b" " * ((-len(raw)) % 8)
+    out.write(struct.pack("<Q", len(raw)) + raw)
+    with src.path.open("rb") as fin:
+        copy_range(fin, out, src.data_start, src.data_size, start_writeback=start_writeback)

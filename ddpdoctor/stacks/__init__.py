@@ -1,0 +1,14 @@
+"""``ddpdoctor stacks``: every rank's Python stack on this machine, grouped; the rank somewhere else named.
+
+- :mod:`~ddpdoctor.stacks.engine`: find the ranks (torchrun/SLURM environment) and dump them in parallel.
+- :mod:`~ddpdoctor.stacks.ident`: who a process is in a DDP job, from its environment.
+- :mod:`~ddpdoctor.stacks.install`: :func:`install_stack_dumps`, the in-process fallback (faulthandler on a signal).
+- :mod:`~ddpdoctor.stacks.signal_dumps`: ``--signal``: signal registered ranks and read their dumps.
+- :mod:`~ddpdoctor.stacks.report`: the model (processes, threads, frames), grouping, text and JSON.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.stacks.install import install_stack_dumps
+
+__all__ = ["install_stack_dumps"]

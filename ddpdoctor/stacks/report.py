@@ -1,0 +1,420 @@
+"""Stacks of many ranks -> groups, the odd rank named, text and JSON (pure functions, no processes).
+
+A hung DDP job almost always has one rank somewhere else: everyone waits in ``all_reduce`` at
+train.py:55, one rank waits in ``barrier`` at train.py:80, or is still loading data. Two stacks "agree"
+when their main threads sit at the same innermost user frame and in the same torch.distributed call; the
+frames below that (gloo/NCCL internals, native frames) differ between runs and do not matter for the
+diagnosis.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ddpdoctor import __version__
+from ddpdoctor.errors import DoctorError
+from ddpdoctor.stacks.record import FrozenRecord, Record
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
+
+# Path pieces of code that is not the user's: stdlib, installed packages, frozen importlib, native libs.
+_LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3", "<frozen")
+# Where the collectives live: torch.distributed and DDP itself (torch/nn/parallel/distributed.py).
+_DIST_MARKERS = ("torch/distributed/", "torch/nn/parallel/")
+
+
+class Frame(FrozenRecord):
+    """One stack frame; ``file`` as the process knows it (usually absolute)."""
+
+    __slots__ = ("file", "function", "line")
+
+    def __init__(self, function: str, file: str, line: int) -> None:
+        self.function = function
+        self.file = file
+        self.line = line
+
+    @property
+    def short_file(self) -> str:
+        """``torch/distributed/distributed_c10d.py`` for packages, the base name for everything else."""
+        for marker in ("/site-packages/", "/dist-packages/"):
+            if marker in self.file:
+                return self.file.split(marker, 1)[1]
+        return self.file.rsplit("/", 1)[-1]
+
+    @property
+    def native(self) -> bool:
+        return self.line == 0 or ".so" in self.short_file
+
+    def where(self) -> str:
+        return f"{self.short_file}:{self.line} in {self.function}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"function": self.function, "file": self.file, "line": self.line, "where": self.where()}
+
+
+class ThreadStack(Record):
+    """One thread; ``frames`` innermost first (as py-spy and faulthandler print them)."""
+
+    __slots__ = ("frames", "main", "name", "thread_id")
+
+    def __init__(self, thread_id: int, name: str, main: bool, frames: list[Frame]) -> None:
+        self.thread_id = thread_id
+        self.name = name
+        self.main = main
+        self.frames = frames
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"thread_id": self.thread_id, "name": self.name, "main": self.main,
+                "frames": [f.to_dict() for f in self.frames]}
+
+
+class ProcessStacks(Record):
+    """One process we looked at: who it is, and its threads or why we could not get them."""
+
+    __slots__ = (
+        "cmdline",
+        "error",
+        "host",
+        "job",
+        "local_rank",
+        "local_world_size",
+        "pid",
+        "rank",
+        "threads",
+        "world_size",
+    )
+
+    def __init__(self, pid: int, host: str, rank: int | None = None, local_rank: int | None = None,
+                 world_size: int | None = None, local_world_size: int | None = None, job: str | None = None,
+                 cmdline: str = "", threads: list[ThreadStack] | None = None, error: str | None = None) -> None:
+        self.pid = pid
+        self.host = host
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.local_world_size = local_world_size
+        self.job = job
+        self.cmdline = cmdline
+        self.threads: list[ThreadStack] = threads if threads is not None else []
+        self.error = error
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+
+    def main_thread(self) -> ThreadStack | None:
+        for thread in self.threads:
+            if thread.main:
+                return thread
+        return self.threads[0] if self.threads else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "rank": self.rank, "local_rank": self.local_rank,
+                "world_size": self.world_size, "local_world_size": self.local_world_size, "host": self.host, "job": self.job,
+                "cmdline": self.cmdline, "error": self.error,
+                "threads": [t.to_dict() for t in self.threads]}
+
+
+def is_user_frame(frame: Frame) -> bool:
+    """The user's own code: not stdlib, not an installed package, not native."""
+    return not frame.native and not any(m in frame.file for m in _LIBRARY_MARKERS)
+
+
+def is_dist_frame(frame: Frame) -> bool:
+    return any(m in frame.file.replace("\\", "/") for m in _DIST_MARKERS)
+
+
+def _public(function: str) -> bool:
+    """``all_reduce`` yes; c10d_logger's ``_exception_logger.<locals>.wrapper`` and ``_foo`` no."""
+    last = function.rsplit(".", 1)[-1]
+    return not last.startswith("_") and "<locals>" not in function and last not in {"wrapper", "inner"}
+
+
+class Position(FrozenRecord):
+    """The frames that matter: where the user's code is, and which collective it is in."""
+
+    __slots__ = ("call", "user")
+
+    def __init__(self, user: Frame | None, call: str | None) -> None:
+        self.user = user
+        self.call = call
+
+    def describe(self) -> str:
+        """``barrier() at train.py:80`` / ``train.py:38 in load_batch() (not in a torch.distributed call)``."""
+        if self.user is None and self.call is None:
+            return "nowhere known (no Python frames)"
+        if self.call is None:
+            assert self.user is not None
+            return (f"at {self.user.short_file}:{self.user.line} in {self.user.function}() "
+                    "(not in a torch.distributed call)")
+        at = f" at {self.user.short_file}:{self.user.line}" if self.user is not None else ""
+        return f"in {self.call}(){at}"
+
+
+def position(frames: Sequence[Frame]) -> Position:
+    """Innermost user frame, and the torch.distributed call made below it (closest to the user's code)."""
+    user_index = next((i for i, f in enumerate(frames) if is_user_frame(f)), None)
+    inner = frames[:user_index] if user_index is not None else frames
+    call = None
+    for frame in reversed(inner):  # from the user's call site inwards: the public API name comes first
+        if not frame.native and is_dist_frame(frame) and _public(frame.function):
+            call = frame.function.rsplit(".", 1)[-1]
+            break
+    return Position(frames[user_index] if user_index is not None else None, call)
+
+
+def format_ranks(labels: Iterable[ProcessStacks]) -> str:
+    """``rank 1`` / ``ranks 0,2,3`` / ``ranks 0-7`` / ``pids 12,13``; runs of 3+ become ranges."""
+    procs = list(labels)
+    ranks = sorted(p.rank for p in procs if p.rank is not None)
+    pids = sorted(p.pid for p in procs if p.rank is None)
+    parts: list[str] = []
+    if ranks:
+        runs: list[list[int]] = []
+        for r in ranks:
+            if runs and r == runs[-1][-1] + 1:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+        text = ",".join(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)) for run in runs)
+        parts.append(("rank " if len(ranks) == 1 else "ranks ") + text)
+    if pids:
+        parts.append(("pid " if len(pids) == 1 else "pids ") + ",".join(map(str, pids)))
+    return " and ".join(parts)
+
+
+class Group(Record):
+    """Ranks of one job at the same position."""
+
+    __slots__ = ("job", "members", "position")
+
+    def __init__(self, job: str | None, position: Position, members: list[ProcessStacks]) -> None:
+        self.job = job
+        self.position = position
+        self.members = members
+
+    @property
+    def representative(self) -> ProcessStacks:
+        return self.members[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        main = self.representative.main_thread()
+        user = self.position.user
+        return {
+            "job": self.job,
+            "ranks": [p.rank for p in self.members],
+            "pids": [p.pid for p in self.members],
+            "hosts": sorted({p.host for p in self.members}),
+            "where": user.where() if user is not None else None,
+            "call": self.position.call,
+            "summary": f"{format_ranks(self.members)} {'is' if len(self.members) == 1 else 'are'} "
+                       f"{self.position.describe()}",
+            "stack": [f.where() for f in main.frames] if main is not None else [],
+        }
+
+
+class JobReport(Record):
+    """One job's verdict: groups largest first, the outliers, the ranks we could not see."""
+
+    __slots__ = ("failed", "groups", "job", "missing_ranks", "tie", "world_size")
+
+    def __init__(self, job: str | None, groups: list[Group], failed: list[ProcessStacks],
+                 world_size: int | None, missing_ranks: list[int], tie: bool) -> None:
+        self.job = job
+        self.groups = groups
+        self.failed = failed
+        self.world_size = world_size
+        self.missing_ranks = missing_ranks
+        self.tie = tie
+
+    @property
+    def outliers(self) -> list[ProcessStacks]:
+        return [p for g in self.groups[1:] for p in g.members]
+
+    @property
+    def problem(self) -> bool:
+        return bool(self.outliers or self.failed or self.missing_ranks)
+
+    def summary(self) -> str:
+        """``rank 1 is in barrier() at train.py:80; ranks 0,2,3 are in all_reduce() at train.py:55``."""
+        if not self.groups:
+            return "no stacks could be taken"
+        if len(self.groups) == 1:
+            members = self.groups[0].members
+            who = "the only process" if len(members) == 1 else f"all {len(members)} processes"
+            return f"{who} ({format_ranks(members)}) {'is' if len(members) == 1 else 'are'} " \
+                   f"{self.groups[0].position.describe()}"
+        parts = [f"{format_ranks(g.members)} {'is' if len(g.members) == 1 else 'are'} {g.position.describe()}"
+                 for g in [*self.groups[1:], self.groups[0]]]
+        return ("no majority: " if self.tie else "") + "; ".join(parts)
+
+
+def _sort_key(group: Group) -> tuple[int, int, int]:
+    # Largest first; on a tie, the ranks inside a collective are the "normal" ones and the rank that is
+    # elsewhere (sleeping, loading data) is the outlier; then the group holding the lowest rank.
+    lowest = min((p.rank if p.rank is not None else 1 << 30) for p in group.members)
+    return (-len(group.members), 0 if group.position.call is not None else 1, lowest)
+
+
+def _rank_order(p: ProcessStacks) -> tuple[int, int]:
+    return (p.rank if p.rank is not None else 1 << 30, p.pid)
+
+
+def analyze(processes: Sequence[ProcessStacks]) -> list[JobReport]:
+    """Group each job's ranks by position; jobs in order of first appearance."""
+    jobs: dict[str | None, list[ProcessStacks]] = {}
+    for proc in sorted(processes, key=_rank_order):
+        jobs.setdefault(proc.job, []).append(proc)
+    reports = []
+    for job, procs in jobs.items():
+        by_pos: dict[Position, Group] = {}
+        failed = []
+        for proc in procs:
+            main = proc.main_thread()
+            if proc.error is not None or main is None:
+                failed.append(proc)
+                continue
+            pos = position(main.frames)
+            by_pos.setdefault(pos, Group(job, pos, [])).members.append(proc)
+        groups = sorted(by_pos.values(), key=_sort_key)
+        tie = len(groups) > 1 and _sort_key(groups[0])[:2] == _sort_key(groups[1])[:2]
+        worlds = {p.world_size for p in procs if p.world_size is not None}
+        world = max(worlds) if worlds else None
+        seen = {p.rank for p in procs if p.rank is not None}
+        # Only a single-node job, or a merge of several nodes, can name missing ranks: looking at one node
+        # of many, the other nodes' ranks are absent by design.
+        single_node = bool(procs) and all(p.local_world_size == world for p in procs)
+        merged = len({p.host for p in procs}) > 1
+        missing = sorted(set(range(world)) - seen) if world is not None and (single_node or merged) else []
+        reports.append(JobReport(job, groups, failed, world, missing, tie))
+    return reports
+
+
+def render_text(reports: Sequence[JobReport], all_threads: bool = False, source: str = "py-spy") -> str:
+    """The human report: per job, the verdict line, then each group with one representative stack."""
+    lines: list[str] = []
+    for report in reports:
+        members = [p for g in report.groups for p in g.members] + report.failed
+        hosts = sorted({p.host for p in members})
+        lines.append(f"job {report.job or '(unknown)'}: {_count(len(members))} on {', '.join(hosts)}"
+                     + (f", world size {report.world_size}" if report.world_size else "")
+                     + f" (stacks by {source})")
+        lines.append(f"  {report.summary()}")
+        by_error: dict[str, list[ProcessStacks]] = {}
+        for proc in report.failed:  # one line per distinct reason: 8 ranks denied by ptrace is one problem
+            by_error.setdefault(proc.error or "no Python threads", []).append(proc)
+        for error, procs in by_error.items():
+            who = ", ".join(f"{p.label} (pid {p.pid} on {p.host})" if p.rank is not None
+                            else f"pid {p.pid} on {p.host}" for p in procs)
+            lines.append(f"  {who}: no stack: {error}")
+        if report.missing_ranks:
+            lines.append(f"  {format_ranks(_fake(report.missing_ranks))} not found: not running on the "
+                         "host(s) looked at (exited, or on a node whose JSON was not merged)")
+        for group in report.groups:
+            rep = group.representative
+            lines.append("")
+            lines.append(f"  {format_ranks(group.members)} ({_count(len(group.members))}): "
+                         f"{group.position.describe()}")
+            lines.append("    " + ", ".join(f"{p.label}=pid {p.pid}@{p.host}" for p in group.members))
+            main = rep.main_thread()
+            threads = [t for t in [main] if t is not None]
+            if all_threads:
+                threads += [t for t in rep.threads if t is not main]
+            for thread in threads:
+                lines.append(f"    thread {thread.name or thread.thread_id}"
+                             f"{' (main)' if thread.main else ''} of {rep.label}, innermost first:")
+                lines.extend(f"      {frame.where()}" for frame in thread.frames)
+            hidden = len(rep.threads) - len(threads)
+            if hidden > 0:
+                lines.append(f"    ({hidden} other thread(s) not shown; --all-threads shows them)")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _count(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
+def _fake(ranks: Sequence[int]) -> list[ProcessStacks]:
+    return [ProcessStacks(pid=0, host="", rank=r) for r in ranks]
+
+
+def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], source: str,
+            host: str | None = None) -> dict[str, Any]:
+    """The documented ``--json`` document (see the stacks section of README.md)."""
+    return {
+        "tool": "ddpdoctor",
+        "version": __version__,
+        "host": host if host is not None else os.uname().nodename,
+        "source": source,
+        "processes": [p.to_dict() for p in sorted(processes, key=_rank_order)],
+        "groups": [g.to_dict() for r in reports for g in r.groups],
+        "outliers": sorted({p.rank for r in reports for p in r.outliers if p.rank is not None}),
+        "jobs": [{"job": r.job, "world_size": r.world_size, "summary": r.summary(),
+                  "outliers": [p.rank for p in r.outliers], "missing_ranks": r.missing_ranks,
+                  "failed": [{"pid": p.pid, "rank": p.rank, "host": p.host, "error": p.error}
+                             for p in r.failed]} for r in reports],
+    }
+
+
+def _optional_int(entry: Mapping[str, Any], key: str) -> int | None:
+    """A rank-like field of a --json process: absent/null, or an integer (a string there is a bad file)."""
+    value = entry.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{key} is {value!r}, not an integer")
+    return value
+
+
+def _optional_str(entry: Mapping[str, Any], key: str) -> str | None:
+    value = entry.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key} is {value!r}, not a string")
+    return value
+
+
+def processes_from_json(doc: Any, origin: str) -> list[ProcessStacks]:
+    """Parse the ``processes`` of a ``--json`` file; a wrong file is a usage error naming the file."""
+    try:
+        out = []
+        for p in doc["processes"]:
+            threads = [ThreadStack(int(t["thread_id"]), str(t["name"]), bool(t["main"]),
+                                   [Frame(str(f["function"]), str(f["file"]), int(f["line"]))
+                                    for f in t["frames"]])
+                       for t in p["threads"]]
+            out.append(ProcessStacks(pid=int(p["pid"]), host=str(p["host"]), rank=_optional_int(p, "rank"),
+                                     local_rank=_optional_int(p, "local_rank"),
+                                     world_size=_optional_int(p, "world_size"),
+                                     local_world_size=_optional_int(p, "local_world_size"),
+                                     job=_optional_str(p, "job"), cmdline=str(p.get("cmdline") or ""),
+                                     threads=threads, error=_optional_str(p, "error")))
+        return out
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DoctorError(f"{origin} is not a `ddpdoctor stacks --json` file (missing or bad field: {exc}); "
+                          "write one per node with `ddpdoctor stacks --json PATH`") from exc
+
+
+def load_json_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[ProcessStacks], str]:
+    """Read several nodes' files; the same (host, pid) seen twice is kept once."""
+    import json
+
+    seen: dict[tuple[str, int], ProcessStacks] = {}
+    sources = set()
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except FileNotFoundError as exc:
+            raise DoctorError(f"{path}: no such file; pass the files written by `ddpdoctor stacks --json`") from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise DoctorError(f"{path}: not readable JSON ({exc}); was the file cut short?") from exc
+        if not isinstance(doc, dict):
+            raise DoctorError(f"{path} is not a `ddpdoctor stacks --json` file (top level is not an object)")
+        sources.add(str(doc.get("source", "py-spy")))
+        for proc in processes_from_json(doc, str(path)):
+            seen.setdefault((proc.host, proc.pid), proc)
+    return list(seen.values()), "+".join(sorted(sources))

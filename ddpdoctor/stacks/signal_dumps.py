@@ -1,0 +1,132 @@
+"""`ddpdoctor stacks --signal`: signal the ranks that called ``install_stack_dumps()`` and read their dumps.
+
+No ptrace needed: each rank's own faulthandler writes its threads (see :mod:`ddpdoctor.stacks.install`). Only
+processes that left a registration file are signalled, and only if the pid still belongs to the process
+that registered (its start time matches): SIGUSR1 kills a process that did not register a handler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import DoctorError
+from ddpdoctor.stacks.ident import job_matches
+from ddpdoctor.stacks.install import STACK_DIR_ENV, default_stack_dir
+from ddpdoctor.stacks.procfs import same_process_alive
+from ddpdoctor.stacks.report import Frame, ProcessStacks, ThreadStack
+
+# faulthandler's format (Python/traceback.c, dump_traceback / write_thread_id):
+#   "Thread 0x00007f... (most recent call first):" or "Current thread 0x... (most recent call first):"
+#   '  File "train.py", line 55 in main'
+_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):")
+_FRAME_RE = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
+
+
+def parse_faulthandler(text: str, main_thread_id: int | None) -> list[ThreadStack]:
+    """Threads from one faulthandler dump (innermost frame first, as written)."""
+    threads: list[ThreadStack] = []
+    for line in text.splitlines():
+        head = _THREAD_RE.match(line)
+        if head:
+            tid = int(head.group(2), 16)
+            threads.append(ThreadStack(tid, head.group(3) or "", tid == main_thread_id, []))
+            continue
+        frame = _FRAME_RE.match(line)
+        if frame and threads:
+            lineno = int(frame.group(2)) if frame.group(2).isdigit() else 0
+            threads[-1].frames.append(Frame(frame.group(3), frame.group(1), lineno))
+    for thread in threads:
+        if thread.main and not thread.name:
+            thread.name = "MainThread"
+    return threads
+
+
+def _registrations(folder: Path) -> list[dict[str, Any]]:
+    regs = []
+    for path in sorted(folder.glob("rank*-pid*.json")):
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            int(meta["pid"]), int(meta["signal"]), str(meta["stack_file"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a foreign or half-written file: not ours to signal
+        regs.append(meta)
+    return regs
+
+
+def _alive_as_registered(meta: dict[str, Any]) -> bool:
+    started = meta.get("create_time")
+    return same_process_alive(int(meta["pid"]), None if started is None else float(started))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def collect(pids: Sequence[int] = (), job: str | None = None, directory: str | os.PathLike[str] | None = None,
+            timeout: float = 10.0) -> list[ProcessStacks]:
+    """Signal every live registered rank (optionally only ``pids``/``job``) and parse what each wrote."""
+    folder = Path(directory) if directory is not None else default_stack_dir()
+    regs = [m for m in _registrations(folder) if _alive_as_registered(m)]
+    if pids:
+        regs = [m for m in regs if int(m["pid"]) in set(pids)]
+    if job is not None:
+        regs = [m for m in regs if job_matches(job, dict(m.get("launcher_env") or {}), m.get("job"),
+                                               m.get("parent_pid"))]
+    if not regs:
+        raise DoctorError(
+            f"no live process registered for stack dumps in {folder} (set {STACK_DIR_ENV} or --stack-dir "
+            "if the ranks use another directory): add `import ddpdoctor; ddpdoctor.install_stack_dumps()` "
+            "near the top of the training script and restart it. ddpdoctor never signals a process that did "
+            "not register: SIGUSR1 would kill it.")
+    before = {int(m["pid"]): _size(m["stack_file"]) for m in regs}
+    procs: dict[int, ProcessStacks] = {}
+    for meta in regs:
+        pid = int(meta["pid"])
+        procs[pid] = ProcessStacks(pid=pid, host=str(meta.get("host") or ""), rank=meta.get("rank"),
+                                   local_rank=meta.get("local_rank"), world_size=meta.get("world_size"),
+                                   local_world_size=meta.get("local_world_size"), job=meta.get("job"),
+                                   cmdline=str(meta.get("cmdline") or ""))
+        try:
+            os.kill(pid, int(meta["signal"]))
+        except ProcessLookupError:
+            procs[pid].error = "the process exited before it could be signalled"
+        except PermissionError:
+            procs[pid].error = "not permitted to signal it (another user's process): run as that user or root"
+    # Wait until each file has grown and then stopped growing (faulthandler writes in small pieces).
+    deadline = time.monotonic() + timeout
+    pending = {pid for pid, p in procs.items() if p.error is None}
+    last: dict[int, int] = {}
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        for meta in regs:
+            pid = int(meta["pid"])
+            if pid not in pending:
+                continue
+            size = _size(meta["stack_file"])
+            if size > before[pid] and last.get(pid) == size:
+                pending.discard(pid)
+            last[pid] = size
+    for meta in regs:
+        pid = int(meta["pid"])
+        proc = procs[pid]
+        if proc.error is not None:
+            continue
+        if pid in pending:
+            proc.error = (f"wrote no stacks to {meta['stack_file']} within {timeout:g} s"
+                          + ("" if _alive_as_registered(meta) else ": the process exited"))
+            continue
+        with open(meta["stack_file"], encoding="utf-8", errors="replace") as fh:
+            fh.seek(before[pid])
+            proc.threads = parse_faulthandler(fh.read(), meta.get("main_thread_id"))
+        if not proc.threads:
+            proc.error = f"{meta['stack_file']} holds no faulthandler dump after the signal"
+    return list(procs.values())

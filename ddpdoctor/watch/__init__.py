@@ -1,0 +1,16 @@
+"""``ddpdoctor watch``: run an unmodified training script on N ranks, record its collectives, explain a hang.
+
+- :mod:`~ddpdoctor.watch.supervisor`: self-launch and watch the ranks, or the rank-0 aggregator under torchrun.
+- :mod:`~ddpdoctor.watch.rank`: one watched rank (``python -m ddpdoctor.watch.rank script.py args``).
+- :mod:`~ddpdoctor.watch.recorder`: wraps ``torch.distributed``'s collectives and records each call.
+- :mod:`~ddpdoctor.watch.channel`: the side channel (JSON lines over TCP) the ranks report on.
+- :mod:`~ddpdoctor.watch.aggregate`: the supervisor's picture: progress, mismatches, hangs, first divergence.
+- :mod:`~ddpdoctor.watch.pitfalls`: training-loop pitfalls (no DistributedSampler, no ``set_epoch``, ...).
+- :mod:`~ddpdoctor.watch.report`: the outcome as text.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.watch.supervisor import check_script, run_under_launcher, supervise
+
+__all__ = ["check_script", "run_under_launcher", "supervise"]

@@ -1,0 +1,197 @@
+"""One watched rank: patch torch.distributed, start the watchdog thread, run the user's script unchanged.
+
+The self-launched ranks start as ``python -m ddpdoctor.watch.rank script.py args...``; under torchrun
+``ddpdoctor watch`` calls :func:`run_script` in each rank. The script runs as ``__main__`` with its own
+``sys.argv`` and its directory first on ``sys.path``, exactly as ``python script.py`` would run it.
+
+The watchdog thread ships the recorder's records and progress over the side channel, and on request
+the main thread's stack: ``sys._current_frames()`` works while the main thread blocks inside a C++
+collective because gloo and NCCL release the GIL while they wait.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from ddpdoctor.errors import typed_error
+from ddpdoctor.watch.channel import ADDR_ENV, Client
+from ddpdoctor.watch.pitfalls import PitfallLog
+from ddpdoctor.watch.recorder import Recorder, site_name, user_stack
+
+# Set by the self-launching supervisor: when its channel closes, the supervisor is gone and nobody
+# would ever tear this rank down, so the rank ends itself rather than become an orphan.
+EXIT_ON_LOST_ENV = "DDPDOCTOR_WATCH_EXIT_ON_LOST"
+BEAT_S = 1.0
+TICK_S = 0.1
+
+
+class Watchdog(threading.Thread):
+    """Ships records and progress every tick; answers 'dump' with the main thread's stack."""
+
+    def __init__(self, recorder: Recorder, pitfalls: PitfallLog, address: str, exit_on_lost: bool) -> None:
+        super().__init__(name="ddpdoctor-watchdog", daemon=True)
+        self.recorder = recorder
+        self.pitfalls = pitfalls
+        self.address = address
+        self.exit_on_lost = exit_on_lost
+        self.client: Client | None = None
+        self.stopping = threading.Event()
+        self.connected = threading.Event()
+        self._sent_progress = -1
+        self._sent_at = 0.0
+        self._main_ident = threading.main_thread().ident
+
+    def run(self) -> None:
+        try:
+            if not self.address:
+                raise OSError("no channel address")  # the launcher-side lookup already said why
+            # Self-launched, the channel exists before this rank does: refusal means the supervisor died.
+            self.client = Client.connect(self.address, 15 if self.exit_on_lost else 60)
+        except OSError as exc:
+            if self.exit_on_lost:
+                # The self-launching supervisor listens before it starts any rank: no channel means it
+                # is gone (killed), and a rank running on unwatched would be an orphan nobody ends.
+                print(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor's channel at {self.address} "
+                      f"is gone ({exc}); ending this rank", file=sys.stderr, flush=True)
+                os._exit(1)
+            if self.address:
+                print(f"ddpdoctor watch: rank {self.recorder.rank}: cannot reach the watch channel at "
+                      f"{self.address} ({exc}); this rank runs unwatched", file=sys.stderr)
+            while not self.stopping.wait(TICK_S):
+                self.recorder.pending.clear()
+            return
+        self.client.send({"t": "hello", "rank": self.recorder.rank, "pid": os.getpid(),
+                          "host": socket.gethostname(), "world_size": self.recorder.world_size})
+        self.connected.set()
+        while not self.stopping.is_set():
+            self.flush()
+            messages = self.client.receive(TICK_S)
+            if messages is None:
+                if self.exit_on_lost:
+                    print(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor is gone; ending this rank",
+                          file=sys.stderr, flush=True)
+                    os._exit(1)
+                return
+            for message in messages:
+                self.handle(message)
+
+    def handle(self, message: dict[str, Any]) -> None:
+        assert self.client is not None
+        if message.get("t") == "dump":
+            self.flush(force=True)
+            self.client.send({"t": "stack", "stack": self.main_stack(), "pitfalls": self.pitfalls.findings()})
+        elif message.get("t") == "exit":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(int(message.get("code", 1)))
+
+    def main_stack(self) -> list[str]:
+        frame = sys._current_frames().get(self._main_ident or -1)
+        return user_stack(frame) if frame is not None else []
+
+    def flush(self, force: bool = False) -> None:
+        """Send new records, then a beat when progress moved (or once a second)."""
+        client, rec = self.client, self.recorder
+        if client is None:
+            return
+        records = []
+        while rec.pending:
+            records.append(rec.pending.popleft().to_json())
+        if records:
+            client.send({"t": "rec", "recs": records})
+        now = time.monotonic()
+        progress = rec.progress
+        if force or progress != self._sent_progress or now - self._sent_at >= BEAT_S:
+            current, last = rec.current, rec.last_done
+            client.send({"t": "beat", "progress": progress,
+                         "cur": current.to_json() if current is not None else None,
+                         "last": last.to_json() if last is not None else None, "seqs": rec.group_seqs()})
+            self._sent_progress, self._sent_at = progress, now
+
+    def finish(self, code: int, crashed: bool, error: str) -> None:
+        """Called by the main thread when the script ended: last records, then the exit message."""
+        self.stopping.set()
+        self.join(timeout=2 * TICK_S + 1)
+        if self.client is None or not self.connected.is_set():
+            return
+        self.flush(force=True)
+        self.client.send({"t": "exit", "code": code, "crashed": crashed, "error": error,
+                          "pitfalls": self.pitfalls.findings()})
+
+
+def _ours(filename: str) -> bool:
+    """Frames of torch, ddpdoctor and runpy: not what the user wrote."""
+    from ddpdoctor.watch import recorder
+
+    return filename.startswith(recorder._SKIP_DIRS) or "runpy" in filename or filename.startswith("<frozen")
+
+
+def _error_site(exc: BaseException) -> str:
+    """file:line of the innermost user frame of an exception's traceback."""
+    site = ""
+    for summary in traceback.extract_tb(exc.__traceback__):
+        if not _ours(summary.filename):
+            site = f"{site_name(summary.filename)}:{summary.lineno}"
+    return site
+
+
+def execute(script: str) -> tuple[int, bool, str]:
+    """Run the script as __main__; (exit code, crashed by an exception, one-line error)."""
+    try:
+        runpy.run_path(script, run_name="__main__")
+        return 0, False, ""
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0, False, ""
+        if isinstance(exc.code, int):
+            return exc.code, False, ""
+        print(exc.code, file=sys.stderr)
+        return 1, False, ""
+    except BaseException as exc:  # the script's own crash: print it as python would, then report it
+        tb = exc.__traceback__
+        # Drop our own frames (runpy, this function) so the traceback starts in the user's script.
+        while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+        sys.stderr.flush()
+        where = _error_site(exc)
+        error = typed_error(exc)[:300] + (f" (at {where})" if where else "")
+        return 1, True, error
+
+
+def run_script(script: str, args: list[str], rank: int, world_size: int, address: str,
+               exit_on_lost: bool) -> int:
+    """Run ``script args`` watched in this process; returns its exit code."""
+    from ddpdoctor.watch import pitfalls as pitfall_hooks
+    from ddpdoctor.watch import recorder as recording
+
+    recorder = recording.install(rank, world_size)
+    pitfalls = pitfall_hooks.install(recorder)
+    dog = Watchdog(recorder, pitfalls, address, exit_on_lost)
+    dog.start()
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code, crashed, error = execute(script)
+    dog.finish(code, crashed, error)
+    return code
+
+
+def main() -> None:
+    """Entry of a self-launched rank: ``python -m ddpdoctor.watch.rank script.py args...``."""
+    script, args = sys.argv[1], sys.argv[2:]
+    code = run_script(script, args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                      os.environ[ADDR_ENV], os.environ.get(EXIT_ON_LOST_ENV) == "1")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

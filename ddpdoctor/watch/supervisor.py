@@ -1,0 +1,337 @@
+"""`ddpdoctor watch`: run an unmodified training script on N ranks and explain its hang in seconds.
+
+Two ways to run:
+
+- **self-launch** (no launcher in the environment): this process is the supervisor. It hosts the side
+  channel (``watch_channel``), starts ``python -m ddpdoctor.watch.rank script.py args`` once per rank
+  with torchrun's environment variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), each rank in
+  its own session so its whole process tree can be killed, and watches. torch's elastic launcher is not
+  used here: it tears the job down the moment one rank fails, before the other ranks' stacks are read.
+- **under a launcher** (``torchrun ... -m ddpdoctor watch script.py``): every rank runs the script
+  in-process; rank 0 also hosts the channel in a thread and plays the supervisor. On a verdict it
+  tells every rank to exit, and the launcher sees the failure. The channel's port: ``DDPDOCTOR_WATCH_PORT``
+  when set; else, under torchrun (whose agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT for every
+  rank, ``TORCHELASTIC_USE_AGENT_STORE``), any free port, published in that store; else MASTER_PORT+1.
+
+Either way the verdict is one report on stderr (and ``--json``), then every rank is torn down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
+from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
+from ddpdoctor.watch.aggregate import CRASH, OK, Aggregator
+from ddpdoctor.watch.channel import ADDR_ENV, Server
+from ddpdoctor.watch.report import render
+
+PORT_ENV = "DDPDOCTOR_WATCH_PORT"
+POLL_S = 0.05
+STACK_WAIT_S = 2.0
+TERM_GRACE_S = 1.5
+STORE_WAIT_S = 120.0
+# A rank gives up on the channel after the store wait plus its 60 s of connect retries.
+UNWATCHED_AFTER_S = STORE_WAIT_S + 80.0
+_LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                  "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_script(script: str) -> str:
+    """The script's path, or a DoctorError saying what is wrong with it."""
+    if not os.path.exists(script):
+        raise DoctorError(f"script not found: {script!r} (usage: ddpdoctor watch [OPTIONS] script.py [args...])")
+    if os.path.isdir(script):
+        raise DoctorError(f"{script!r} is a directory; give the training script's path")
+    return script
+
+
+def write_result(result: dict[str, Any], json_path: str | None) -> None:
+    """The report on stderr, then --json. A failed write is one line, not an exception: in rank 0's
+    supervisor thread an exception would skip telling the other ranks to exit, and hang the job."""
+    from ddpdoctor.fileio import write_json_atomic
+
+    print(render(result), file=sys.stderr, flush=True)
+    if json_path:
+        try:
+            write_json_atomic(json_path, result)
+        except (OSError, DoctorError) as exc:
+            print(f"ddpdoctor watch: cannot write --json {json_path}: {exc}", file=sys.stderr, flush=True)
+
+
+def _drain(server: Server, agg: Aggregator, timeout: float) -> None:
+    """Feed every message already waiting (a rank's last words arrive just before it exits)."""
+    for _ in range(20):
+        events = server.poll(timeout)
+        if not events:
+            return
+        for rank, message in events:
+            agg.feed(rank, message)
+        timeout = 0.0
+
+
+def collect_stacks(server: Server, agg: Aggregator) -> None:
+    """Ask every connected rank for its main thread's stack; wait a little for the answers."""
+    asked = [r for r, s in agg.ranks.items() if not s.finished and r in server.ranks]
+    for rank in asked:
+        agg.ranks[rank].stack = None
+        server.send(rank, {"t": "dump"})
+    deadline = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < deadline:
+        if all(agg.ranks[r].stack is not None or agg.ranks[r].finished for r in asked):
+            return
+        _drain(server, agg, POLL_S)
+
+
+# -- self-launch -----------------------------------------------------------------------------------
+
+def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, str]:
+    from ddpdoctor.watch.rank import EXIT_ON_LOST_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+               GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(job_port))
+    if nproc > 1 and "OMP_NUM_THREADS" not in env:
+        # As torchrun does (torch/distributed/run.py): N ranks each using every core would oversubscribe
+        # the CPU many times over, and a watched run must perform like a torchrun one.
+        env["OMP_NUM_THREADS"] = "1"
+    env[ADDR_ENV] = channel
+    env[EXIT_ON_LOST_ENV] = "1"
+    return env
+
+
+def teardown(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill every rank's whole process tree (its session, plus any descendant that left it)."""
+    import psutil
+
+    strays: list[psutil.Process] = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            strays.extend(psutil.Process(proc.pid).children(recursive=True))
+
+    def signal_all(sig: int) -> None:
+        for proc in procs:
+            # start_new_session: the rank's pid is its process group id. Signal 0 first: only a group
+            # that still has members is signalled (its id could otherwise be reused one day).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, 0)
+                os.killpg(proc.pid, sig)
+        for stray in strays:
+            with contextlib.suppress(psutil.Error):
+                stray.send_signal(sig)
+
+    def wait_all(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if all(p.poll() is not None for p in procs) and not any(_alive(s) for s in strays):
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    signal_all(signal.SIGTERM)
+    wait_all(TERM_GRACE_S)
+    # Whatever is left (a rank whose script ignores SIGTERM, DataLoader workers of a rank that exited).
+    signal_all(signal.SIGKILL)
+    wait_all(5.0)
+
+
+def _alive(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, json_path: str | None) -> int:
+    """Self-launch ``nproc`` ranks of the script, watch them, report; the exit code."""
+    from ddpdoctor.ports import free_port
+
+    server = Server("127.0.0.1", 0)
+    job_port = free_port("127.0.0.1")
+    channel = f"127.0.0.1:{server.port}"
+    agg = Aggregator(nproc, hang_timeout_s, owns_processes=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    status: str | None = None
+    try:
+        for rank in range(nproc):
+            procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor.watch.rank", script, *args],
+                                          env=_rank_env(rank, nproc, job_port, channel), start_new_session=True))
+        while status is None:
+            _drain(server, agg, POLL_S)
+            for rank, proc in enumerate(procs):
+                if agg.ranks[rank].returncode is None and proc.poll() is not None:
+                    _drain(server, agg, POLL_S)
+                    agg.process_exited(rank, proc.returncode)
+            status = agg.verdict()
+        if status != OK:
+            collect_stacks(server, agg)
+    except _Interrupted as exc:
+        teardown(procs)
+        print(f"ddpdoctor watch: interrupted ({exc}); every rank was stopped", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt(str(exc)) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        teardown(procs)
+        server.close()
+    result = agg.result(status)
+    write_result(result, json_path)
+    return int(result["exit_code"])
+
+
+# -- under a launcher ------------------------------------------------------------------------------
+
+class RankZeroSupervisor(threading.Thread):
+    """Rank 0's thread under torchrun/SLURM: the channel server and the verdicts."""
+
+    def __init__(self, server: Server, world_size: int, hang_timeout_s: float, json_path: str | None) -> None:
+        super().__init__(name="ddpdoctor-watch-supervisor", daemon=True)
+        self.server = server
+        self.agg = Aggregator(world_size, hang_timeout_s)
+        self.json_path = json_path
+        self.done = threading.Event()
+        self.exit_code = 0
+
+    def run(self) -> None:
+        try:
+            self._supervise()
+        except Exception as exc:  # a bug here must not leave rank 0 waiting on `done` forever
+            print(f"ddpdoctor watch: the supervisor failed ({type(exc).__name__}: {short_error(exc)}); the job runs unwatched from here",
+                  file=sys.stderr, flush=True)
+            self.exit_code = EXIT_BUG
+        finally:
+            self.done.set()
+
+    def _supervise(self) -> None:
+        status = None
+        started = time.monotonic()
+        while status is None:
+            _drain(self.server, self.agg, POLL_S)
+            if time.monotonic() - started > UNWATCHED_AFTER_S:
+                self._give_up_on_unconnected()
+            status = self.agg.verdict()
+            if status is None and any(s.crashed for s in self.agg.ranks.values()):
+                # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
+                # once a rank has died: report now, without stacks, or never.
+                status = CRASH
+        if status not in (OK, CRASH):
+            collect_stacks(self.server, self.agg)
+        result = self.agg.result(status)
+        self.exit_code = int(result["exit_code"])
+        write_result(result, self.json_path)
+        if status != OK:
+            # Every other rank ends itself on this message; the launcher then sees the failure.
+            for rank in list(self.server.ranks):
+                if rank != 0:
+                    self.server.send(rank, {"t": "exit", "code": EXIT_PROBLEM})
+            sys.stdout.flush()
+            os._exit(EXIT_PROBLEM)
+
+    def _give_up_on_unconnected(self) -> None:
+        """A rank that never reached the channel (a firewall between nodes) runs unwatched to its end;
+        waiting for its exit message would keep rank 0, and so the whole job, alive forever."""
+        for state in self.agg.ranks.values():
+            if not state.connected and not state.finished:
+                state.said_exit = True
+                state.error = "never reached the watch channel; it ran unwatched"
+                print(f"ddpdoctor watch: rank {state.rank} never reached the watch channel within "
+                      f"{UNWATCHED_AFTER_S:g} s; it runs unwatched", file=sys.stderr, flush=True)
+
+
+def _channel_key(info: LaunchInfo) -> str:
+    return f"ddpdoctor/watch/{info.run_id}/channel_port"  # run_id carries the restart count
+
+
+def _store_client(info: LaunchInfo) -> Any:
+    from ddpdoctor.runtime.control import connect_store, wait_until_reachable
+
+    if not wait_until_reachable(info.master_addr, info.master_port, time.monotonic() + STORE_WAIT_S):
+        raise OSError(f"torchrun's store at {info.master_addr}:{info.master_port} is not reachable")
+    return connect_store(info, STORE_WAIT_S)
+
+
+def _store_channel_port(info: LaunchInfo, port: int) -> None:
+    """Rank 0: publish the channel's port in torchrun's agent store."""
+    try:
+        _store_client(info).set(_channel_key(info), str(port))
+    except Exception as exc:  # torch raises RuntimeError/DistStoreError subclasses for store failures
+        raise DoctorError(f"rank 0 cannot publish the watch channel's port in torchrun's store ({exc}); "
+                          f"set {PORT_ENV} to a free port on every rank") from None
+
+
+def _published_channel_port(info: LaunchInfo) -> int | None:
+    """Other ranks: the port rank 0 published, or None (then the rank runs unwatched) after a deadline."""
+    from ddpdoctor.runtime.control import ControlPlane
+
+    try:
+        value = ControlPlane(_store_client(info)).wait_get(_channel_key(info), time.monotonic() + STORE_WAIT_S)
+    except Exception as exc:  # as above: the store's own errors
+        value, why = None, str(exc)
+    else:
+        why = f"rank 0 did not publish it within {STORE_WAIT_S:g} s"
+    if value is None:
+        print(f"ddpdoctor watch: rank {info.rank}: no watch channel port in torchrun's store ({why}); "
+              "this rank runs unwatched", file=sys.stderr, flush=True)
+        return None
+    return int(value)
+
+
+def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_timeout_s: float,
+                       json_path: str | None) -> int:
+    """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
+    from ddpdoctor.watch.rank import run_script
+
+    fixed = port_from_env(PORT_ENV)
+    # A fixed MASTER_PORT+1 collides with whatever else listens there (commonly a second job started
+    # with --master-port one higher); the agent's store lets rank 0 take any free port and say which.
+    publish = info.agent_store and fixed is None
+    if fixed is not None:
+        port = fixed
+    elif publish:
+        port = 0
+    elif info.master_port < 65535:
+        port = info.master_port + 1
+    else:
+        raise DoctorError(f"MASTER_PORT is 65535, so the watch channel has no MASTER_PORT+1; "
+                          f"set {PORT_ENV} to a free port on every rank")
+    supervisor = None
+    address = f"{info.master_addr}:{port}"
+    if info.rank == 0:
+        try:
+            server = Server("0.0.0.0", port)
+        except OSError as exc:
+            raise DoctorError(f"rank 0 cannot listen on port {port} for the watch channel ({exc}); "
+                              f"set {PORT_ENV} to a free port on every rank") from None
+        if publish:
+            _store_channel_port(info, server.port)
+        supervisor = RankZeroSupervisor(server, info.world_size, hang_timeout_s, json_path)
+        supervisor.start()
+        address = f"127.0.0.1:{server.port}"
+    elif publish:
+        published = _published_channel_port(info)
+        address = f"{info.master_addr}:{published}" if published is not None else ""
+    code = run_script(script, args, info.rank, info.world_size, address, exit_on_lost=False)
+    if supervisor is None:
+        return code
+    supervisor.done.wait()
+    return supervisor.exit_code

@@ -1,0 +1,354 @@
+"""`ddpdoctor bench` and the `bandwidth` check: real gloo ranks, real torchrun, real network namespaces."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpdoctor.bench.analysis import (
+    OPS,
+    PairResult,
+    analyse_pairs,
+    pair_schedule,
+    parse_size,
+    round_robin,
+    size_sweep,
+)
+from ddpdoctor.bench.ops import count_wrong, expected_output, make_input, modulus, pattern
+from ddpdoctor.errors import DoctorError
+from tests.support import clean_env, free_port, run_cli, torchrun_cmd
+
+SMALL = ["-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1"]
+FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+           "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+
+
+# -- the numbers, without processes ---------------------------------------------------------------
+
+
+def test_sizes_parse_like_nccl_tests() -> None:
+    assert parse_size("8") == 8
+    assert parse_size("1K") == 1024
+    assert parse_size("64M") == 64 << 20
+    assert parse_size("1G") == 1 << 30
+    assert parse_size("2MiB") == 2 << 20
+    with pytest.raises(DoctorError, match="1X"):
+        parse_size("1X")
+    assert size_sweep(1024, 8192, 2) == [1024, 2048, 4096, 8192]
+    assert size_sweep(1000, 5000, 3) == [1000, 3000]  # max is not forced in, as nccl-tests
+    with pytest.raises(DoctorError, match="larger than"):
+        size_sweep(2048, 1024, 2)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", ["float", "bfloat16", "int8"])
+def test_checker_detects_corruption(op: str, nranks: int, dtype: str) -> None:
+    """The verifier itself: the exact expected result passes, one flipped element or swapped chunks do not."""
+    count = 12 * nranks
+    for rank in range(nranks):
+        good = expected_output(op, rank, nranks, count, dtype, torch.device("cpu"))
+        assert count_wrong(op, rank, nranks, count, dtype, good.clone()) == 0
+        bad = good.clone()
+        bad[len(bad) // 2] += 1
+        assert count_wrong(op, rank, nranks, count, dtype, bad) == 1
+        stale = torch.zeros_like(good)  # an output the collective never wrote
+        assert count_wrong(op, rank, nranks, count, dtype, stale) > 0
+    if op in ("all_gather", "all_to_all"):
+        good = expected_output(op, 0, nranks, count, dtype, torch.device("cpu"))
+        c = count // nranks
+        swapped = torch.cat([good[c:2 * c], good[:c], good[2 * c:]])  # chunks of ranks 0 and 1 swapped
+        assert count_wrong(op, 0, nranks, count, dtype, swapped) > 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "half", "int8", "float"])
+@pytest.mark.parametrize("nranks", [2, 3, 8, 64])
+def test_reduction_inputs_sum_exactly(dtype: str, nranks: int) -> None:
+    """Whatever order the backend adds in, the sum of the inputs is exact in the dtype."""
+    count = 257
+    total = sum(make_input("all_reduce", r, nranks, count, dtype, "cpu").to(torch.float64)
+                for r in range(nranks))
+    expected = expected_output("all_reduce", 0, nranks, count, dtype, "cpu")
+    assert torch.equal(expected.to(torch.float64), total)
+    assert modulus("all_reduce", dtype, nranks) >= 2
+    # Ranks differ from each other, so a rank that sends the wrong buffer is caught.
+    assert not torch.equal(pattern(0, 0, count, 101, dtype, "cpu"), pattern(1, 0, count, 101, dtype, "cpu"))
+
+
+def test_pairs_name_the_slow_host_not_its_partners() -> None:
+    fast, slow = 1.0, 0.05
+    pairs = [PairResult(0, 1, "A", "B", fast, 10), PairResult(0, 2, "A", "C", slow, 200),
+             PairResult(1, 2, "B", "C", slow, 200)]
+    assert analyse_pairs(pairs).slow_hosts == ["C"]
+    # Two hosts, one link: no way to tell which end is slow, so none is named.
+    assert analyse_pairs(pairs[1:2]).slow_hosts == []
+    # A bad cable between two healthy hosts is a slow link, not a slow host.
+    four = [PairResult(a, b, "ABCD"[a], "ABCD"[b], slow if (a, b) == (0, 1) else fast, 1)
+            for a in range(4) for b in range(a + 1, 4)]
+    result = analyse_pairs(four)
+    assert result.slow_hosts == [] and [(p.a, p.b) for p in result.slow_links] == [(0, 1)]
+
+
+def test_pair_rounds_cover_every_pair_once_without_sharing_a_rank() -> None:
+    for n in range(2, 9):
+        rounds = round_robin(list(range(n)))
+        seen = [p for r in rounds for p in r]
+        assert sorted(seen) == [(a, b) for a in range(n) for b in range(a + 1, n)]
+        for r in rounds:
+            flat = [x for p in r for x in p]
+            assert len(flat) == len(set(flat))
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"}
+    scheduled = [p for r in pair_schedule(hosts) for p in r]
+    assert sorted(scheduled) == [(0, 1), (0, 2), (0, 4), (2, 3), (2, 4), (4, 5)]
+
+
+# -- real ranks -----------------------------------------------------------------------------------
+
+
+def _check_rows(data: dict, nranks: int) -> None:
+    """Every row: #wrong 0, and algbw/busbw exactly nccl-tests' formulas from the row's own time."""
+    assert data["world_size"] == nranks and data["backend"] == "gloo"
+    assert {r["op"] for r in data["rows"]} == set(data["per_op"])
+    for row in data["rows"]:
+        op, t = row["op"], row["time_us"] * 1e-6
+        assert row["wrong"] == 0, row
+        assert t > 0 and row["max_time_us"] >= row["time_us"] * (1 - 1e-9)
+        assert 0 <= row["slowest_rank"] < nranks
+        per_rank = row["bytes"] / nranks if op in ("all_gather", "reduce_scatter", "all_to_all") else row["bytes"]
+        scaled = nranks if op in ("all_gather", "reduce_scatter", "all_to_all") else 1
+        algbw = per_rank * scaled / t / 1e9
+        assert row["algbw_gbps"] == pytest.approx(algbw, rel=1e-9)
+        assert row["busbw_gbps"] == pytest.approx(algbw * FACTORS[op](nranks), rel=1e-9)
+        assert row["count"] * {"float": 4}[row["dtype"]] == row["bytes"]
+
+
+def test_all_ops_two_ranks_correct_and_nccl_tests_numbers(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = run_cli(["bench", "--nproc", "2", "--op", "all", *SMALL, "--json", str(out)], timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["op"] == "all" and set(data["per_op"]) == set(OPS)
+    assert len(data["rows"]) == 2 * len(OPS)
+    _check_rows(data, 2)
+    # The table: nccl-tests' columns in order, one block per op, and the footer.
+    header = next(line for line in proc.stdout.splitlines() if "size" in line and "count" in line)
+    columns = header.lstrip("#").split()
+    assert columns[:9] == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"]
+    assert proc.stdout.count("# Out of bounds values : 0 OK") == len(OPS)
+    assert "# Avg bus bandwidth    : n/a" in proc.stdout  # no size >= 1 MiB in this sweep
+
+
+def test_three_ranks_correct_and_min_busbw_fails(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = run_cli(["bench", "--nproc", "3", "--op", "all", "-b", "1M", "-e", "1M", "-n", "2", "-w", "1",
+                    "-d", "bf16", "--json", str(out), "--min-busbw", "100000"], timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "below --min-busbw 100000 GB/s" in proc.stdout
+    data = json.loads(out.read_text())
+    for row in data["rows"]:
+        assert row["wrong"] == 0 and row["dtype"] == "bfloat16"
+        assert row["requested_bytes"] == 1 << 20
+    # 1 MiB rows count for the average even when rounded to whole elements per rank (all_gather on 3).
+    assert all(v["avg_busbw_gbps"] is not None for v in data["per_op"].values())
+    for row in data["rows"]:
+        op, n, t = row["op"], 3, row["time_us"] * 1e-6
+        assert row["busbw_gbps"] == pytest.approx(row["bytes"] / t / 1e9 * FACTORS[op](n), rel=1e-9)
+
+
+def test_under_torchrun_with_pairs(tmp_path: Path) -> None:
+    """A rank under a real launcher: torchrun's store, one host, pairs between its ranks."""
+    out = tmp_path / "bench.json"
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "3", "--master-port", str(free_port()), "-m", "ddpdoctor",
+           "bench", "--op", "sendrecv", *SMALL, "--pairs", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=clean_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    _check_rows(data, 3)
+    pairs = {(p["a"], p["b"]) for p in data["pairs"]}
+    assert pairs == {(0, 1), (0, 2)}  # one host: every rank against the host's first rank
+    assert all(p["busbw_gbps"] > 0 for p in data["pairs"])
+    assert "# pairwise sendrecv" in proc.stdout and data["pair_bytes"] == 64 << 10
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-b", "1X"], "-b/--min-bytes takes a size like"),
+    (["-b", "1M", "-e", "1K"], "is larger than -e/--max-bytes"),
+    (["--op", "allreduc"], "--op must be one of"),
+    (["-d", "float8"], "-d/--dtype must be one of"),
+    (["-c", "2"], "-c/--check takes 0"),
+])
+def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
+    proc = run_cli(["bench", *args], timeout=60)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_plot_without_matplotlib_is_one_line_exit_2(tmp_path: Path) -> None:
+    # A real ImportError: a matplotlib that cannot be imported shadows any installed one.
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "matplotlib.py").write_text("raise ImportError('No module named matplotlib')\n")
+    env = clean_env({"PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])})
+    proc = run_cli(["bench", "--plot", str(tmp_path / "bw.png")], timeout=60, env=env)
+    assert proc.returncode == 2
+    assert "--plot needs matplotlib" in proc.stderr and "pip install" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                    reason="matplotlib (the 'plot' extra) is not installed")
+def test_plot_written(tmp_path: Path) -> None:
+    png = tmp_path / "bw.png"
+    proc = run_cli(["bench", "--nproc", "2", *SMALL, "--plot", str(png)], timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the bandwidth check --------------------------------------------------------------------------
+
+_CHECK_HARNESS = textwrap.dedent("""
+    import json, os, socket, sys
+    import torch.distributed as dist
+    from ddpdoctor.check.api import CheckContext, CheckOptions
+    from ddpdoctor.findings import Finding, RankInfo
+    from ddpdoctor.checks.bandwidth import CHECK
+
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    peers = {r: RankInfo(r, r, socket.gethostname(), 0) for r in range(n)}
+    ctx = CheckContext(rank=rank, world_size=n, local_rank=rank, local_world_size=n, host=socket.gethostname(),
+                       pid=os.getpid(), launcher="torchrun", backend="gloo", device="cpu",
+                       master_addr="127.0.0.1", master_port=0, process_group=dist.group.WORLD, store=None,
+                       options=CheckOptions(min_busbw_gbps=float(sys.argv[1])), peers=peers)
+    mine = [f.to_json() for f in CHECK.run(ctx)]
+    everyone = [None] * n
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        combined = CHECK.combine({r: [Finding.from_json(f) for f in fs] for r, fs in enumerate(everyone)}, peers)
+        print("RESULT " + json.dumps([f.to_json() for f in combined]), flush=True)
+    # Like the runtime: leave without gloo's teardown, which aborts when the peer has already gone.
+    dist.barrier()
+    os._exit(0)
+""")
+
+
+def test_bandwidth_check_fails_below_threshold(tmp_path: Path) -> None:
+    """The check as the runtime calls it (run on each rank, combine on rank 0), on real gloo ranks."""
+    script = tmp_path / "harness.py"
+    script.write_text(_CHECK_HARNESS)
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-port", str(free_port()), str(script), "100000"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=clean_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    findings = json.loads(line[len("RESULT "):])
+    failed = [f for f in findings if f["status"] == "fail"]
+    assert len(failed) == 1 and "below --min-busbw 100000 GB/s" in failed[0]["summary"]
+    assert failed[0]["ranks"] == [0, 1] and "bench --pairs" in failed[0]["remedy"]
+    rows = failed[0]["details"]["rows"]
+    assert [r["bytes"] for r in rows] == [256 << 10, 1 << 20, 4 << 20] and all(r["wrong"] == 0 for r in rows)
+
+
+def test_bandwidth_check_in_ddpdoctor_check(tmp_path: Path) -> None:
+    from ddpdoctor.checks import CHECK_IDS
+
+    if "bandwidth" not in CHECK_IDS:
+        pytest.skip("the bandwidth check is not registered in checks/__init__.py yet")
+    out = tmp_path / "check.json"
+    proc = run_cli(["check", "--nproc", "2", "--only", "bandwidth", "--min-busbw", "100000", "--json", str(out)],
+                   timeout=180)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "below --min-busbw" in proc.stdout
+    findings = json.loads(out.read_text())["findings"]
+    assert [f["summary"] for f in findings if f["status"] == "fail"] == [
+        next(f["summary"] for f in findings if "below --min-busbw 100000 GB/s" in f["summary"])]
+
+
+# -- across "hosts": network namespaces -----------------------------------------------------------
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+@pytest.mark.requires_netns
+def test_pairs_name_the_rate_limited_host(tmp_path: Path) -> None:
+    """Three hosts on one bridge; nodeC's link is throttled with tc tbf; --pairs names nodeC."""
+    tag = uuid.uuid4().hex[:6]
+    names = {h: f"ddpd{tag}{h}" for h in "ABC"}
+    switch = f"ddpd{tag}sw"
+    subnet = f"10.{100 + os.getpid() % 100}.{os.getpid() % 250}"
+    port = 29000 + os.getpid() % 1000
+    out = tmp_path / "pairs.json"
+    procs: list[subprocess.Popen[str]] = []
+    created: list[str] = []
+    try:
+        for ns in [switch, *names.values()]:
+            _ip("netns", "add", ns)
+            created.append(ns)
+        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", switch, "link", "set", "br0", "up")
+        for i, (host, ns) in enumerate(names.items(), start=1):
+            _ip("-n", ns, "link", "add", "veth0", "type", "veth", "peer", "name", f"p{host}", "netns", switch)
+            _ip("-n", switch, "link", "set", f"p{host}", "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{subnet}.{i}/24", "dev", "veth0")
+            _ip("-n", ns, "link", "set", "veth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        subprocess.run(["tc", "-n", names["C"], "qdisc", "add", "dev", "veth0", "root", "tbf", "rate", "20mbit",
+                        "burst", "32kb", "latency", "400ms"], check=True, capture_output=True, timeout=20)
+        for i, (host, ns) in enumerate(names.items()):
+            inner = [*torchrun_cmd(), "--nnodes", "3", "--node-rank", str(i), "--nproc-per-node", "1",
+                     "--master-addr", f"{subnet}.1", "--master-port", str(port), "-m", "ddpdoctor", "bench",
+                     "-b", "64K", "-e", "256K", "-f", "4", "-n", "3", "-w", "1", "--pairs", "--timeout", "60",
+                     "--json", str(out)]
+            cmd = ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
+                   f'hostname node{host} && exec "$@"', "sh", *inner]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=clean_env({"GLOO_SOCKET_IFNAME": "veth0"}),
+                                          start_new_session=True))
+        deadline = time.monotonic() + 240
+        outputs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+        stdout = outputs[0][0]
+        print(stdout)  # shown with -s: the report a user would read
+        assert procs[0].returncode == 1, outputs  # a slow host is a problem found
+        data = json.loads(out.read_text())
+        assert data["slow_hosts"] == ["nodeC"], data["pairs"]
+        assert {(p["host_a"], p["host_b"]) for p in data["pairs"]} == {("nodeA", "nodeB"), ("nodeA", "nodeC"),
+                                                                        ("nodeB", "nodeC")}
+        assert data["pairs"][0]["host_b"] == "nodeC"  # slowest first
+        assert "SLOW HOST nodeC" in stdout and "slow host: nodeC" in stdout
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        for ns in created:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+def test_an_infinite_step_factor_gives_just_the_first_size() -> None:
+    from ddpdoctor.bench.analysis import size_sweep
+
+    assert size_sweep(1024, 4096, float("inf")) == [1024]
+    assert size_sweep(1024, 4096, 1e308) == [1024]
+    assert size_sweep(1024, 4096, 2) == [1024, 2048, 4096]
+
+
+def test_min_busbw_over_small_sizes_says_which_average_it_used() -> None:
+    """No size reaches 1 MiB: the verdict averages all sizes and says so, next to 'Avg bus bandwidth: n/a'."""
+    proc = run_cli(["bench", "--nproc", "2", "-b", "64K", "-e", "256K", "-f", "4", "-n", "1", "-w", "1",
+                    "--min-busbw", "100000"], timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "n/a (no size >= 1 MiB" in proc.stdout
+    assert "(over all sizes: none >= 1 MiB) is below --min-busbw 100000 GB/s" in proc.stdout

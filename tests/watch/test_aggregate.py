@@ -1,0 +1,219 @@
+"""The watch supervisor's bookkeeping and wording, fed with the messages ranks send (no processes).
+
+The multi-process behaviour is in test_watch.py; here the decisions themselves: what is a mismatch,
+when silence is a hang and when it is just a rank doing its own work, and how the report reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ddpdoctor.watch.aggregate import CRASH, HANG, MISMATCH, OK, Aggregator
+from ddpdoctor.watch.report import divergence_line, render
+
+
+def rec(op: str, seq: int | None, site: str, sig: str = "", group: str = "WORLD",
+        members: list[int] | None = None) -> dict[str, Any]:
+    return {"op": op, "group": group, "members": members, "seq": seq, "sig": sig, "desc": sig, "site": site}
+
+
+def start(agg: Aggregator, rank: int, record: dict[str, Any], done: int, now: float,
+          seqs: dict[str, int] | None = None) -> None:
+    """A rank enters ``record`` (sent as records + beat, as the watchdog does)."""
+    agg.feed(rank, {"t": "rec", "recs": [record]}, now)
+    agg.feed(rank, {"t": "beat", "progress": 2 * done + 1, "done": done, "cur": record, "last": None,
+                    "seqs": seqs or {"WORLD": record["seq"] or done}}, now)
+
+
+def hello_all(agg: Aggregator, now: float = 0.0) -> None:
+    for rank in agg.ranks:
+        agg.feed(rank, {"t": "hello", "rank": rank, "pid": 100 + rank, "host": "h"}, now)
+
+
+def test_same_seq_different_op_is_a_mismatch_at_once() -> None:
+    agg = Aggregator(3, hang_timeout_s=60)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 57, "train.py:55", "float32[4]"), 56, 1.0)
+    start(agg, 2, rec("all_reduce", 57, "train.py:55", "float32[4]"), 56, 1.0)
+    assert agg.verdict(1.0) is None
+    start(agg, 1, rec("barrier", 57, "eval.py:40"), 56, 1.1)
+    assert agg.verdict(1.1) == MISMATCH
+    line = divergence_line(agg.divergence() or {})
+    assert line == "collective #57: ranks 0,2 in all_reduce float32[4] at train.py:55; rank 1 in barrier at eval.py:40"
+
+
+def test_same_op_different_shape_is_a_mismatch_but_equal_calls_are_not() -> None:
+    agg = Aggregator(2, hang_timeout_s=60)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 1, "a.py:3", "float32[3]"), 0, 1.0)
+    start(agg, 1, rec("all_reduce", 1, "a.py:3", "float32[3]"), 0, 1.0)
+    assert agg.verdict(1.0) is None and agg.expect == {}  # matched calls are forgotten (bounded memory)
+    start(agg, 0, rec("all_reduce", 2, "a.py:9", "float32[3]"), 1, 2.0)
+    start(agg, 1, rec("all_reduce", 2, "a.py:9", "float32[4]"), 1, 2.0)
+    assert agg.verdict(2.0) == MISMATCH
+
+
+def test_send_matches_recv_on_its_channel_and_a_size_difference_is_caught() -> None:
+    agg = Aggregator(2, hang_timeout_s=60)
+    hello_all(agg)
+    channel = "WORLD:p2p:0->1"
+    agg.feed(0, {"t": "rec", "recs": [rec("send", 1, "p.py:5", "float32[4]", channel, [0, 1])]}, 1.0)
+    agg.feed(1, {"t": "rec", "recs": [rec("irecv", 1, "p.py:8", "float32[4]", channel, [0, 1])]}, 1.0)
+    assert agg.verdict(1.0) is None
+    agg.feed(0, {"t": "rec", "recs": [rec("send", 2, "p.py:5", "float32[4]", channel, [0, 1])]}, 1.0)
+    agg.feed(1, {"t": "rec", "recs": [rec("recv", 2, "p.py:8", "float32[5]", channel, [0, 1])]}, 1.0)
+    assert agg.verdict(1.0) == MISMATCH
+
+
+def test_silence_is_a_hang_only_while_someone_waits_in_a_collective() -> None:
+    agg = Aggregator(2, hang_timeout_s=5)
+    hello_all(agg)
+    # Both ranks in their own code (say, a long evaluation): no hang however long it takes.
+    for rank in (0, 1):
+        agg.feed(rank, {"t": "beat", "progress": 4, "done": 2, "cur": None, "last": None, "seqs": {"WORLD": 2}}, 1.0)
+    assert agg.verdict(100.0) is None
+    start(agg, 0, rec("barrier", 3, "t.py:40"), 2, 101.0)
+    assert agg.verdict(105.0) is None
+    assert agg.verdict(106.5) == HANG
+    div = agg.divergence() or {}
+    assert div["seq"] == 3
+    assert "rank 0 in barrier at t.py:40" in divergence_line(div)
+    assert "rank 1 not in any collective" in divergence_line(div)
+
+
+def test_a_rank_that_exited_while_others_wait_is_named_with_its_exit() -> None:
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 7, "t.py:33", "float32[16]"), 6, 1.0)
+    agg.feed(1, {"t": "beat", "progress": 12, "done": 6, "cur": None, "last": None, "seqs": {"WORLD": 6}}, 1.0)
+    agg.feed(1, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 1.0)
+    agg.process_exited(1, 0, 1.0)
+    assert agg.verdict(2.0) is None
+    assert agg.verdict(3.5) == HANG
+    result = agg.result(HANG)
+    assert divergence_line(result["divergence"]) == (
+        "collective #7: rank 0 in all_reduce float32[16] at t.py:33; rank 1 exited (exit code 0)")
+    assert result["exit_code"] == 1
+    assert "HANG" in render(result)
+
+
+def test_crash_beats_hang_and_the_first_to_die_is_named_first() -> None:
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 4, "c.py:37", "float32[8]"), 3, 1.0)
+    agg.feed(1, None, 1.2)  # the channel closed: killed
+    agg.process_exited(1, -9, 1.3)
+    assert agg.verdict(3.5) == CRASH
+    result = agg.result(CRASH)
+    assert result["crash_order"] == [1]
+    text = render(result)
+    assert "rank 1 crashed first (killed by SIGKILL)" in text
+    assert "the rest were torn down" in text
+
+
+def test_clean_run_passes_the_first_nonzero_exit_code_through() -> None:
+    agg = Aggregator(3, hang_timeout_s=2)
+    hello_all(agg)
+    for rank, code in ((0, 0), (1, 4), (2, 3)):
+        agg.feed(rank, {"t": "exit", "code": code, "crashed": False, "error": ""}, 1.0)
+        agg.process_exited(rank, code, 1.0)
+    assert agg.verdict(9.0) == OK
+    assert agg.exit_code(OK) == 4
+    assert render(agg.result(OK)).startswith("ddpdoctor watch: ok: 3 ranks finished (exit code 4)")
+
+
+def test_pitfalls_merge_across_ranks_and_single_rank_jobs_skip_the_sampler_warning() -> None:
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    save = {"kind": "torch_save", "site": "t.py:50", "key": "/ckpt/last.pt"}
+    loader = {"kind": "dataloader_without_distributed_sampler", "site": "t.py:20", "key": "t.py:20"}
+    agg.feed(0, {"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": [save, loader]}, 1.0)
+    agg.feed(1, {"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": [save, loader]}, 1.0)
+    warnings = {w["kind"]: w for w in agg.result(OK)["warnings"]}
+    assert warnings["torch_save"]["ranks"] == [0, 1] and "/ckpt/last.pt" in warnings["torch_save"]["summary"]
+    assert warnings["dataloader_without_distributed_sampler"]["site"] == "t.py:20"
+    solo = Aggregator(1, hang_timeout_s=2)
+    solo.feed(0, {"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": [loader]}, 1.0)
+    assert solo.result(OK)["warnings"] == []
+
+
+def test_a_launched_rank_is_finished_only_when_its_process_ended() -> None:
+    # After its exit message a rank may still run atexit handlers (uploading logs): not torn down then.
+    agg = Aggregator(1, hang_timeout_s=2, owns_processes=True)
+    hello_all(agg)
+    agg.feed(0, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 1.0)
+    agg.feed(0, None, 1.1)  # its channel closed, the process still runs
+    assert agg.verdict(60.0) is None
+    assert agg.ranks[0].state == "running" and not agg.ranks[0].crashed
+    agg.process_exited(0, 0, 61.0)
+    assert agg.verdict(61.0) == OK
+
+
+def test_rank0_supervisor_stops_waiting_for_a_rank_that_never_connected(monkeypatch: Any) -> None:
+    """Under a launcher, a rank behind a firewall runs unwatched; rank 0 must still finish (in-process:
+    the supervisor thread with a real socket, rank 0 as a real client, rank 1 never connecting)."""
+    import ddpdoctor.watch.supervisor as watch
+    from ddpdoctor.watch.channel import Client, Server
+
+    monkeypatch.setattr(watch, "UNWATCHED_AFTER_S", 0.5)
+    server = Server("127.0.0.1", 0)
+    supervisor = watch.RankZeroSupervisor(server, 2, hang_timeout_s=600, json_path=None)
+    supervisor.start()
+    client = Client.connect(f"127.0.0.1:{server.port}", 10)
+    try:
+        client.send({"t": "hello", "rank": 0, "pid": 1, "host": "h", "world_size": 2})
+        client.send({"t": "exit", "code": 0, "crashed": False, "error": "", "pitfalls": []})
+        assert supervisor.done.wait(30), "rank 0 waited forever for a rank that never connected"
+    finally:
+        client.close()
+        server.close()
+    assert supervisor.exit_code == 0
+    assert supervisor.agg.ranks[1].error == "never reached the watch channel; it ran unwatched"
+
+
+def test_three_ranks_two_diverging_differently_are_three_groups() -> None:
+    """Ranks 0,2 agree; rank 1 is in barrier; later rank 2 alone changes shape: each group named apart."""
+    agg = Aggregator(3, 5)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 5, "train.py:55", "float32[4]"), 4, 1)
+    start(agg, 2, rec("all_reduce", 5, "train.py:55", "float32[4]"), 4, 1)
+    start(agg, 1, rec("barrier", 5, "eval.py:40"), 4, 1)
+    assert agg.verdict(2) == MISMATCH
+    assert divergence_line(agg.divergence()) == ("collective #5: ranks 0,2 in all_reduce float32[4] at train.py:55; "
+                                                 "rank 1 in barrier at eval.py:40")
+
+    hang = Aggregator(3, 5)
+    hello_all(hang)
+    start(hang, 0, rec("all_reduce", 5, "train.py:55", "float32[4]"), 4, 1)
+    hang.feed(1, {"t": "beat", "progress": 8, "done": 4, "cur": None, "last": rec("all_reduce", 4, "train.py:55"),
+                  "seqs": {"WORLD": 4}}, 1)
+    hang.feed(1, {"t": "stack", "stack": ["train.py:70 in main: load()", "data.py:10 in load: time.sleep(9)"]}, 1)
+    hang.feed(2, {"t": "beat", "progress": 9, "done": 4, "cur": rec("backward", None, "train.py:50"),
+                  "last": rec("all_reduce", 4, "train.py:55"), "seqs": {"WORLD": 4}}, 1)
+    assert hang.verdict(10) == HANG
+    assert divergence_line(hang.divergence()) == (
+        "collective #5: rank 0 in all_reduce float32[4] at train.py:55; rank 1 not in any collective, running "
+        "data.py:10; rank 2 in backward at train.py:50")
+
+
+def test_rank0_supervisor_that_fails_still_lets_rank0_finish(monkeypatch: Any,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug inside the supervisor thread must not leave rank 0 waiting for it forever (exit 3, one line)."""
+    import ddpdoctor.watch.supervisor as watch
+    from ddpdoctor.watch.channel import Server
+
+    def broken(server: Any, agg: Any, poll_s: float) -> None:
+        raise KeyError("deliberate")
+
+    monkeypatch.setattr(watch, "_drain", broken)
+    server = Server("127.0.0.1", 0)
+    try:
+        supervisor = watch.RankZeroSupervisor(server, 2, hang_timeout_s=600, json_path=None)
+        supervisor.start()
+        assert supervisor.done.wait(30), "rank 0 would wait forever for a dead supervisor"
+    finally:
+        server.close()
+    assert supervisor.exit_code == 3
+    assert "the supervisor failed (KeyError" in capsys.readouterr().err
