@@ -1,36 +1,30 @@
 """The ``ddpdoctor`` command line: parse options, call the engine, map errors to exit codes.
 
-Each command family lives in ``ddpdoctor/commands/<family>.py`` and adds itself to the app through its
-``register`` function. Those modules import nothing heavy at import time: ``ddpdoctor --help``,
-``stacks``, ``explain`` and ``env --no-torch`` must start without importing torch. This module does not
-import typer at import time either: everyday ``ddpdoctor stacks`` invocations run without it
-(:mod:`ddpdoctor.stacks.fastcli`).
+One parser for every command: typer. Each command family lives in ``ddpdoctor/commands/<family>.py``
+and adds itself to the app through its ``register(app)`` function. Those modules import nothing heavy at
+import time: ``ddpdoctor --help``, ``stacks``, ``explain`` and ``env --no-torch`` must start without
+importing torch.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
+
+import typer
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, EXIT_USAGE, DoctorError
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    import typer
-
 # Command name -> the module under ddpdoctor/commands that registers it. Only the invoked command's
-# module is imported (the others cost start-up time a `ddpdoctor stacks` on a hung node should not pay);
-# `ddpdoctor --help` imports them all to list them.
+# module is imported (the others' imports are start-up time that `ddpdoctor stacks` on a hung node need
+# not pay); `ddpdoctor --help` imports them all to list them.
 COMMANDS = {"check": "check", "env": "env", "bench": "bench", "ckpt": "ckpt", "stacks": "stacks",
             "watch": "watch", "explain": "explain", "unused": "unused"}
 
 
 def _version_callback(value: bool) -> None:
-    import typer
-
     if value:
         typer.echo(f"ddpdoctor {__version__}")
         raise typer.Exit(0)
@@ -38,8 +32,6 @@ def _version_callback(value: bool) -> None:
 
 def build_app(command: str | None = None) -> typer.Typer:
     """The typer app with every command, or with only ``command`` when that names one."""
-    import typer
-
     app = typer.Typer(
         name="ddpdoctor",
         help="Diagnose PyTorch DistributedDataParallel jobs: before training, while running, after a hang or crash.",
@@ -102,18 +94,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: list[str]) -> int:
-    if args[:1] == ["stacks"]:
-        from ddpdoctor.stacks.fastcli import parse_fast, run
-
-        options = parse_fast(args[1:])
-        if options is not None:  # no typer: see ddpdoctor.stacks.fastcli
-            return run(options)
-    return _run_typer(args)
-
-
-def _run_typer(args: list[str]) -> int:
-    import typer
-
     # The click exceptions typer raises: from click itself, or from the copy newer typer releases vendor.
     click_exc = sys.modules[typer.BadParameter.__module__]
     command = next((arg for arg in args if not arg.startswith("-")), None)
@@ -122,8 +102,12 @@ def _run_typer(args: list[str]) -> int:
         result = app(args=args, prog_name="ddpdoctor", standalone_mode=False)
     except click_exc.UsageError as exc:
         # One line, not click's three-line usage block: the user sees what is wrong at once.
-        hint = f" (see: ddpdoctor {exc.ctx.command_path.split(' ', 1)[1]} --help)" if (
-            exc.ctx is not None and " " in exc.ctx.command_path) else " (see: ddpdoctor --help)"
+        # click leaves ctx unset for some parse errors (an option missing its value): name the command then.
+        if exc.ctx is not None and " " in exc.ctx.command_path:
+            where = exc.ctx.command_path.split(" ", 1)[1] + " "
+        else:
+            where = f"{command} " if command in COMMANDS else ""
+        hint = f" (see: ddpdoctor {where}--help)"
         print(f"ddpdoctor: error: {exc.format_message()}{hint}", file=sys.stderr)
         return EXIT_USAGE
     except typer.Abort:

@@ -1,26 +1,20 @@
 """`ddpdoctor stacks`: every rank's stack, grouped, the rank that is somewhere else named.
 
-Thin: typer's options in, :func:`ddpdoctor.stacks.fastcli.run` out (everyday invocations skip typer
-altogether, see :mod:`ddpdoctor.stacks.fastcli`). Never imports torch: it attaches to a job that is already stuck.
+Thin: typer's options in, :mod:`ddpdoctor.stacks.driver` out. Never imports torch: it attaches to a job
+that is already stuck.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ddpdoctor.fileio import validate_output_path
-from ddpdoctor.stacks.fastcli import MAX_TIMEOUT, MIN_TIMEOUT, StacksOptions, finish, run
-
-stacks_app = typer.Typer(
-    help="Read every DDP rank's stack on this machine, group them, and name the odd rank out.",
-    invoke_without_command=True,
-    no_args_is_help=False,
-    add_completion=False,
-    rich_markup_mode=None,
-)
+MIN_TIMEOUT = 0.1
+MAX_TIMEOUT = 86400.0  # a day: every wait has a deadline
+JSON_HELP = "Write the result as JSON to PATH (and still print the report); - prints the JSON instead of the report."
 
 
 def _finite(value: float) -> float:
@@ -29,16 +23,19 @@ def _finite(value: float) -> float:
     return value
 
 
-@stacks_app.callback()
+def _text(path: Optional[Path]) -> Optional[str]:
+    return None if path is None else os.fspath(path)
+
+
 def stacks(
     ctx: typer.Context,
-    pid: list[int] = typer.Option([], "--pid", "-p", metavar="PID", help="Dump this process (repeatable); default: all ranks found."),
+    pid: list[int] = typer.Option([], "--pid", "-p", metavar="PID", min=1,
+                                  help="Dump this process (repeatable); default: all ranks found."),
     job: Optional[str] = typer.Option(None, "--job", metavar="ID", help="Only this job: torchrun run id, SLURM job id (or "
                                       "job.step), the torchrun agent's pid, or the job key ddpdoctor prints."),
     native: bool = typer.Option(False, "--native", help="Pass --native to py-spy (C/C++ frames too)."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
-    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", readable=False,
-                                             help="Also write the result as JSON to PATH."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH|-", help=JSON_HELP),
     signal_mode: bool = typer.Option(False, "--signal", help="No py-spy: signal ranks that called "
                                      "ddpdoctor.install_stack_dumps() and read their dumps."),
     stack_dir: Optional[Path] = typer.Option(None, "--stack-dir", metavar="DIR", help="Where --signal dumps live "
@@ -46,26 +43,30 @@ def stacks(
     timeout: float = typer.Option(30.0, "--timeout", min=MIN_TIMEOUT, max=MAX_TIMEOUT, callback=_finite,
                                   metavar="SECONDS", help="Seconds to wait for all dumps."),
 ) -> None:
-    """Find the ranks (torchrun/SLURM environment), dump them in parallel, group by where they wait."""
+    """Find the ranks (torchrun/SLURM environment), dump them in parallel with py-spy, group by where they wait."""
     if ctx.invoked_subcommand is not None:
         return
-    raise typer.Exit(run(StacksOptions(pid, job, native, all_threads, json_path, signal_mode, stack_dir, timeout)))
+    from ddpdoctor.stacks.driver import StacksOptions, run
+
+    raise typer.Exit(run(StacksOptions(list(pid), job, native, all_threads, _text(json_path), signal_mode,
+                                       _text(stack_dir), timeout)))
 
 
-@stacks_app.command("merge")
 def merge(
     files: list[Path] = typer.Argument(..., metavar="FILES", help="JSON files written by `ddpdoctor stacks --json` on each node."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
-    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Write the merged result as JSON to PATH."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH|-", help=JSON_HELP),
 ) -> None:
     """Group the stacks of several nodes' JSON files as one job."""
-    from ddpdoctor.stacks.report import load_json_files
+    from ddpdoctor.stacks.driver import merge as merge_files
 
-    validate_output_path("--json", json_path)
-    processes, source = load_json_files(files)
-    raise typer.Exit(finish(processes, source, json_path, all_threads))
+    raise typer.Exit(merge_files(files, all_threads, _text(json_path)))
 
 
 def register(app: typer.Typer) -> None:
     """Add `stacks` (and `stacks merge`) to the app."""
-    app.add_typer(stacks_app, name="stacks")
+    sub = typer.Typer(help="Read every DDP rank's stack on this machine, group them, and name the odd rank out.",
+                      no_args_is_help=False, add_completion=False, rich_markup_mode=None)
+    sub.callback(invoke_without_command=True)(stacks)
+    sub.command("merge")(merge)
+    app.add_typer(sub, name="stacks")

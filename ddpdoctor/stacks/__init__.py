@@ -1,6 +1,9 @@
 """``ddpdoctor stacks``: every rank's Python stack on this machine, grouped; the rank somewhere else named.
 
-- :mod:`~ddpdoctor.stacks.engine`: find the ranks (torchrun/SLURM environment) and dump them in parallel.
+- :mod:`~ddpdoctor.stacks.driver`: the ``stacks`` and ``stacks merge`` commands as functions of their options.
+- :mod:`~ddpdoctor.stacks.engine`: find the ranks (torchrun/SLURM environment, through psutil) and read
+  their stacks with ``py-spy dump``, one per rank, in parallel.
+- :mod:`~ddpdoctor.stacks.procfs`: process liveness and start times (psutil), and what psutil lacks (CapEff).
 - :mod:`~ddpdoctor.stacks.ident`: who a process is in a DDP job, from its environment.
 - :mod:`~ddpdoctor.stacks.install`: :func:`install_stack_dumps`, the in-process fallback (faulthandler on a signal).
 - :mod:`~ddpdoctor.stacks.signal_dumps`: ``--signal``: signal registered ranks and read their dumps.

@@ -1,31 +1,33 @@
-"""`ddpdoctor stacks` engine: find this machine's DDP ranks, read their stacks, group them.
+"""`ddpdoctor stacks` engine: find this machine's DDP ranks and read their stacks with py-spy.
 
-Never imports torch, psutil or subprocess on the common path (it attaches to someone else's stuck job and
-must start fast). Discovery reads each process's environment from /proc (:mod:`ddpdoctor.stacks.procfs`):
-torchrun workers carry RANK/LOCAL_RANK and TORCHELASTIC_RUN_ID, SLURM tasks carry SLURM_PROCID and
-SLURM_STEP_ID (see :mod:`ddpdoctor.stacks.ident`). Stacks come from the process's memory
-(:mod:`ddpdoctor.stacks.memory`), or from ``py-spy dump --json``
-(https://github.com/benfred/py-spy#how-does-py-spy-work), one py-spy per rank, all started at once, for
-what that reader does not do. Both read the target's memory with ptrace rights, which Yama's ptrace_scope
-and container seccomp/capabilities can forbid.
+Never imports torch (it attaches to someone else's stuck job). Discovery goes through psutil
+(:mod:`ddpdoctor.stacks.procfs`): torchrun workers carry RANK/LOCAL_RANK and TORCHELASTIC_RUN_ID, SLURM
+tasks carry SLURM_PROCID and SLURM_STEP_ID (see :mod:`ddpdoctor.stacks.ident`). Stacks come from
+``py-spy dump --json`` (https://github.com/benfred/py-spy#how-does-py-spy-work), one py-spy per rank,
+all started at once. py-spy reads the target's memory with ptrace rights, which Yama's ptrace_scope and
+container seccomp/capabilities can forbid; then :func:`ptrace_advice` says what to change, and the
+in-process signal dumps (:mod:`ddpdoctor.stacks.signal_dumps`) need no ptrace at all.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+import psutil
+
+from ddpdoctor.errors import DoctorError
 from ddpdoctor.stacks import procfs
 from ddpdoctor.stacks.ident import identity, is_rank_env, job_matches
-from ddpdoctor.stacks.memory import Unreadable, read_stacks
 from ddpdoctor.stacks.procfs import same_process_alive
 from ddpdoctor.stacks.report import Frame, ProcessStacks, ThreadStack
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
-if TYPE_CHECKING:
-    import subprocess
-    from collections.abc import Sequence
 
 # torchrun, `python -m torch.distributed.run` and the deprecated launcher all start ranks as children.
 _AGENT_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
@@ -33,61 +35,87 @@ _CAP_SYS_PTRACE = 19  # linux/capability.h
 
 FALLBACK_HINT = ("Fallback without ptrace: add `import ddpdoctor; ddpdoctor.install_stack_dumps()` at the "
                  "top of the training script, then run `ddpdoctor stacks --signal`.")
+PY_SPY_MISSING = ("py-spy (which reads the ranks' stacks) is not installed next to this Python or on PATH: "
+                  "`pip install py-spy`, or use the in-process fallback: `ddpdoctor stacks --signal` (the "
+                  "ranks must have called `ddpdoctor.install_stack_dumps()`)")
 
 
+@dataclass
 class Candidate:
-    """A process to dump, before its stacks are known."""
+    """A process to dump, before its stacks are known; ``create_time`` tells a reused pid from it."""
 
-    def __init__(self, proc: ProcessStacks, create_time: float | None, uid: int | None) -> None:
-        self.proc = proc
-        self.create_time = create_time
-        self.uid = uid
+    proc: ProcessStacks
+    create_time: float | None
+    uid: int | None
 
 
 def _is_agent(cmdline: str) -> bool:
     return any(marker in cmdline for marker in _AGENT_MARKERS)
 
 
-def _candidate(pid: int, env: dict[str, str] | None, host: str, start: float | None) -> Candidate:
+def _joined(cmdline: list[str] | None) -> str:
+    return " ".join(cmdline or [])
+
+
+def _candidate(proc: psutil.Process, env: dict[str, str] | None, host: str, start: float | None,
+               cmdline: list[str] | None) -> Candidate:
     ident = identity(env or {})
-    proc = ProcessStacks(pid=pid, host=host, rank=ident.rank, local_rank=ident.local_rank,
-                         world_size=ident.world_size, local_world_size=ident.local_world_size,
-                         job=ident.job, cmdline=procfs.cmdline(pid))
-    return Candidate(proc, start, procfs.real_uid(pid))
+    stacks = ProcessStacks(pid=proc.pid, host=host, rank=ident.rank, local_rank=ident.local_rank,
+                           world_size=ident.world_size, local_world_size=ident.local_world_size,
+                           job=ident.job, cmdline=_joined(cmdline))
+    try:
+        uid: int | None = proc.uids().real
+    except psutil.Error:
+        uid = None
+    return Candidate(stacks, start, uid)
+
+
+def _given(pid: int, host: str) -> Candidate:
+    """``--pid PID``: that process, whatever its environment says."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            start = proc.create_time()
+            try:
+                env: dict[str, str] | None = proc.environ()
+            except psutil.AccessDenied:  # another user's: py-spy will say whether it may read it
+                env = None
+            try:
+                cmdline: list[str] | None = proc.cmdline()
+            except psutil.AccessDenied:
+                cmdline = None
+    except (psutil.NoSuchProcess, ValueError, OverflowError):  # gone (or a zombie), or no pid can be that
+        return Candidate(ProcessStacks(pid=pid, host=host, error="no such process"), None, None)
+    return _candidate(proc, env, host, start, cmdline)
 
 
 def discover(pids: Sequence[int] = (), job: str | None = None) -> list[Candidate]:
     """The rank processes on this machine (or exactly ``pids``), optionally only those of ``job``."""
     host = os.uname().nodename
     if pids:
-        found = []
-        for pid in dict.fromkeys(pids):
-            info = procfs.stat(pid)
-            if info is None:
-                found.append(Candidate(ProcessStacks(pid=pid, host=host, error="no such process"), None, None))
-            else:
-                found.append(_candidate(pid, procfs.environ(pid), host, info[2]))
-        return found
+        return [_given(pid, host) for pid in dict.fromkeys(pids)]
 
     # This process and its ancestors: under `srun ddpdoctor stacks` they carry SLURM ids too.
-    own = {os.getpid(), *procfs.ancestors(os.getpid())}
+    me = psutil.Process()
+    own = {me.pid, *(p.pid for p in me.parents())}
     my_step = (os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"))
     parents: dict[int, int] = {}
-    starts: dict[int, float] = {}
+    seen: dict[int, tuple[psutil.Process, dict[str, str] | None, float, list[str] | None]] = {}
     agents: set[int] = set()
-    envs: dict[int, dict[str, str] | None] = {}
-    for pid in procfs.pids():
-        info = procfs.stat(pid)
-        if pid in own or info is None:
+    # ad_value=None: another user's environment (AccessDenied) reads as None; vanished processes are skipped.
+    for proc in psutil.process_iter(["ppid", "create_time", "environ", "cmdline"], ad_value=None):
+        info = proc.info
+        if proc.pid in own or info["create_time"] is None:
             continue
-        parents[pid], starts[pid] = info[0], info[2]
-        env = envs[pid] = procfs.environ(pid)
+        env, cmdline = info["environ"], info["cmdline"]
+        parents[proc.pid] = info["ppid"] or 0
+        seen[proc.pid] = (proc, env, info["create_time"], cmdline)
         # A worker always has TORCHELASTIC_RUN_ID; its agent never does (it may have RANK: Kubeflow sets it).
         maybe_agent = env is None or "TORCHELASTIC_RUN_ID" not in env
-        if maybe_agent and _is_agent(procfs.cmdline(pid)):
-            agents.add(pid)
-    picked: dict[int, dict[str, str] | None] = {}
-    for pid, env in envs.items():
+        if maybe_agent and _is_agent(_joined(cmdline)):
+            agents.add(proc.pid)
+    picked: list[int] = []
+    for pid, (_proc, env, _start, _cmd) in seen.items():
         if env is not None and is_rank_env(env):
             if my_step[0] is not None and (env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")) == my_step:
                 continue  # a sibling task of this very `srun ddpdoctor stacks`
@@ -95,24 +123,24 @@ def discover(pids: Sequence[int] = (), job: str | None = None) -> list[Candidate
             continue  # neither a rank by environment nor a torchrun worker (env unreadable: another user)
         if job is not None and not job_matches(job, env or {}, identity(env or {}).job, parents[pid]):
             continue
-        picked[pid] = env
+        picked.append(pid)
     # A shell or agent that carries the SLURM variables is not a rank when a descendant is one.
+    chosen = set(picked)
     drop = set()
     for pid in picked:
         ancestor = parents.get(pid)
-        seen = 0
-        while ancestor and seen < 64:
-            if ancestor in picked:
+        hops = 0
+        while ancestor and hops < 64:
+            if ancestor in chosen:
                 drop.add(ancestor)
             ancestor = parents.get(ancestor)
-            seen += 1
-    return [_candidate(pid, env, host, starts[pid]) for pid, env in picked.items() if pid not in drop]
+            hops += 1
+    return [_candidate(seen[pid][0], seen[pid][1], host, seen[pid][2], seen[pid][3])
+            for pid in picked if pid not in drop]
 
 
 def find_py_spy() -> str | None:
     """py-spy installed next to this interpreter (the pip wheel's script dir) first, then PATH."""
-    import shutil
-
     here = os.path.join(os.path.dirname(sys.executable), "py-spy.exe" if os.name == "nt" else "py-spy")
     if os.path.isfile(here) and os.access(here, os.X_OK):
         return here
@@ -129,6 +157,7 @@ def ptrace_scope() -> int | None:
 
 
 def _has_cap_sys_ptrace() -> bool | None:
+    # psutil does not expose capabilities: the one line of /proc/self/status read by hand.
     words = procfs.status_field("self", "CapEff")
     return bool(int(words[0], 16) >> _CAP_SYS_PTRACE & 1) if words else None
 
@@ -189,61 +218,16 @@ def _threads_from_py_spy(doc: object, pid: int) -> list[ThreadStack]:
     return threads
 
 
-class Dumped:
-    """Every candidate's stacks (or its error), and what read them: ``memory``, ``py-spy`` or both."""
-
-    def __init__(self, processes: list[ProcessStacks], source: str) -> None:
-        self.processes = processes
-        self.source = source
-
-
-def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0,
-             thread_names: bool = False) -> Dumped:
-    """Read each process's stacks from its memory (:mod:`ddpdoctor.stacks.memory`), and run one
-    ``py-spy dump --json`` per process that reader cannot do, all at once: for ``--native`` frames, for
-    the names of threads other than the main one (``thread_names``), and for interpreters it does not
-    know. Failures become per-process errors."""
-    sources: set[str] = set()
-    for_py_spy: list[tuple[Candidate, str]] = []
-    # Without py-spy, --all-threads still gets every thread from memory, only unnamed but the main one.
-    py_spy = find_py_spy() if native or thread_names else None
-    need_py_spy = native or (thread_names and py_spy is not None)
+def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0) -> list[ProcessStacks]:
+    """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds; every
+    candidate's stacks, or its error (a one-line reason the user can act on)."""
+    exe = find_py_spy()
+    if exe is None:
+        raise DoctorError(PY_SPY_MISSING)
+    running: list[tuple[Candidate, subprocess.Popen[str]]] = []
     for cand in cands:
         if cand.proc.error is not None:
             continue
-        if need_py_spy:
-            for_py_spy.append((cand, "--native" if native else "--all-threads"))
-            continue
-        try:
-            cand.proc.threads = read_stacks(cand.proc.pid)
-            sources.add("memory")
-        except Unreadable as exc:
-            if exc.denied and same_process_alive(cand.proc.pid, cand.create_time):  # py-spy would be refused too
-                cand.proc.error = f"not permitted to read pid {cand.proc.pid}: {ptrace_advice(cand.uid)}"
-            else:
-                for_py_spy.append((cand, str(exc)))
-    if for_py_spy and _py_spy_all(for_py_spy, py_spy or find_py_spy(), native, timeout):
-        sources.add("py-spy")
-    tried = "py-spy" if need_py_spy else "memory"  # what was tried when nothing could be read
-    return Dumped([c.proc for c in cands], "+".join(sorted(sources)) or tried)
-
-
-def _py_spy_all(cands: Sequence[tuple[Candidate, str]], exe: str | None, native: bool, timeout: float) -> bool:
-    """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds; True
-    when py-spy gave the stacks of at least one."""
-    import contextlib
-    import json
-    import subprocess
-
-    if exe is None:
-        for cand, why in cands:
-            cand.proc.error = ("the process exited while it was being dumped"
-                               if not same_process_alive(cand.proc.pid, cand.create_time) else
-                               f"py-spy is needed ({why}) but not found next to this Python or on PATH: "
-                               f"`pip install py-spy`. {FALLBACK_HINT}")
-        return False
-    running: list[tuple[Candidate, subprocess.Popen[str]]] = []
-    for cand, _why in cands:
         cmd = [exe, "dump", "--json", "--pid", str(cand.proc.pid)] + (["--native"] if native else [])
         running.append((cand, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                stdin=subprocess.DEVNULL, text=True)))
@@ -264,4 +248,4 @@ def _py_spy_all(cands: Sequence[tuple[Candidate, str]], exe: str | None, native:
             cand.proc.threads = _threads_from_py_spy(json.loads(out), cand.proc.pid)
         except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
             cand.proc.error = f"py-spy printed something that is not its JSON ({exc}): {out[:120]!r}"
-    return any(cand.proc.threads for cand, _why in cands)
+    return [c.proc for c in cands]

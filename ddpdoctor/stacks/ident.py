@@ -13,25 +13,19 @@ torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``
 
 from __future__ import annotations
 
-from ddpdoctor.stacks.record import FrozenRecord
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 
-class Identity(FrozenRecord):
+@dataclass(frozen=True)
+class Identity:
     """A process's place in a job; any field may be unknown (None)."""
 
-    __slots__ = ("job", "local_rank", "local_world_size", "rank", "world_size")
-
-    def __init__(self, rank: int | None, local_rank: int | None, world_size: int | None,
-                 local_world_size: int | None, job: str | None) -> None:
-        self.rank = rank
-        self.local_rank = local_rank
-        self.world_size = world_size
-        self.local_world_size = local_world_size
-        self.job = job
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    local_world_size: int | None
+    job: str | None
 
 
 def _int(value: str | None) -> int | None:

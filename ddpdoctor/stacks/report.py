@@ -10,15 +10,13 @@ diagnosis.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.stacks.record import FrozenRecord, Record
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: `ddpdoctor stacks` must start fast (see stacks_cli)
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
-    from typing import Any
+from ddpdoctor.ranks import rank_phrase
 
 # Path pieces of code that is not the user's: stdlib, installed packages, frozen importlib, native libs.
 _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3", "<frozen")
@@ -26,15 +24,13 @@ _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib6
 _DIST_MARKERS = ("torch/distributed/", "torch/nn/parallel/")
 
 
-class Frame(FrozenRecord):
+@dataclass(frozen=True)
+class Frame:
     """One stack frame; ``file`` as the process knows it (usually absolute)."""
 
-    __slots__ = ("file", "function", "line")
-
-    def __init__(self, function: str, file: str, line: int) -> None:
-        self.function = function
-        self.file = file
-        self.line = line
+    function: str
+    file: str
+    line: int
 
     @property
     def short_file(self) -> str:
@@ -55,51 +51,34 @@ class Frame(FrozenRecord):
         return {"function": self.function, "file": self.file, "line": self.line, "where": self.where()}
 
 
-class ThreadStack(Record):
+@dataclass
+class ThreadStack:
     """One thread; ``frames`` innermost first (as py-spy and faulthandler print them)."""
 
-    __slots__ = ("frames", "main", "name", "thread_id")
-
-    def __init__(self, thread_id: int, name: str, main: bool, frames: list[Frame]) -> None:
-        self.thread_id = thread_id
-        self.name = name
-        self.main = main
-        self.frames = frames
+    thread_id: int
+    name: str
+    main: bool
+    frames: list[Frame]
 
     def to_dict(self) -> dict[str, Any]:
         return {"thread_id": self.thread_id, "name": self.name, "main": self.main,
                 "frames": [f.to_dict() for f in self.frames]}
 
 
-class ProcessStacks(Record):
+@dataclass
+class ProcessStacks:
     """One process we looked at: who it is, and its threads or why we could not get them."""
 
-    __slots__ = (
-        "cmdline",
-        "error",
-        "host",
-        "job",
-        "local_rank",
-        "local_world_size",
-        "pid",
-        "rank",
-        "threads",
-        "world_size",
-    )
-
-    def __init__(self, pid: int, host: str, rank: int | None = None, local_rank: int | None = None,
-                 world_size: int | None = None, local_world_size: int | None = None, job: str | None = None,
-                 cmdline: str = "", threads: list[ThreadStack] | None = None, error: str | None = None) -> None:
-        self.pid = pid
-        self.host = host
-        self.rank = rank
-        self.local_rank = local_rank
-        self.world_size = world_size
-        self.local_world_size = local_world_size
-        self.job = job
-        self.cmdline = cmdline
-        self.threads: list[ThreadStack] = threads if threads is not None else []
-        self.error = error
+    pid: int
+    host: str
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    job: str | None = None
+    cmdline: str = ""
+    threads: list[ThreadStack] = field(default_factory=list)
+    error: str | None = None
 
     @property
     def label(self) -> str:
@@ -133,14 +112,12 @@ def _public(function: str) -> bool:
     return not last.startswith("_") and "<locals>" not in function and last not in {"wrapper", "inner"}
 
 
-class Position(FrozenRecord):
+@dataclass(frozen=True)
+class Position:
     """The frames that matter: where the user's code is, and which collective it is in."""
 
-    __slots__ = ("call", "user")
-
-    def __init__(self, user: Frame | None, call: str | None) -> None:
-        self.user = user
-        self.call = call
+    user: Frame | None
+    call: str | None
 
     def describe(self) -> str:
         """``barrier() at train.py:80`` / ``train.py:38 in load_batch() (not in a torch.distributed call)``."""
@@ -167,34 +144,26 @@ def position(frames: Sequence[Frame]) -> Position:
 
 
 def format_ranks(labels: Iterable[ProcessStacks]) -> str:
-    """``rank 1`` / ``ranks 0,2,3`` / ``ranks 0-7`` / ``pids 12,13``; runs of 3+ become ranges."""
+    """``rank 1`` / ``ranks 0-3,5`` (the shared rank list, :func:`ddpdoctor.ranks.rank_phrase`) /
+    ``pids 12,13`` for processes whose rank is unknown / both, joined by ``and``."""
     procs = list(labels)
-    ranks = sorted(p.rank for p in procs if p.rank is not None)
+    ranks = [p.rank for p in procs if p.rank is not None]
     pids = sorted(p.pid for p in procs if p.rank is None)
     parts: list[str] = []
     if ranks:
-        runs: list[list[int]] = []
-        for r in ranks:
-            if runs and r == runs[-1][-1] + 1:
-                runs[-1].append(r)
-            else:
-                runs.append([r])
-        text = ",".join(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)) for run in runs)
-        parts.append(("rank " if len(ranks) == 1 else "ranks ") + text)
+        parts.append(rank_phrase(ranks))
     if pids:
         parts.append(("pid " if len(pids) == 1 else "pids ") + ",".join(map(str, pids)))
     return " and ".join(parts)
 
 
-class Group(Record):
+@dataclass
+class Group:
     """Ranks of one job at the same position."""
 
-    __slots__ = ("job", "members", "position")
-
-    def __init__(self, job: str | None, position: Position, members: list[ProcessStacks]) -> None:
-        self.job = job
-        self.position = position
-        self.members = members
+    job: str | None
+    position: Position
+    members: list[ProcessStacks]
 
     @property
     def representative(self) -> ProcessStacks:
@@ -216,19 +185,16 @@ class Group(Record):
         }
 
 
-class JobReport(Record):
+@dataclass
+class JobReport:
     """One job's verdict: groups largest first, the outliers, the ranks we could not see."""
 
-    __slots__ = ("failed", "groups", "job", "missing_ranks", "tie", "world_size")
-
-    def __init__(self, job: str | None, groups: list[Group], failed: list[ProcessStacks],
-                 world_size: int | None, missing_ranks: list[int], tie: bool) -> None:
-        self.job = job
-        self.groups = groups
-        self.failed = failed
-        self.world_size = world_size
-        self.missing_ranks = missing_ranks
-        self.tie = tie
+    job: str | None
+    groups: list[Group]
+    failed: list[ProcessStacks]
+    world_size: int | None
+    missing_ranks: list[int]
+    tie: bool
 
     @property
     def outliers(self) -> list[ProcessStacks]:
@@ -239,7 +205,7 @@ class JobReport(Record):
         return bool(self.outliers or self.failed or self.missing_ranks)
 
     def summary(self) -> str:
-        """``rank 1 is in barrier() at train.py:80; ranks 0,2,3 are in all_reduce() at train.py:55``."""
+        """``rank 1 is in barrier() at train.py:80; ranks 0,2-3 are in all_reduce() at train.py:55``."""
         if not self.groups:
             return "no stacks could be taken"
         if len(self.groups) == 1:
@@ -344,7 +310,7 @@ def _fake(ranks: Sequence[int]) -> list[ProcessStacks]:
 
 def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], source: str,
             host: str | None = None) -> dict[str, Any]:
-    """The documented ``--json`` document (see the stacks section of README.md)."""
+    """The documented ``--json`` document (docs/stacks.md, "JSON output")."""
     return {
         "tool": "ddpdoctor",
         "version": __version__,

@@ -1,4 +1,4 @@
-"""A process that blocks with known stacks, for the stack readers' tests (any CPython 3.x).
+"""A process that blocks with known stacks, for the `ddpdoctor stacks` tests (any CPython 3.x).
 
 Main thread: a method (qualified name), a generator, a lambda, non-ASCII names (1- and 2-byte strings)
 and a recursion, then blocked in an Event wait; a second thread blocked elsewhere. Prints "ready" once

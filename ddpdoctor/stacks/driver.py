@@ -1,0 +1,92 @@
+"""``ddpdoctor stacks`` and ``ddpdoctor stacks merge`` as functions of their options (typer parses them in
+:mod:`ddpdoctor.commands.stacks`): find the ranks, read their stacks, print the report, return the exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
+from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+from ddpdoctor.stacks.report import ProcessStacks, analyze, load_json_files, render_text, to_json
+
+PathArg = str | os.PathLike[str]
+
+@dataclass
+class StacksOptions:
+    """The options of ``ddpdoctor stacks`` (defaults as in its ``--help``)."""
+
+    pid: list[int] = field(default_factory=list)
+    job: str | None = None
+    native: bool = False
+    all_threads: bool = False
+    json_path: str | None = None  # a file, or "-" for stdout
+    signal_mode: bool = False
+    stack_dir: str | None = None
+    timeout: float = 30.0
+
+
+def run(opts: StacksOptions) -> int:
+    """Find the ranks, read their stacks, print the grouped report; the exit code (0 agree, 1 not)."""
+    validate_output_path("--json", opts.json_path)
+    if opts.signal_mode:
+        if opts.native:
+            raise DoctorError("--native needs py-spy; --signal dumps only Python frames (drop one of them)")
+        from ddpdoctor.stacks.signal_dumps import collect
+
+        return finish(collect(opts.pid, opts.job, opts.stack_dir, opts.timeout), "signal", opts.json_path,
+                      opts.all_threads)
+    from ddpdoctor.stacks.engine import discover, dump_all
+
+    cands = discover(opts.pid, opts.job)
+    if not cands:
+        where = f" of job {opts.job}" if opts.job else ""
+        raise DoctorError(f"no DDP rank processes{where} found on this machine (looked for RANK/LOCAL_RANK "
+                          "with TORCHELASTIC_RUN_ID or SLURM step ids, and children of torchrun); pass "
+                          "--pid PID, or run as the job's user or root to read other users' processes")
+    return finish(dump_all(cands, native=opts.native, timeout=opts.timeout), "py-spy", opts.json_path,
+                  opts.all_threads)
+
+
+def merge(files: Sequence[PathArg], all_threads: bool = False, json_path: str | None = None) -> int:
+    """Group the stacks of several nodes' ``--json`` files as one job."""
+    validate_output_path("--json", json_path)
+    processes, source = load_json_files(files)
+    return finish(processes, source, json_path, all_threads)
+
+
+def finish(processes: list[ProcessStacks], source: str, json_path: str | None, all_threads: bool) -> int:
+    """Group, then print the report and write ``--json PATH`` (``-``: the JSON on stdout instead of the
+    report); exit 1 when the ranks disagree or could not all be seen."""
+    reports = analyze(processes)
+    code = EXIT_PROBLEM if any(r.problem for r in reports) else EXIT_OK
+    out = _stdout()
+    if json_path is not None:
+        doc = to_json(processes, reports, source)
+        if json_to_stdout(json_path):
+            emit_json(json_path, doc)
+            return code
+        try:  # first: the file is there even if stdout is a pipe that closes early
+            emit_json(json_path, doc)
+        except OSError as exc:
+            raise DoctorError(f"cannot write --json {json_path}: {exc.strerror or exc}") from exc
+    out.write(render_text(reports, all_threads=all_threads, source=source))
+    if json_path is not None:
+        out.write(f"wrote {json_path}\n")
+    out.flush()
+    return code
+
+
+def _stdout() -> TextIO:
+    """stdout that prints any file or function name: an ASCII-only terminal setting gets escapes instead
+    of a UnicodeEncodeError, and a closed stdout (``>&-``) swallows output."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
+    return sys.stdout
