@@ -1,7 +1,7 @@
 """Writing output files safely: atomically (temp file, rename) and checked before the work starts.
 
 Every command that writes a file goes through here, so none leaves a half-written report or checkpoint
-under the name the user asked for.
+under the name the user asked for, and none finds out after the work that it cannot write its output.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[Binar
     loss leaves the old file or the new one, never neither. A new file is not fsynced, as ``cp`` and
     ``torch.save`` do not: everything ddpdoctor writes can be written again from its input, which a power
     loss never touches, and waiting for a 10 GB checkpoint to reach the disk would double the time of a
-    strip (see tests/perf/ckpt_strip.py). Run ``sync FILE`` when a new file must be on disk now.
+    strip (see benchmarks/ckpt_strip.py). Run ``sync FILE`` when a new file must be on disk now.
     """
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
@@ -106,6 +106,10 @@ def validate_output_path(flag: str, path: str | os.PathLike[str] | None) -> None
     if not os.path.isdir(folder):
         raise DoctorError(f"{flag} {str(path)!r}: the folder {folder!r} does not exist")
     if not os.access(folder, os.W_OK):
-        raise DoctorError(f"{flag} {str(path)!r}: the folder {folder!r} is not writable")
+        raise DoctorError(f"{flag} {str(path)!r}: cannot write to the folder {folder!r} (not writable)")
     if os.path.isdir(path):
         raise DoctorError(f"{flag} {str(path)!r} is a directory; give a file name")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        # The output is renamed over PATH: for /dev/null as root that would replace the device node.
+        raise DoctorError(f"{flag} {str(path)!r} is not a regular file (a device, FIFO or socket); "
+                          "give a file path")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ddpdoctor import fileio
-from ddpdoctor.ckpt import core as ckpt
+from ddpdoctor.ckpt import strip_file
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_strip_in_place_makes_the_replaced_checkpoint_durable(tmp_path: Path, fs
     """--in-place replaces the user's only copy: it must be on disk before the old one is gone."""
     path = tmp_path / "ddp.pt"
     torch.save({"module.w": torch.arange(6.0)}, path)
-    ckpt.strip_file(path, None, in_place=True)
+    strip_file(path, None, in_place=True)
     assert list(torch.load(path, weights_only=True)) == ["w"]
     assert [Path(p).name.endswith(fileio.PARTIAL_SUFFIX) for p in fsynced] == [True, False]
 

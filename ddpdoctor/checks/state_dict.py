@@ -25,9 +25,11 @@ checkpoint is executed and no tensor data is read.
 
 from __future__ import annotations
 
-from ddpdoctor.check.api import Check, CheckContext
+import dataclasses
+
+from ddpdoctor.check import Check, CheckContext
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding
+from ddpdoctor.findings import FAIL, SKIP, Finding
 
 
 def _run(ctx: CheckContext) -> list[Finding]:
@@ -35,31 +37,24 @@ def _run(ctx: CheckContext) -> list[Finding]:
     if not path:
         return [ctx.finding(SKIP, "no --checkpoint given: checkpoint loading not checked",
                             "pass --checkpoint PATH (and --model MODULE:FACTORY) to check a resume")]
-    from ddpdoctor.ckpt import core as ckpt
+    from ddpdoctor.ckpt import build_model_for_shapes, diff_against, inspect_checkpoint, open_checkpoint
 
     try:
-        checkpoint = ckpt.open_checkpoint(path)
+        checkpoint = open_checkpoint(path)
     except DoctorError as exc:
         return [ctx.finding(FAIL, f"checkpoint cannot be read: {exc}",
                             "fix or replace the checkpoint before launching the job", checkpoint=path)]
     if ctx.options.model:
         try:
-            model = ckpt.build_model_for_shapes(ctx.options.model)
-            rep = ckpt.diff_against(checkpoint, model, model_spec=ctx.options.model)
+            model = build_model_for_shapes(ctx.options.model)
+            rep = diff_against(checkpoint, model, model_spec=ctx.options.model)
         except DoctorError as exc:
             return [ctx.finding(FAIL, str(exc), "fix --model or the checkpoint", checkpoint=path,
                                 model=ctx.options.model)]
-        details = {k: rep[k] for k in ("location", "checkpoint_keys", "model_keys", "fix")}
-        details.update(missing=rep["missing"][:20], unexpected=rep["unexpected"][:20],
-                       shape_mismatches=rep["shape_mismatches"][:20], checkpoint=path, model=ctx.options.model)
-        return [ctx.finding(PASS if rep["status"] == "pass" else FAIL, rep["summary"], rep["remedy"], **details)]
-    rep = ckpt.inspect_checkpoint(checkpoint)
-    out = []
-    for f in rep["findings"]:
-        status = {"pass": PASS, "warn": WARN, "fail": FAIL}[f["status"]]
-        out.append(ctx.finding(status, f"{path}: {f['summary']}", f["remedy"], checkpoint=path,
-                               format=rep["format"], tensor_bytes=rep["tensor_bytes"]))
-    return out
+        return [dataclasses.replace(rep.finding, ranks=[ctx.rank])]
+    # Without a model the findings are `ckpt inspect`'s; in a report of many checks they name the file.
+    return [dataclasses.replace(f, ranks=[ctx.rank], summary=f"{path}: {f.summary}")
+            for f in inspect_checkpoint(checkpoint).findings]
 
 
 CHECK = Check(id="state_dict", title="checkpoint loads into the model", run=_run, rank0_only=True)

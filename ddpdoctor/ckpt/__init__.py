@@ -1,32 +1,34 @@
 """``ddpdoctor ckpt inspect/strip/diff``: find and remove wrapper prefixes, explain key mismatches.
 
-Nothing from a checkpoint is unpickled in a way that can run code: pickles are replayed into a shadow
-graph (:mod:`~ddpdoctor.ckpt.unpickler`), torch zip files are rewritten record by record
-(:mod:`~ddpdoctor.ckpt.zip_rewrite`), safetensors headers are rewritten in place of the data
-(:mod:`~ddpdoctor.ckpt.safetensors_file`), byte ranges are copied by the kernel and outputs written
-atomically (:mod:`~ddpdoctor.ckpt.filecopy`).
+A state_dict saved from ``DistributedDataParallel`` or ``torch.compile`` carries ``module.`` /
+``_orig_mod.`` in every key and fails to load into the plain model. This family finds the state_dicts in
+a checkpoint and their prefixes (:mod:`~ddpdoctor.ckpt.inspect`), removes them without loading the
+tensors (:mod:`~ddpdoctor.ckpt.strip`), and names the rename that makes a checkpoint fit a model
+(:mod:`~ddpdoctor.ckpt.diff`, :mod:`~ddpdoctor.ckpt.load`). Nothing from a checkpoint is unpickled in a
+way that can run code: see :mod:`~ddpdoctor.ckpt.formats` and :mod:`~ddpdoctor.ckpt.unpickler`.
+Findings are :class:`ddpdoctor.findings.Finding` (check id ``state_dict``).
 """
 
 from __future__ import annotations
 
-from ddpdoctor.ckpt.core import (
-    KNOWN_PREFIXES,
+from ddpdoctor.ckpt.diff import build_model_for_shapes, diff_against, render_diff
+from ddpdoctor.ckpt.formats import open_checkpoint
+from ddpdoctor.ckpt.inspect import inspect_checkpoint, render_inspect
+from ddpdoctor.ckpt.load import load_checkpoint_into
+from ddpdoctor.ckpt.locate import find_state_dicts
+from ddpdoctor.ckpt.model import (
     Checkpoint,
+    DiffReport,
+    DuplicateKeyError,
+    InspectReport,
     LoadReport,
     StateDictLoc,
     StripReport,
-    build_model_for_shapes,
-    diff_against,
-    find_state_dicts,
-    inspect_checkpoint,
-    load_checkpoint_into,
-    open_checkpoint,
-    render_diff,
-    render_inspect,
-    strip_file,
-    strip_prefix,
 )
+from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, strip_prefix
+from ddpdoctor.ckpt.strip import strip_file
 
-__all__ = ["KNOWN_PREFIXES", "Checkpoint", "LoadReport", "StateDictLoc", "StripReport", "build_model_for_shapes",
-           "diff_against", "find_state_dicts", "inspect_checkpoint", "load_checkpoint_into", "open_checkpoint",
-           "render_diff", "render_inspect", "strip_file", "strip_prefix"]
+__all__ = ["KNOWN_PREFIXES", "Checkpoint", "DiffReport", "DuplicateKeyError", "InspectReport", "LoadReport",
+           "StateDictLoc", "StripReport", "build_model_for_shapes", "diff_against", "find_state_dicts",
+           "inspect_checkpoint", "load_checkpoint_into", "open_checkpoint", "render_diff", "render_inspect",
+           "strip_file", "strip_prefix"]

@@ -1,10 +1,10 @@
-"""File plumbing for checkpoints: validate the input, copy byte ranges in the kernel, write atomically.
+"""File plumbing for checkpoints: validate the input and the output, copy byte ranges in the kernel.
 
 Stripping a 10 GB checkpoint must not read its tensors into this process: byte ranges are copied with
 ``os.copy_file_range`` (the kernel moves the pages, or reflinks them; falls back to ``sendfile`` and then
-to a bounded read/write loop), so peak memory does not depend on the checkpoint's size. The output is
-written to a temporary file in the destination directory and renamed over the target (fsynced first when
-it replaces a file), so a crash or a full disk never leaves a half-written checkpoint under the user's name.
+to a bounded read/write loop), so peak memory does not depend on the checkpoint's size. Writing the
+output atomically, and checking first that it can be written, is :mod:`ddpdoctor.fileio`'s job, as for
+every command's output.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from ddpdoctor import fileio
 from ddpdoctor.errors import DoctorError
 
 _CHUNK = 8 << 20
@@ -115,14 +116,9 @@ def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int, *, start_w
 
 
 def check_output(src: Path, out: Path, in_place: bool) -> None:
-    """Refuse to overwrite the input by accident, and refuse outputs that are directories."""
-    if out.is_dir():
-        raise DoctorError(f"output {out} is a directory; give a file name, e.g. {out / src.name}")
-    if out.exists() and not out.is_file():
-        # The output is renamed over OUT: for -o /dev/null as root that would replace the device node.
-        raise DoctorError(f"output {out} is not a regular file (a device, FIFO or socket); give a file path")
-    same = out.exists() and os.path.samefile(src, out)
-    if same and not in_place:
+    """Refuse outputs :func:`ddpdoctor.fileio.validate_output_path` refuses, and the input by accident."""
+    fileio.validate_output_path("--in-place" if in_place and out == src else "-o", out)
+    if out.exists() and os.path.samefile(src, out) and not in_place:
         raise DoctorError(f"output {out} is the input checkpoint; pass --in-place to overwrite it, "
                           "or choose another -o path")
 

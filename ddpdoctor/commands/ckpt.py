@@ -1,54 +1,42 @@
-"""`ddpdoctor ckpt inspect|strip|diff`: checkpoint prefixes and key mismatches (engine: ddpdoctor.ckpt.core).
+"""`ddpdoctor ckpt inspect|strip|diff`: checkpoint prefixes and key mismatches (engine: ddpdoctor.ckpt).
 
-torch is imported only inside the commands, so `ddpdoctor --help` stays fast.
+torch is imported only inside the commands, so `ddpdoctor --help` stays fast. `--json PATH` writes the
+JSON document atomically and still prints the text; `--json -` prints the document instead of the text.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import typer
 
-ckpt_app = typer.Typer(
-    name="ckpt",
-    help="Find and remove module./_orig_mod. prefixes in checkpoints; explain key mismatches against a model.",
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-)
+from ddpdoctor import fileio
 
 _TRUST_HELP = ("Allow classes outside torch.load(weights_only=True)'s allowlist. The file is still only read, never "
                "run, except by strip of a legacy (pre-1.6) pickle: that converts it through "
                "torch.load(weights_only=False), which runs it. Only for files whose source you trust.")
+_JSON_HELP = "Write the {what} as JSON to PATH (the text is still printed); '-' prints the JSON instead of the text."
 
 
-def _emit_json(data: dict[str, Any]) -> None:
-    typer.echo(json.dumps(data, indent=2))
-
-
-@ckpt_app.command("inspect")
 def inspect_cmd(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file (.pt/.pth torch zip or legacy, or .safetensors)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
+    json_out: str = typer.Option(None, "--json", metavar="PATH|-", help=_JSON_HELP.format(what="report")),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
 ) -> None:
     """Format, where the state_dict(s) live, tensors, dtypes, wrapper prefixes, other entries, findings.
 
     Exit 0 when nothing is wrong (prefix warnings included), 1 when a finding fails (mixed keys).
     """
-    from ddpdoctor.ckpt import core as ckpt
+    fileio.validate_output_path("--json", json_out)
+    from ddpdoctor.ckpt import inspect_checkpoint, open_checkpoint, render_inspect
 
-    rep = ckpt.inspect_checkpoint(ckpt.open_checkpoint(path, trust=trust))
-    if json_out:
-        _emit_json(rep)
-    else:
-        typer.echo(ckpt.render_inspect(rep))
-    if rep["status"] == "fail":
+    rep = inspect_checkpoint(open_checkpoint(path, trust=trust))
+    if json_out is not None:
+        fileio.emit_json(json_out, rep.to_json())
+    if not fileio.json_to_stdout(json_out):
+        typer.echo(render_inspect(rep))
+    if rep.status == "fail":
         raise typer.Exit(1)
 
 
-@ckpt_app.command("strip")
 def strip_cmd(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file to read (never modified without --in-place)."),
     output: str = typer.Option(None, "-o", "--output", metavar="OUT", help="Where to write the stripped checkpoint."),
@@ -57,17 +45,19 @@ def strip_cmd(
     key: str = typer.Option(None, "--key", metavar="K", help="Only the state_dict at this entry (nested: a/b)."),
     in_place: bool = typer.Option(False, "--in-place", help="Replace PATH itself (still atomic)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Print what was done as JSON."),
+    json_out: str = typer.Option(None, "--json", metavar="PATH|-", help=_JSON_HELP.format(what="summary")),
 ) -> None:
     """Remove wrapper prefixes from the state_dict keys; everything else is kept byte for byte.
 
     Tensor data is copied by the kernel, never loaded; OUT is written to a temp file and renamed.
     """
-    from ddpdoctor.ckpt import core as ckpt
+    fileio.validate_output_path("--json", json_out)
+    from ddpdoctor.ckpt import strip_file
 
-    rep = ckpt.strip_file(path, output, prefixes=prefix or None, key=key, in_place=in_place, trust=trust)
-    if json_out:
-        _emit_json(rep.to_json())
+    rep = strip_file(path, output, prefixes=prefix or None, key=key, in_place=in_place, trust=trust)
+    if json_out is not None:
+        fileio.emit_json(json_out, rep.to_json())
+    if fileio.json_to_stdout(json_out):
         return
     for sd in rep.state_dicts:
         pre = ", ".join(f"{p['prefix']!r} from {p['keys']} keys" for p in sd["prefixes"]) or "nothing to remove"
@@ -79,32 +69,42 @@ def strip_cmd(
     typer.echo(f"wrote {rep.output}: {rep.renamed_keys} keys renamed{note}")
 
 
-@ckpt_app.command("diff")
 def diff_cmd(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file."),
     model: str = typer.Option(..., "--model", metavar="MODULE:FACTORY", help="MODULE:FACTORY building the model, e.g. mypkg.net:build "
                               "(or path/to/file.py:build)."),
     key: str = typer.Option(None, "--key", metavar="K", help="Compare the state_dict at this entry (nested: a/b)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    json_out: str = typer.Option(None, "--json", metavar="PATH|-", help=_JSON_HELP.format(what="comparison")),
 ) -> None:
     """Missing/unexpected keys and shape mismatches against a model, and the prefix change that fixes them.
 
     Exit 0 when the checkpoint loads with strict=True as is, 1 otherwise.
     """
-    from ddpdoctor.ckpt import core as ckpt
+    fileio.validate_output_path("--json", json_out)
+    from ddpdoctor.ckpt import build_model_for_shapes, diff_against, open_checkpoint, render_diff
 
-    checkpoint = ckpt.open_checkpoint(path, trust=trust)
-    net = ckpt.build_model_for_shapes(model)
-    rep = ckpt.diff_against(checkpoint, net, key, model_spec=model)
-    if json_out:
-        _emit_json(rep)
-    else:
-        typer.echo(ckpt.render_diff(rep))
-    if rep["status"] != "pass":
+    checkpoint = open_checkpoint(path, trust=trust)
+    net = build_model_for_shapes(model)
+    rep = diff_against(checkpoint, net, key, model_spec=model)
+    if json_out is not None:
+        fileio.emit_json(json_out, rep.to_json())
+    if not fileio.json_to_stdout(json_out):
+        typer.echo(render_diff(rep))
+    if rep.status != "pass":
         raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    """Add `ddpdoctor ckpt ...` to the app."""
-    app.add_typer(ckpt_app, name="ckpt")
+    """Add `ddpdoctor ckpt inspect|strip|diff` to the app."""
+    sub = typer.Typer(
+        name="ckpt",
+        help="Find and remove module./_orig_mod. prefixes in checkpoints; explain key mismatches against a model.",
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode=None,
+    )
+    sub.command("inspect")(inspect_cmd)
+    sub.command("strip")(strip_cmd)
+    sub.command("diff")(diff_cmd)
+    app.add_typer(sub, name="ckpt")

@@ -54,11 +54,11 @@ def test_with_model_fails_and_names_the_fix(tmp_path: Path) -> None:
 
 
 def test_with_model_passes_after_strip(tmp_path: Path) -> None:
-    from ddpdoctor.ckpt import core as ckpt
+    from ddpdoctor.ckpt import strip_file
 
     src = _ddp_ckpt(tmp_path)
     out = tmp_path / "plain.pt"
-    ckpt.strip_file(src, out)
+    strip_file(src, out)
     [f] = _run(str(out), MODEL)
     assert f.status == "pass", f.summary
 

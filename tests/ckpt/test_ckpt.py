@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from ddpdoctor.ckpt import core as ckpt
+from ddpdoctor.ckpt import build_model_for_shapes, strip_file
+from ddpdoctor.ckpt.prefixes import plan_renames
 from ddpdoctor.errors import DoctorError
 from examples.ckpt_models import MLP, make_mlp
 from tests.support import REPO, clean_env, load_checking_offsets, run_cli
@@ -60,7 +61,7 @@ def _cli(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_inspect_reports_ddp_prefix_state_dict_location_and_other_entries(ex: Path) -> None:
-    res = _cli(["ckpt", "inspect", str(ex / "ddp.pt"), "--json"])
+    res = _cli(["ckpt", "inspect", str(ex / "ddp.pt"), "--json", "-"])
     assert res.returncode == 0, res.stderr
     rep = json.loads(res.stdout)
     assert rep["format"] == "torch_zip"
@@ -71,7 +72,9 @@ def test_inspect_reports_ddp_prefix_state_dict_location_and_other_entries(ex: Pa
     assert others["epoch"] == "int: 3"
     assert others["optimizer"].startswith("optimizer state: 6 parameter states, 1 param group(s), lr=0.1")
     assert rep["status"] == "warn"
-    assert "ddpdoctor ckpt strip" in rep["findings"][0]["remedy"]
+    [finding] = rep["findings"]
+    assert finding["check"] == "state_dict" and finding["status"] == "warn"
+    assert "ddpdoctor ckpt strip" in finding["remedy"]
     # Optimizer momentum buffers are tensors too: 9 state_dict entries + 6 buffers.
     assert rep["tensor_count"] == 15 and rep["dtypes"] == {"float32": 14, "int64": 1}
 
@@ -142,7 +145,7 @@ def test_strip_keeps_torch_zip_layout(ex: Path, tmp_path: Path, cli: Any) -> Non
 @pytest.mark.parametrize("name", ["ddp_compiled.pt", "compiled_ddp.pt"])
 def test_strip_removes_combined_prefixes_in_either_order(ex: Path, tmp_path: Path, name: str, cli: Any) -> None:
     out = tmp_path / name
-    res = cli(["ckpt", "strip", str(ex / name), "-o", str(out), "--json"])
+    res = cli(["ckpt", "strip", str(ex / name), "-o", str(out), "--json", "-"])
     assert res.returncode == 0, res.stderr
     rep = json.loads(res.stdout)
     assert rep["renamed_keys"] == 9
@@ -155,7 +158,7 @@ def test_strip_shared_storage_and_views_stay_shared(tmp_path: Path) -> None:
                       ("module.tail", base[6:])])
     src, out = tmp_path / "tied.pt", tmp_path / "out.pt"
     torch.save(sd, src)
-    ckpt.strip_file(src, out)
+    strip_file(src, out)
     new = torch.load(out, weights_only=True, mmap=True)
     assert list(new) == ["w", "tied", "tail"]
     assert new["w"].untyped_storage().data_ptr() == new["tied"].untyped_storage().data_ptr()
@@ -196,7 +199,7 @@ def test_strip_given_prefix_and_key(tmp_path: Path) -> None:
     ema_sd = {f"module.{k}": v for k, v in make_mlp().state_dict().items()}
     src, out = tmp_path / "two.pt", tmp_path / "out.pt"
     torch.save({"model": model_sd, "ema": ema_sd}, src)
-    rep = ckpt.strip_file(src, out, prefixes=["model"], key="model")
+    rep = strip_file(src, out, prefixes=["model"], key="model")
     assert rep.renamed_keys == 9
     new = torch.load(out, weights_only=True)
     assert next(iter(new["model"])) == "fc1.weight"
@@ -233,12 +236,15 @@ def test_strip_legacy_format_converts_to_zip(ex: Path, tmp_path: Path, cli: Any)
 
 
 def test_diff_names_the_prefix_fix(ex: Path, cli: Any) -> None:
-    res = cli(["ckpt", "diff", str(ex / "ddp.pt"), "--model", MODEL, "--json"])
+    res = cli(["ckpt", "diff", str(ex / "ddp.pt"), "--model", MODEL, "--json", "-"])
     assert res.returncode == 1, res.stderr
     rep = json.loads(res.stdout)
     assert rep["loads_as_is"] is False and len(rep["missing"]) == 9 and len(rep["unexpected"]) == 9
     assert rep["fix"]["strip_prefixes"] == ["module."] and rep["fix"]["loads_strict_after"] is True
-    assert "ddpdoctor ckpt strip" in rep["remedy"]
+    [finding] = rep["findings"]
+    assert finding["check"] == "state_dict" and finding["status"] == rep["status"] == "fail"
+    assert "loads with strict=True after: remove 'module.'" in finding["summary"]
+    assert "ddpdoctor ckpt strip" in finding["remedy"]
 
 
 def test_diff_passes_for_plain_checkpoint_and_reports_shape_mismatch(ex: Path, cli: Any) -> None:
@@ -343,9 +349,9 @@ def test_strip_bad_key_is_exit_2(ex: Path, tmp_path: Path, cli: Any, key: str, e
 
 def test_diff_builds_the_model_on_meta_when_it_can(ex: Path, cli: Any) -> None:
     """Comparing shapes needs no weights: a huge model costs no memory; numpy-initialised ones still work."""
-    model = ckpt.build_model_for_shapes(MODEL)
+    model = build_model_for_shapes(MODEL)
     assert {p.device.type for p in model.parameters()} == {"meta"}
-    real = ckpt.build_model_for_shapes("examples.ckpt_models:make_mlp_numpy_init")
+    real = build_model_for_shapes("examples.ckpt_models:make_mlp_numpy_init")
     assert isinstance(real, MLP) and float(real.fc1.weight.detach()[0, 0]) == 0.5
     res = cli(["ckpt", "diff", str(ex / "plain.pt"), "--model", "examples.ckpt_models:make_mlp_numpy_init"])
     assert res.returncode == 0, res.stdout + res.stderr
@@ -365,7 +371,7 @@ def build():
     print(float(net.weight.detach().sum()))  # reading a value fails on meta
     return net
 """)
-    model = ckpt.build_model_for_shapes(f"{source}:build")
+    model = build_model_for_shapes(f"{source}:build")
     assert float(model.weight.detach()[0, 0]) == 1.0
     assert imports.read_text() == "imported\n"
 
@@ -397,16 +403,16 @@ def test_real_world_layouts_lightning_and_named_optimizer_state(tmp_path: Path, 
                 "optimizer": {"state": {f"module.{names[i]}": s for i, s in osd["state"].items()},
                               "param_groups": [dict(g, params=[f"module.{names[i]}" for i in g["params"]])
                                                for g in osd["param_groups"]]}}, named)
-    rep = json.loads(cli(["ckpt", "inspect", str(light), "--json"]).stdout)
+    rep = json.loads(cli(["ckpt", "inspect", str(light), "--json", "-"]).stdout)
     assert [s["location"] for s in rep["state_dicts"]] == ["state_dict"]
     res = cli(["ckpt", "diff", str(light), "--model", MODEL])
     assert res.returncode == 1 and "loads with strict=True after: remove 'model.'" in res.stdout
-    rep = json.loads(cli(["ckpt", "inspect", str(named), "--json"]).stdout)
+    rep = json.loads(cli(["ckpt", "inspect", str(named), "--json", "-"]).stdout)
     assert [s["location"] for s in rep["state_dicts"]] == ["model"]
     others = {e["key"]: e["summary"] for e in rep["other_entries"]}
     assert others["optimizer"].startswith("optimizer state: 6 parameter states, 1 param group(s)")
     out = tmp_path / "o.pt"
-    rep = json.loads(cli(["ckpt", "strip", str(named), "-o", str(out), "--json"]).stdout)
+    rep = json.loads(cli(["ckpt", "strip", str(named), "-o", str(out), "--json", "-"]).stdout)
     assert [s["location"] for s in rep["state_dicts"]] == ["model"] and rep["renamed_keys"] == 9
     new = torch.load(out, weights_only=True)
     assert list(new["optimizer"]["state"]) == [f"module.{n}" for n in names]  # kept exactly
@@ -415,5 +421,5 @@ def test_real_world_layouts_lightning_and_named_optimizer_state(tmp_path: Path, 
 
 def test_prefixes_are_reported_in_the_order_found() -> None:
     """Not in a set's order, which changes with PYTHONHASHSEED from run to run."""
-    _, counts = ckpt.plan_renames(["module._orig_mod.a", "_orig_mod.module.b"])
+    _, counts = plan_renames(["module._orig_mod.a", "_orig_mod.module.b"])
     assert list(counts) == ["module.", "_orig_mod."]

@@ -169,7 +169,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case: str, tmp_path: Pa
     if make is not None:
         make(src)
     before = _snapshot(src_dir)
-    for args in (["ckpt", "inspect", str(src)], ["ckpt", "inspect", str(src), "--json"],
+    for args in (["ckpt", "inspect", str(src)], ["ckpt", "inspect", str(src), "--json", "-"],
+                 ["ckpt", "inspect", str(src), "--json", str(out_dir / "r.json")],
                  ["ckpt", "strip", str(src), "-o", str(out_dir / "o.pt")],
                  ["ckpt", "diff", str(src), "--model", "examples.ckpt_models:make_mlp"]):
         code, out, err = _triple(cli(args))
@@ -201,7 +202,7 @@ def test_unwritable_or_missing_output_dir(tmp_path: Path, cli: Any) -> None:
     torch.save({f"module.{k}": v for k, v in make_mlp().state_dict().items()}, src)
     before = _snapshot(tmp_path)
     ro = _unwritable_dir(tmp_path)
-    for out, expected in ((ro / "o.pt", "cannot write to output directory"),
+    for out, expected in ((ro / "o.pt", "cannot write to"),
                           (tmp_path / "nope" / "o.pt", "does not exist")):
         code, _, err = _triple(cli(["ckpt", "strip", str(src), "-o", str(out)]))
         assert code == 2 and expected in err, err

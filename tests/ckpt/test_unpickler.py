@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor.ckpt import core as ckpt
-from ddpdoctor.ckpt import unpickler
+from ddpdoctor.ckpt import inspect_checkpoint, open_checkpoint, unpickler
+from ddpdoctor.ckpt.locate import STORAGE_DTYPES
 from tests.support import REPO, clean_env
 
 # Not b"": protocol 2 writes it as builtins.bytes(), which torch's weights-only loader (and so ours) refuses.
@@ -65,7 +65,7 @@ def test_static_allowlist_is_a_subset_of_torch_weights_only() -> None:
 def test_static_storage_dtypes_match_torch() -> None:
     from torch.serialization import StorageType
 
-    for name, (dtype, size) in ckpt.STORAGE_DTYPES.items():
+    for name, (dtype, size) in STORAGE_DTYPES.items():
         real = torch.uint8 if name == "UntypedStorage" else StorageType(name).dtype
         assert str(real) == f"torch.{dtype}"
         assert real.itemsize == size
@@ -75,9 +75,9 @@ def test_new_dtypes_are_described_by_rebuild_tensor_v3(tmp_path: Any) -> None:
     path = tmp_path / "f8.pt"
     torch.save({"module.w": torch.zeros(3, 2, dtype=torch.float8_e4m3fn), "module.u": torch.zeros(2, dtype=torch.uint16)},
                path)
-    rep = ckpt.inspect_checkpoint(ckpt.open_checkpoint(path))
-    assert rep["dtypes"] == {"float8_e4m3fn": 1, "uint16": 1}
-    assert rep["tensor_bytes"] == 6 + 4
+    rep = inspect_checkpoint(open_checkpoint(path))
+    assert rep.dtypes == {"float8_e4m3fn": 1, "uint16": 1}
+    assert rep.tensor_bytes == 6 + 4
 
 
 def test_strip_does_not_import_torch(tmp_path: Any) -> None:

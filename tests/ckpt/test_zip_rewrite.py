@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpdoctor.ckpt import core as ckpt
-from ddpdoctor.ckpt import unpickler, zip_rewrite
+from ddpdoctor.ckpt import open_checkpoint, strip_file, unpickler, zip_rewrite
+from ddpdoctor.ckpt.locate import mapping_pairs
+from ddpdoctor.ckpt.prefixes import rename_node
 from tests.support import load_checking_offsets
 
 
@@ -137,7 +138,7 @@ def test_strip_leaves_every_record_after_data_pkl_where_it_was(tmp_path: Path) -
     """The shorter pickle is absorbed by padding: tensors keep their offsets, copied as one range."""
     src, out = tmp_path / "ddp.pt", tmp_path / "out.pt"
     torch.save(_state_dict("module.", 20), src)
-    ckpt.strip_file(src, out)
+    strip_file(src, out)
     assert _data_offsets(out) == _data_offsets(src)
     loaded = _load_checked(out)
     assert list(loaded) == [f"layer{i}.weight" for i in range(20)]
@@ -148,9 +149,9 @@ def test_a_longer_pickle_moves_the_rest_by_whole_pages(tmp_path: Path) -> None:
     """More than 64 KiB longer (keys renamed to longer ones): everything after data.pkl moves by pages."""
     src, out = tmp_path / "plain.pt", tmp_path / "out.pt"
     torch.save(_state_dict("", 40), src)
-    opened = ckpt.open_checkpoint(src, for_rewrite=True)
+    opened = open_checkpoint(src, for_rewrite=True)
     longer = "wrapper" * 300 + "."
-    ckpt._rename_node(opened.root, {k: longer + k for k, _ in ckpt.mapping_pairs(opened.root) or []}, (), longer)
+    rename_node(opened.root, {k: longer + k for k, _ in mapping_pairs(opened.root) or []}, (), longer)
     new_pickle = unpickler.dumps(opened.root)
     assert len(new_pickle) > len(zip_rewrite.open_zip(src).read("data.pkl")) + 0xFFFF
     assert opened.zip is not None
@@ -168,7 +169,7 @@ def test_stripping_a_long_prefix_moves_the_rest_back_by_whole_pages(tmp_path: Pa
     src, out = tmp_path / "long.pt", tmp_path / "out.pt"
     prefix = "p" * 1000 + "."
     torch.save(_state_dict(prefix, 100), src)
-    ckpt.strip_file(src, out, prefixes=[prefix])
+    strip_file(src, out, prefixes=[prefix])
     before, after = _data_offsets(src), _data_offsets(out)
     shifts = {after[name] - before[name] for name in before if name != ".format_version"}
     assert len(shifts) == 1 and next(iter(shifts)) < 0 and next(iter(shifts)) % 4096 == 0
@@ -184,7 +185,7 @@ def test_a_zip_not_laid_out_by_torch_is_rewritten_record_by_record(tmp_path: Pat
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(rezipped, "w", zipfile.ZIP_STORED) as zout:
         for info in zin.infolist():
             zout.writestr(info.filename, zin.read(info.filename))
-    ckpt.strip_file(rezipped, out)
+    strip_file(rezipped, out)
     assert zip_rewrite._tail_shift(zip_rewrite.open_zip(rezipped), b"") is None
     assert any(offset % 64 for offset in _data_offsets(rezipped).values())
     assert all(offset % 64 == 0 for offset in _data_offsets(out).values())
@@ -197,10 +198,10 @@ def test_the_largest_padding_a_header_can_carry_still_loads(tmp_path: Path) -> N
     """At the edge: a pickle exactly short enough for the most padding stays in place; one byte less moves."""
     src, out = tmp_path / "long.pt", tmp_path / "out.pt"
     torch.save(_state_dict("q" * 1000 + ".", 100), src)
-    opened = ckpt.open_checkpoint(src, for_rewrite=True)
+    opened = open_checkpoint(src, for_rewrite=True)
     assert opened.zip is not None
     zf = opened.zip
-    ckpt._rename_node(opened.root, {k: k[1001:] for k, _ in ckpt.mapping_pairs(opened.root) or []}, (), "")
+    rename_node(opened.root, {k: k[1001:] for k, _ in mapping_pairs(opened.root) or []}, (), "")
     stripped = unpickler.dumps(opened.root)
     assert zip_rewrite._tail_shift(zf, stripped) != 0  # ~100 KB shorter: more than any header can pad
 
@@ -241,7 +242,7 @@ def test_a_custom_storage_alignment_survives_strip(tmp_path: Path, alignment: in
     with _save_config(storage_alignment=alignment):
         torch.save(_state_dict(prefix, 100), src)
     assert zip_rewrite.open_zip(src).alignment == alignment
-    ckpt.strip_file(src, out, prefixes=[prefix])
+    strip_file(src, out, prefixes=[prefix])
     offsets = _data_offsets(out)
     assert all(offsets[name] % alignment == 0 for name in offsets if name.startswith("data/"))
     loaded = _load_checked(out)
@@ -255,7 +256,7 @@ def test_record_by_record_keeps_the_storage_alignment(tmp_path: Path) -> None:
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(rezipped, "w", zipfile.ZIP_STORED) as zout:
         for info in zin.infolist():
             zout.writestr(info.filename, zin.read(info.filename))
-    ckpt.strip_file(rezipped, out)
+    strip_file(rezipped, out)
     assert all(offset % 4096 == 0 for offset in _data_offsets(out).values())
     loaded = _load_checked(out)
     assert torch.equal(loaded["layer29.weight"], torch.full((1029,), 29.0))
@@ -267,7 +268,7 @@ def test_a_checkpoint_saved_without_crcs_is_stripped(tmp_path: Path) -> None:
     with _save_config(compute_crc32=False):
         torch.save(_state_dict("module.", 3), src)
     assert {r.crc for r in zip_rewrite.open_zip(src).records} == {0}
-    ckpt.strip_file(src, out)
+    strip_file(src, out)
     loaded = torch.load(out, weights_only=True, mmap=True)
     assert list(loaded) == ["layer0.weight", "layer1.weight", "layer2.weight"]
     assert torch.equal(loaded["layer2.weight"], torch.full((1002,), 2.0))

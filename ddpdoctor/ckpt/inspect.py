@@ -1,0 +1,203 @@
+"""``ckpt inspect``: what is inside a checkpoint, which wrapper prefixes its keys carry, and what to do.
+
+The report (:class:`~ddpdoctor.ckpt.model.InspectReport`) lists the format, tensors and dtypes, every
+state_dict with its prefixes, one line per other entry (epoch, optimizer, config), and findings: a prefix
+is a warning (the file is fine for a wrapped model), keys mixing wrapped and unwrapped names are a failure
+(no rename can fix them). The ``state_dict`` check reports the same findings before training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.ckpt import unpickler
+from ddpdoctor.ckpt.locate import find_state_dicts, is_optimizer_state, mapping_pairs, tensor_meta
+from ddpdoctor.ckpt.model import (
+    CHECK_ID,
+    FORMAT_LEGACY,
+    FORMAT_SAFETENSORS,
+    FORMAT_ZIP,
+    Checkpoint,
+    DuplicateKeyError,
+    InspectReport,
+    StateDictLoc,
+)
+from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, PREFIX_ORIGIN, plan_renames, strip_one, stripped_name
+from ddpdoctor.ckpt.unpickler import Reduced
+from ddpdoctor.findings import FAIL, PASS, WARN, Finding
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _summarize(value: Any) -> str:
+    """One short line for a non-state_dict entry (epoch, optimizer, config...)."""
+    meta = tensor_meta(value)
+    if meta is not None:
+        return f"tensor {meta.dtype} {list(meta.shape) if meta.shape is not None else '?'}"
+    if value is None or isinstance(value, (bool, int, float)):
+        return f"{type(value).__name__}: {value!r}"
+    if isinstance(value, str):
+        return f"str: {value[:60]!r}"
+    pairs = mapping_pairs(value)
+    if pairs is not None:
+        if is_optimizer_state(pairs):
+            entries = {k: v for k, v in pairs if isinstance(k, str)}
+            state = mapping_pairs(entries["state"]) or []
+            groups = entries["param_groups"]
+            n_groups = len(groups) if isinstance(groups, list) else 0
+            lr = ""
+            if isinstance(groups, list) and groups:
+                first = dict(mapping_pairs(groups[0]) or [])
+                if isinstance(first.get("lr"), (int, float)):
+                    lr = f", lr={first['lr']:g}"
+            return f"optimizer state: {len(state)} parameter states, {n_groups} param group(s){lr}"
+        names = ", ".join(str(k) for k, _ in pairs[:6]) + (", ..." if len(pairs) > 6 else "")
+        return f"mapping with {len(pairs)} keys: {names}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {len(value)} items"
+    if isinstance(value, Reduced):
+        return f"object {value.func_name or '?'}"
+    return type(value).__name__
+
+
+def _tensor_stats(root: Any) -> tuple[int, int, dict[str, int]]:
+    """(tensor count, bytes of distinct storages, tensors per dtype) over the whole tree."""
+    count, storages, dtypes = 0, {}, {}  # type: ignore[var-annotated]
+
+    def visit(node: Any) -> bool:
+        nonlocal count
+        meta = tensor_meta(node)
+        if meta is None:
+            return True
+        count += 1
+        dtypes[meta.dtype or "?"] = dtypes.get(meta.dtype or "?", 0) + 1
+        if meta.storage is not None:
+            storages[meta.storage] = max(storages.get(meta.storage, 0), meta.storage_bytes)
+        return False
+
+    _walk_real_or_shadow(root, visit)
+    return count, sum(storages.values()), dict(sorted(dtypes.items()))
+
+
+def _walk_real_or_shadow(root: Any, visit: Any) -> None:
+    def wrapped(node: Any) -> bool:
+        if not visit(node):
+            return False
+        pairs = mapping_pairs(node)
+        if pairs is not None and not isinstance(node, (dict, Reduced)):
+            for _key, v in pairs:
+                _walk_real_or_shadow(v, visit)
+            return False
+        return True
+
+    unpickler.walk(root, wrapped)
+
+
+def _state_dict_report(loc: StateDictLoc) -> dict[str, Any]:
+    pairs = mapping_pairs(loc.node) or []
+    keys = [k for k, _ in pairs]
+    metas = [tensor_meta(v) for _, v in pairs]
+    storages: dict[str, int] = {}
+    for m in metas:
+        if m is not None and m.storage is not None:
+            storages[m.storage] = max(storages.get(m.storage, 0), m.storage_bytes)
+    counts: dict[str, int] = {}
+    examples: dict[str, list[str]] = {}
+    for key in keys:
+        _, removed = strip_one(key, KNOWN_PREFIXES)
+        if removed:
+            combo = "".join(removed)
+            counts[combo] = counts.get(combo, 0) + 1
+            examples.setdefault(combo, []).append(key)
+    return {
+        "location": loc.name,
+        "path": list(loc.path),
+        "keys": len(keys),
+        "tensors": sum(1 for m in metas if m is not None),
+        "tensor_bytes": sum(storages.values()),
+        "prefixes": [{"prefix": p, "keys": n, "examples": examples[p][:3]} for p, n in counts.items()],
+        "unprefixed_keys": len(keys) - sum(counts.values()),
+        "example_keys": keys[:3],
+    }
+
+
+def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
+    """The ``ckpt inspect`` report: format, tensors, state_dicts, prefixes, findings."""
+    count, nbytes, dtypes = _tensor_stats(ckpt.root)
+    if ckpt.safetensors is not None:
+        nbytes = ckpt.safetensors.data_size
+    locs = find_state_dicts(ckpt.root)
+    sds = [_state_dict_report(loc) for loc in locs]
+    sd_tops = {loc.path[0] for loc in locs if loc.path}
+    others = []
+    top = mapping_pairs(ckpt.root)
+    if top is not None and () not in [loc.path for loc in locs]:
+        others = [{"key": str(k), "summary": _summarize(v)} for k, v in top
+                  if not (isinstance(k, str) and k in sd_tops)]
+    findings: list[Finding] = []
+
+    def finding(status: str, summary: str, remedy: str = "") -> None:
+        findings.append(Finding(CHECK_ID, status, summary, remedy=remedy, details={
+            "checkpoint": str(ckpt.path), "format": ckpt.format, "tensor_bytes": nbytes}))
+
+    fix = f"ddpdoctor ckpt strip {ckpt.path} -o {stripped_name(ckpt.path)}"
+    for loc, rep in zip(locs, sds, strict=True):
+        try:
+            plan_renames((k for k, _ in mapping_pairs(loc.node) or []), where=repr(loc.name))
+        except DuplicateKeyError as exc:
+            finding(FAIL, str(exc).split(";")[0],
+                    "the checkpoint mixes wrapped and unwrapped weights: load it in Python, "
+                    "keep one copy of each key, and save it again")
+            continue
+        for pre in rep["prefixes"]:
+            origin = " and ".join(PREFIX_ORIGIN[p + "."] for p in pre["prefix"].split(".")[:-1]
+                                  if p + "." in PREFIX_ORIGIN)
+            scope = "all" if pre["keys"] == rep["keys"] else f"{pre['keys']} of"
+            finding(WARN,
+                    f"{scope} {rep['keys']} keys of {rep['location']} start with {pre['prefix']!r} (saved from a "
+                    f"{origin}-wrapped model); load_state_dict on the plain model fails with Missing/Unexpected "
+                    "key(s)",
+                    f"{fix}   (or in Python: ddpdoctor.load_checkpoint_into(model, {str(ckpt.path)!r}))")
+        if not rep["prefixes"]:
+            finding(PASS, f"{rep['location']}: {rep['keys']} keys, no wrapper prefixes")
+    if not locs and isinstance(ckpt.root, Reduced) and top is None:
+        finding(WARN, f"the file pickles a whole object ({ckpt.root.func_name or '?'}), not a state_dict",
+                "save model.state_dict() instead: whole pickled models break when the code moves or changes")
+    elif not locs:
+        finding(WARN, "no state_dict found (no mapping of names to tensors within 3 levels)",
+                "name it with --key, e.g. --key model/state_dict")
+    if ckpt.unsafe_globals:
+        finding(WARN, f"needs non-weights-only globals: {', '.join(ckpt.unsafe_globals[:5])}; "
+                      "torch.load(weights_only=False) runs code from this file",
+                "re-save only tensors and plain containers (e.g. torch.save({'model': model.state_dict()}))")
+    return InspectReport(str(ckpt.path), ckpt.format, ckpt.size_bytes, count, nbytes, dtypes, sds, others,
+                         ckpt.unsafe_globals, findings)
+
+
+def render_inspect(rep: InspectReport) -> str:
+    """The human-readable ``ckpt inspect`` output."""
+    fmt = {FORMAT_ZIP: "torch zip", FORMAT_LEGACY: "legacy torch pickle", FORMAT_SAFETENSORS: "safetensors"}
+    dtypes = ", ".join(f"{d} x{n}" for d, n in rep.dtypes.items()) or "none"
+    lines = [f"checkpoint  {rep.path}  ({fmt[rep.format]}, {_human(rep.size_bytes)})",
+             f"tensors     {rep.tensor_count} ({_human(rep.tensor_bytes)}); dtypes: {dtypes}"]
+    for sd in rep.state_dicts:
+        pre = "; ".join(f"{p['prefix']!r} on {p['keys']}/{sd['keys']} keys (e.g. {p['examples'][0]})"
+                        for p in sd["prefixes"]) or "no wrapper prefix"
+        lines.append(f"state_dict  {sd['location']}: {sd['keys']} keys, {_human(sd['tensor_bytes'])}; {pre}")
+    if rep.other_entries:
+        lines.append("other entries:")
+        width = max(len(e["key"]) for e in rep.other_entries)
+        lines += [f"  {e['key']:<{width}}  {e['summary']}" for e in rep.other_entries]
+    lines.append("findings:")
+    for f in rep.findings:
+        lines.append(f"  {f.status.upper():<5} {f.summary}")
+        if f.remedy:
+            lines.append(f"        fix: {f.remedy}")
+    return "\n".join(lines)

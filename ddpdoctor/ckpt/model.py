@@ -1,0 +1,177 @@
+"""The ckpt family's data: an opened checkpoint, what is found in it, and what each command reports.
+
+Every other module of :mod:`ddpdoctor.ckpt` produces or consumes these; keeping them here (and not in the
+renderers) lets the state_dict check and the Python API use the reports without the text output.
+Findings are :class:`ddpdoctor.findings.Finding` with check id ``state_dict``, the same objects
+``ddpdoctor check`` reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpdoctor.errors import DoctorError
+from ddpdoctor.findings import Finding, overall_status
+
+if TYPE_CHECKING:
+    from ddpdoctor.ckpt.safetensors_file import SafeTensors
+    from ddpdoctor.ckpt.zip_rewrite import TorchZip
+
+FORMAT_ZIP = "torch_zip"
+FORMAT_LEGACY = "torch_legacy"
+FORMAT_SAFETENSORS = "safetensors"
+
+# The check id ckpt findings carry (docs/checks.md): `ckpt inspect/diff` and the `state_dict` check agree.
+CHECK_ID = "state_dict"
+
+
+class DuplicateKeyError(DoctorError, ValueError):
+    """Stripping would map two keys to one name (the checkpoint mixes wrapped and unwrapped keys)."""
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a tensor is without its data: shape, dtype, and which storage holds it."""
+
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    storage: str | None
+    storage_bytes: int
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint opened without running it: its object tree (shadow or real) and where it came from."""
+
+    path: Path
+    format: str
+    root: Any
+    size_bytes: int
+    unsafe_globals: list[str] = field(default_factory=list)
+    zip: TorchZip | None = None
+    safetensors: SafeTensors | None = None
+
+
+@dataclass
+class StateDictLoc:
+    """A state_dict found in the checkpoint: the key path to it and the node itself."""
+
+    path: tuple[str, ...]
+    node: Any
+
+    @property
+    def name(self) -> str:
+        return "/".join(self.path) if self.path else "(top level)"
+
+
+@dataclass
+class InspectReport:
+    """What ``ckpt inspect`` found: format, tensors, state_dicts and their prefixes, other entries, findings."""
+
+    path: str
+    format: str
+    size_bytes: int
+    tensor_count: int
+    tensor_bytes: int
+    dtypes: dict[str, int]
+    state_dicts: list[dict[str, Any]]
+    other_entries: list[dict[str, str]]
+    unsafe_globals: list[str]
+    findings: list[Finding]
+
+    @property
+    def status(self) -> str:
+        """pass|warn|fail: the worst finding."""
+        return overall_status(self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path, "format": self.format, "size_bytes": self.size_bytes,
+            "tensor_count": self.tensor_count, "tensor_bytes": self.tensor_bytes, "dtypes": self.dtypes,
+            "state_dicts": self.state_dicts, "other_entries": self.other_entries,
+            "unsafe_globals": self.unsafe_globals, "findings": [f.to_json() for f in self.findings],
+            "status": self.status,
+        }
+
+
+@dataclass
+class Fix:
+    """A key rename: strip these prefixes from each key, then add ``add``."""
+
+    strip: tuple[str, ...]
+    add: str
+
+    def describe(self) -> str:
+        parts = [f"remove {' and '.join(repr(p) for p in self.strip)}"] if self.strip else []
+        if self.add:
+            parts.append(f"add {self.add!r}")
+        return " then ".join(parts) or "no change"
+
+
+@dataclass
+class DiffReport:
+    """What ``ckpt diff`` found: the mismatch as saved, the best rename, and the verdict as a finding.
+
+    ``missing``/``unexpected``/``shape_mismatches`` are what ``load_state_dict(strict=True)`` would report
+    for the keys as saved; ``fix`` is the best rename (None when no rename helps), with ``remaining_*``
+    when it is not enough.
+    """
+
+    path: str
+    format: str
+    model: str
+    location: str
+    checkpoint_keys: int
+    model_keys: int
+    loads_as_is: bool
+    missing: list[str]
+    unexpected: list[str]
+    shape_mismatches: list[dict[str, Any]]
+    fix: dict[str, Any] | None
+    finding: Finding
+
+    @property
+    def status(self) -> str:
+        """pass only when the checkpoint loads as is."""
+        return self.finding.status
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "finding"}
+        data.update(status=self.status, findings=[self.finding.to_json()])
+        return data
+
+
+@dataclass
+class StripReport:
+    """What ``strip`` did: where, which prefixes, how many keys; JSON-able."""
+
+    path: str
+    output: str
+    format: str
+    state_dicts: list[dict[str, Any]]
+    renamed_keys: int
+    converted_from_legacy: bool = False
+    written: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoadReport:
+    """What :func:`ddpdoctor.ckpt.load_checkpoint_into` did."""
+
+    path: str
+    format: str
+    location: str
+    stripped_prefixes: list[str]
+    added_prefix: str
+    renamed_keys: int
+    loaded_keys: int
+    missing: list[str]
+    unexpected: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
