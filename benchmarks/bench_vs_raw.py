@@ -3,7 +3,7 @@
 Run: ``python benchmarks/bench_vs_raw.py [--nproc 2] [--rounds 3] [--max-mib 256]``. It starts the ranks
 itself (torchrun), and on each rank alternates, size by size and round by round, between
 
-- ``ddpdoctor.bench.driver.measure_row``: the very function whose rows ``ddpdoctor bench`` prints (barrier,
+- ``ddpdoctor.bench.measure_row``: the very function whose rows ``ddpdoctor bench`` prints (barrier,
   warmup, timed loop, each rank's time combined, then the untimed correctness call), and
 - a bare loop: barrier, the same warmup, ``dist.all_reduce`` ``iters`` times under ``time.perf_counter``,
 
@@ -46,7 +46,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from ddpdoctor.bench.driver import measure_row
+    from ddpdoctor.bench import measure_row
 
     dist.init_process_group("gloo")
     sizes = [(1 << 20) * (4 ** i) for i in range(10) if 4 ** i <= args.max_mib]

@@ -12,7 +12,7 @@ Usage: python benchmarks/explain_throughput.py [SIZE_MB] [--realistic] (default 
 
 Writes the log into a temporary directory, scans it with the same engine the CLI uses, and prints MB/s,
 peak RSS before and after, and what was found. It prints numbers; it does not assert timings (machines
-differ). ``tests/test_explain.py`` reuses ``realistic_lines`` / ``ERROR_BLOCKS`` for correctness.
+differ). ``tests/explain/test_explain.py`` reuses ``realistic_lines`` / ``ERROR_BLOCKS`` for correctness.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from ddpdoctor.explain import Scanner
 
-# Real texts (see tests/test_explain.py for where each comes from), sprinkled so the matcher does real work.
+# Real texts (see tests/explain/test_explain.py for where each comes from), sprinkled so the matcher does real work.
 _ERRORS = [
     "[rank3]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 3] Watchdog caught collective operation "
     "timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) "
@@ -40,7 +40,7 @@ _ERRORS = [
 ]
 
 # One real error block per kind, as it appears inside a noisy log (texts from PyTorch/NCCL sources and the
-# issue threads cited in tests/test_explain.py). Each block alone yields exactly its one diagnosis.
+# issue threads cited in tests/explain/test_explain.py). Each block alone yields exactly its one diagnosis.
 ERROR_BLOCKS: dict[str, str] = {
     "cuda-oom": """\
 [rank5]: Traceback (most recent call last):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -115,3 +116,14 @@ def _module_from(spec: str, factory: Callable[..., Any]) -> Any:
     if not isinstance(model, torch.nn.Module):
         raise DoctorError(f"{spec!r} returned {type(model).__name__}, expected a torch.nn.Module")
     return model
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """``--input-shape``: '4,16' or '8x3x32x32' -> (4, 16) / (8, 3, 32, 32); DoctorError on anything else."""
+    if text is None:
+        return None
+    parts = [part.strip() for part in re.split(r"[,x]", text)]
+    shape = tuple(int(part) for part in parts) if all(part.isdigit() for part in parts) else ()
+    if not shape or any(dim <= 0 for dim in shape):
+        raise DoctorError(f"--input-shape takes positive sizes like 4,16 or 8x3x32x32, got: {text!r}")
+    return shape

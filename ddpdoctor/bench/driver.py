@@ -10,101 +10,22 @@ Only rank 0 prints; like ``check``, its exit code carries the result and the oth
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
-from ddpdoctor.bench.analysis import (
-    OPS,
-    BenchConfig,
-    PairAnalysis,
-    PairResult,
-    Row,
-    analyse_pairs,
-    combine_row,
-    human_bytes,
-    pair_schedule,
-    problems,
+from ddpdoctor.bench.analysis import BenchConfig, PairAnalysis, Row, analyse_pairs, human_bytes, problems
+from ddpdoctor.bench.measure import measure_pairs, measure_row
+from ddpdoctor.bench.render import (
     progress_line,
     render_pairs,
     result_json,
-    row_count,
     table_footer,
     table_header,
     table_row,
     write_plot,
 )
-from ddpdoctor.check.api import CheckOptions
+from ddpdoctor.check import CheckOptions
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, short_error
 from ddpdoctor.runtime.launcher import LaunchInfo
-
-
-def gather(value: Any) -> list[Any]:
-    """Every rank's ``value``, on every rank (small Python objects: timings, counts)."""
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
-def measure_row(op: str, size: int, dtype: str, iters: int, warmup: int, check: bool, device: Any) -> Row:
-    """One size of one op, timed on every rank and combined (avg, max, slowest rank, summed #wrong)."""
-    import torch.distributed as dist
-
-    from ddpdoctor.bench.ops import OpRunner, timed_loop, world_barrier
-
-    rank, nranks = dist.get_rank(), dist.get_world_size()
-    count = row_count(size, dtype, op, nranks)
-    runner = OpRunner(op, count, dtype, rank, nranks, device)
-    time_us = timed_loop(runner.call, iters, warmup, device, world_barrier())
-    wrong = runner.wrong() if check else None
-    per_rank = gather((time_us, wrong))
-    element = runner.input.element_size()
-    return combine_row(op, count * element, count, dtype, [t for t, _ in per_rank],
-                       None if not check else [w for _, w in per_rank], requested=size)
-
-
-def measure_pairs(hosts: Mapping[int, str], size: int, dtype: str, iters: int, warmup: int,
-                  device: Any) -> list[PairResult]:
-    """Bidirectional sendrecv between pairs of ranks, round by round (disjoint pairs run together).
-
-    busbw of a pair = S / t with S the bytes sent each way (nccl-tests' sendrecv factor 1); the pair's
-    time is the slower of its two ranks'.
-    """
-    import torch
-    import torch.distributed as dist
-
-    from ddpdoctor.bench.ops import make_input, timed_loop
-
-    rank, nranks = dist.get_rank(), dist.get_world_size()
-    count = max(1, row_count(size, dtype, "sendrecv", nranks))
-    send = make_input("sendrecv", rank, nranks, count, dtype, device)
-    recv = torch.empty_like(send)
-    mine: dict[str, float] = {}
-    for pairs in pair_schedule(hosts):
-        dist.barrier()
-        for a, b in pairs:
-            if rank in (a, b):
-                peer = b if rank == a else a
-                mine[f"{a},{b}"] = timed_loop(_exchange_with(send, recv, peer), iters, warmup, device)
-    dist.barrier()
-    times: dict[str, float] = {}
-    for theirs in gather(mine):
-        for key, t in theirs.items():
-            times[key] = max(times.get(key, 0.0), t)
-    spec = OPS["sendrecv"]
-    nbytes = count * send.element_size()
-    results = []
-    for key, t in times.items():
-        a, b = (int(x) for x in key.split(","))
-        results.append(PairResult(a, b, hosts[a], hosts[b], spec.busbw_gbps(nbytes, 2, t), t))
-    return results
-
-
-def _exchange_with(send: Any, recv: Any, peer: int) -> Callable[[], None]:
-    from ddpdoctor.bench.ops import exchange
-
-    return lambda: exchange(send, peer, recv, peer)
 
 
 class _Progress:
@@ -127,7 +48,7 @@ class _Progress:
 def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
     from ddpdoctor.check.runner import RankRun, RunConfig
-    from ddpdoctor.fileio import write_json_atomic
+    from ddpdoctor.fileio import emit_json, json_to_stdout
     from ddpdoctor.runtime.selflaunch import write_result_file
 
     run = RankRun(info, RunConfig(checks=[], backend=config.backend, process_group=True,
@@ -136,7 +57,9 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
         return EXIT_PROBLEM
     pg_problem = run.pg_problem
     lead = info.rank == 0
-    out: Callable[[str], None] = (lambda s: print(s, flush=True)) if lead else (lambda s: None)
+    # `--json -`: the JSON document is rank 0's whole stdout, so the table is not printed.
+    json_only = json_to_stdout(config.json_path)
+    out: Callable[[str], None] = (lambda s: print(s, flush=True)) if lead and not json_only else (lambda s: None)
     if pg_problem is not None:
         if lead:
             detail = "; ".join(f"{f.summary} ({f.remedy})" for f in run.runtime_findings)
@@ -187,12 +110,12 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     if not lead:
         return EXIT_OK
     if config.json_path:
-        write_json_atomic(config.json_path, result_json(config, nranks, run.backend, rows, analysis))
+        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis))
     if config.plot_path:
         write_plot(config.plot_path, rows, f"ddpdoctor bench: {nranks} ranks, {run.backend}, {config.dtype}")
     found = problems(config, rows, analysis)
     for line in found:
-        print(f"ddpdoctor bench: FAIL: {line}", flush=True)
+        print(f"ddpdoctor bench: FAIL: {line}", file=sys.stderr if json_only else sys.stdout, flush=True)
     code = EXIT_PROBLEM if found else EXIT_OK
     write_result_file(code)
     return code

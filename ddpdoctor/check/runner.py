@@ -30,7 +30,7 @@ from typing import Any
 from ddpdoctor.check.api import Check, CheckContext, CheckOptions, collapse
 from ddpdoctor.check.report import Report, render_table
 from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError, short_error
-from ddpdoctor.fileio import write_json_atomic
+from ddpdoctor.fileio import emit_json, json_to_stdout
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.backend import resolve_backend
@@ -352,18 +352,21 @@ class RankRun:
         return missing
 
     def finish(self, report: Report) -> int:
-        """Print the report, write --json and the self-launch result file; the exit code."""
+        """Print the report (or ``--json -``: the JSON instead), write --json and the self-launch result file;
+        the exit code."""
         _ignore_signals()  # the report is printed once, whole
-        print(render_table(report, verbose=self.config.options.verbose), flush=True)
+        json_path = self.config.json_path
+        if not json_to_stdout(json_path):
+            print(render_table(report, verbose=self.config.options.verbose), flush=True)
         data = report.to_json()
         code = EXIT_PROBLEM if report.status == FAIL else EXIT_OK
         if any(f.details.get("internal") for f in report.findings):
             code = EXIT_BUG
-        if self.config.json_path:
+        if json_path:
             try:
-                write_json_atomic(self.config.json_path, data)
+                emit_json(json_path, data)
             except (OSError, DoctorError) as exc:
-                print(f"ddpdoctor: cannot write --json {self.config.json_path}: {exc}",
+                print(f"ddpdoctor: cannot write --json {json_path}: {exc}",
                       file=sys.stderr, flush=True)
                 code = max(code, EXIT_PROBLEM)
         write_result_file(code, data)

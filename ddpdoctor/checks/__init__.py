@@ -7,7 +7,7 @@ rank-0-only checks last (so the other ranks do not wait in a collective while ra
 
 from __future__ import annotations
 
-from ddpdoctor.check.api import Check
+from ddpdoctor.check import Check
 
 from . import bandwidth, barrier, connectivity, env, gpu, port, state_dict, unused_params
 

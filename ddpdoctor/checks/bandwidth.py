@@ -19,8 +19,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddpdoctor.bench.analysis import MIB, PairResult, Row, analyse_pairs, avg_busbw, human_bytes
-from ddpdoctor.check.api import Check, CheckContext, all_findings, collapse
+from ddpdoctor.bench import (
+    MIB,
+    PairResult,
+    Row,
+    analyse_pairs,
+    avg_busbw,
+    human_bytes,
+    measure_pairs,
+    measure_row,
+)
+from ddpdoctor.check import Check, CheckContext, all_findings, collapse
 from ddpdoctor.findings import FAIL, PASS, WARN, Finding, RankInfo
 
 MEASURED = "measured"
@@ -33,8 +42,6 @@ OUTLIER_RATIO = 1.5
 
 def _run(ctx: CheckContext) -> list[Finding]:
     import torch
-
-    from ddpdoctor.bench.driver import measure_pairs, measure_row
 
     device = torch.device(ctx.device)
     rows = [measure_row("all_reduce", size, "float", ITERS, WARMUP, True, device) for size in SIZES]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from ddpdoctor.check.api import Check, CheckContext, all_findings, collapse
+from ddpdoctor.check import Check, CheckContext, all_findings, collapse
 from ddpdoctor.findings import FAIL, PASS, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.control import ControlPlane

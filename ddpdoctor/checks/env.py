@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ddpdoctor.check.api import Check, CheckContext, all_findings, collapse
+from ddpdoctor.check import Check, CheckContext, all_findings, collapse
 from ddpdoctor.env import facts as envinfo
 from ddpdoctor.findings import FAIL, PASS, WARN, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase

@@ -41,9 +41,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ddpdoctor.check.api import Check, CheckContext
-from ddpdoctor.env.facts import nccl_version
-from ddpdoctor.env.nvml import collect_host_gpu_facts
+from ddpdoctor.check import Check, CheckContext
+from ddpdoctor.env import collect_host_gpu_facts, nccl_version
 from ddpdoctor.errors import short_error
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase
@@ -245,7 +244,7 @@ def _duplicates(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, s
         named = ", ".join(f"rank {r} {tags[r]} (cuda:{gpu_ranks[r].get('device_index')})" for r in rs)
         out.append(_finding(
             FAIL,
-            f"ranks {' and '.join(str(r) for r in rs)} share one GPU {key[-1]} "
+            f"{rank_phrase(rs)} share one GPU {key[-1]} "
             f"({first.get('device_name')}): {named}; NCCL fails with \"Duplicate GPU detected : rank "
             f"{rs[1]} and rank {rs[0]} both on CUDA device ...\"",
             rs,

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 
 from ddpdoctor import ports
-from ddpdoctor.check.api import Check, CheckContext, all_findings, collapse
+from ddpdoctor.check import Check, CheckContext, all_findings, collapse
 from ddpdoctor.findings import FAIL, PASS, WARN, Finding, RankInfo
 from ddpdoctor.ranks import format_rank_list
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddpdoctor.check.api import Check, CheckContext, all_findings, collapse
+from ddpdoctor.check import Check, CheckContext, all_findings, collapse
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.findings import ERROR, FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase

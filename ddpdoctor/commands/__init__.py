@@ -1,1 +1,3 @@
-"""One module per command family; each exposes ``register(app)`` and imports no torch at import time."""
+"""One module per command family: module-level command functions and ``register(app)``, which adds them
+(``app.command("name")(fn)``); shared options are declared once in :mod:`~ddpdoctor.commands.options`. No
+module imports torch at import time."""

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ddpdoctor.bench.analysis import (
-    BenchConfig,
-    check_plot_available,
-    parse_dtype,
-    parse_ops,
-    parse_size,
-    size_sweep,
-)
+from ddpdoctor.bench import BenchConfig, check_plot_available, parse_dtype, parse_ops, parse_size, size_sweep
+from ddpdoctor.commands.options import BackendOption, JsonOption, MasterPortOption, NprocOption, TimeoutOption
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import validate_output_path
+from ddpdoctor.fileio import json_to_stdout, validate_output_path
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.launcher import LaunchInfo
+
 
 def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, iters: int, warmup: int,
                  dtype: str, check: int, pairs: bool, min_busbw: float | None, json_path: str | None,
@@ -36,6 +31,8 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, it
         raise DoctorError(f"-c/--check takes 0 (off) or 1 (on), got: {check}")
     if min_busbw is not None and min_busbw < 0:
         raise DoctorError(f"--min-busbw must be a bandwidth in GB/s >= 0, got: {min_busbw:g}")
+    if json_to_stdout(plot_path):
+        raise DoctorError("--plot takes a PNG file name; - (stdout) is for --json")
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
         validate_output_path(flag, path)
     if plot_path is not None:
@@ -46,48 +43,46 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, it
                        op_label="all" if len(ops) > 1 and op.strip().lower() == "all" else ",".join(ops))
 
 
+def bench(
+    op: str = typer.Option("all_reduce", "--op", help="all_reduce, all_gather, reduce_scatter, broadcast, "
+                           "all_to_all, sendrecv (comma-separated), or all."),
+    min_bytes: str = typer.Option("1K", "-b", "--min-bytes", help="Smallest size, e.g. 8, 1K, 64M."),
+    max_bytes: str = typer.Option("64M", "-e", "--max-bytes", help="Largest size, e.g. 256M, 1G."),
+    step_factor: float = typer.Option(2.0, "-f", "--step-factor", help="Multiply the size by this each step."),
+    iters: int = typer.Option(20, "-n", "--iters", help="Timed iterations per size."),
+    warmup: int = typer.Option(5, "-w", "--warmup", help="Untimed warmup iterations per size."),
+    dtype: str = typer.Option("float", "-d", "--dtype", help="float, half, bfloat16, double, int8, uint8, "
+                              "int32, int64."),
+    check: int = typer.Option(1, "-c", "--check", help="1: verify every result exactly (#wrong); 0: skip."),
+    pairs: bool = typer.Option(False, "--pairs", help="Also measure sendrecv between every pair of hosts "
+                               "(and ranks within a host) at the largest size; name slow hosts and links."),
+    min_busbw: Optional[float] = typer.Option(None, "--min-busbw", help="Exit 1 when an op's average busbw "
+                                              "(sizes >= 1 MiB, else all sizes) is below this many GB/s."),
+    json_path: JsonOption = None,
+    plot_path: Optional[str] = typer.Option(None, "--plot", help="Also plot busbw vs size to this PNG "
+                                            "(needs matplotlib: pip install 'ddpdoctor[plot]')."),
+    nproc: NprocOption = None,
+    backend: BackendOption = "auto",
+    timeout: TimeoutOption = 60.0,
+    master_port: MasterPortOption = None,
+) -> None:
+    """Bandwidth sweep like nccl-tests (algbw, busbw, #wrong) across ranks and nodes; --pairs finds slow links."""
+    from ddpdoctor.cli import invocation_args
+    from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
+
+    validate_launch_options(nproc, backend, master_port, timeout)
+    config = build_config(op, min_bytes, max_bytes, step_factor, iters, warmup, dtype, check, pairs,
+                          min_busbw, json_path, plot_path, backend, timeout)
+
+    def run_here(info: LaunchInfo) -> int:
+        from ddpdoctor.bench import run_bench
+
+        return run_bench(info, config)
+
+    raise typer.Exit(run_here_or_self_launch(run_here, argv=invocation_args(), nproc=nproc, backend=backend,
+                                             master_port=master_port, timeout=timeout))
+
+
 def register(app: typer.Typer) -> None:
     """Add ``bench``."""
-
-    @app.command("bench")
-    def bench(
-        op: str = typer.Option("all_reduce", "--op", help="all_reduce, all_gather, reduce_scatter, broadcast, "
-                               "all_to_all, sendrecv (comma-separated), or all."),
-        min_bytes: str = typer.Option("1K", "-b", "--min-bytes", help="Smallest size, e.g. 8, 1K, 64M."),
-        max_bytes: str = typer.Option("64M", "-e", "--max-bytes", help="Largest size, e.g. 256M, 1G."),
-        step_factor: float = typer.Option(2.0, "-f", "--step-factor", help="Multiply the size by this each step."),
-        iters: int = typer.Option(20, "-n", "--iters", help="Timed iterations per size."),
-        warmup: int = typer.Option(5, "-w", "--warmup", help="Untimed warmup iterations per size."),
-        dtype: str = typer.Option("float", "-d", "--dtype", help="float, half, bfloat16, double, int8, uint8, "
-                                  "int32, int64."),
-        check: int = typer.Option(1, "-c", "--check", help="1: verify every result exactly (#wrong); 0: skip."),
-        pairs: bool = typer.Option(False, "--pairs", help="Also measure sendrecv between every pair of hosts "
-                                   "(and ranks within a host) at the largest size; name slow hosts and links."),
-        min_busbw: float | None = typer.Option(None, "--min-busbw", help="Exit 1 when an op's average busbw "
-                                               "(sizes >= 1 MiB, else all sizes) is below this many GB/s."),
-        json_path: str | None = typer.Option(None, "--json", help="Also write the results as JSON to this path."),
-        plot_path: str | None = typer.Option(None, "--plot", help="Also plot busbw vs size to this PNG "
-                                             "(needs matplotlib: pip install 'ddpdoctor[plot]')."),
-        nproc: int | None = typer.Option(None, "--nproc", help="Local ranks to self-launch when no launcher "
-                                         "is present (default: one per GPU, or 2 without GPUs)."),
-        backend: str = typer.Option("auto", "--backend", help="auto (NCCL with CUDA, else gloo), gloo or nccl."),
-        timeout: float = typer.Option(60.0, "--timeout", help="Seconds allowed for rendezvous and for each "
-                                      "single collective call."),
-        master_port: int | None = typer.Option(None, "--master-port", help="Port for self-launch "
-                                               "(default: $MASTER_PORT, else a free one)."),
-    ) -> None:
-        """Bandwidth sweep like nccl-tests (algbw, busbw, #wrong) across ranks and nodes; --pairs finds slow links."""
-        from ddpdoctor.cli import invocation_args
-        from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
-
-        validate_launch_options(nproc, backend, master_port, timeout)
-        config = build_config(op, min_bytes, max_bytes, step_factor, iters, warmup, dtype, check, pairs,
-                              min_busbw, json_path, plot_path, backend, timeout)
-
-        def run_here(info: LaunchInfo) -> int:
-            from ddpdoctor.bench.driver import run_bench
-
-            return run_bench(info, config)
-
-        raise typer.Exit(run_here_or_self_launch(run_here, argv=invocation_args(), nproc=nproc, backend=backend,
-                                                 master_port=master_port, timeout=timeout))
+    app.command("bench")(bench)

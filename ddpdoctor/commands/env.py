@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
+
+from ddpdoctor.commands.options import JsonOption
+
+
+def env(
+    json_path: JsonOption = None,
+    no_torch: bool = typer.Option(False, "--no-torch", help="Do not import torch (fast; works when torch "
+                                  "itself is broken)."),
+) -> None:
+    """Versions, GPUs, network interfaces and relevant variables, ready to paste into a bug report."""
+    from ddpdoctor.env import collect, render
+    from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+
+    validate_output_path("--json", json_path)
+    facts = collect(with_torch=not no_torch)
+    if not json_to_stdout(json_path):
+        typer.echo(render(facts))
+    if json_path is not None:
+        emit_json(json_path, facts)
 
 
 def register(app: typer.Typer) -> None:
     """Add ``env``."""
-
-    @app.command("env")
-    def env(
-        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the text block."),
-        no_torch: bool = typer.Option(False, "--no-torch", help="Do not import torch (fast; works when torch "
-                                      "itself is broken)."),
-    ) -> None:
-        """Versions, GPUs, network interfaces and relevant variables, ready to paste into a bug report."""
-        from ddpdoctor.env import report as envreport
-
-        facts = envreport.collect(with_torch=not no_torch)
-        typer.echo(json.dumps(facts, indent=2, default=str) if as_json else envreport.render(facts))
+    app.command("env")(env)

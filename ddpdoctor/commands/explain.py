@@ -1,4 +1,4 @@
-"""`ddpdoctor explain [LOG ...] [--json]`: say what a crashed job's logs mean, root cause first.
+"""`ddpdoctor explain [LOG ...] [--json PATH]`: say what a crashed job's logs mean, root cause first.
 
 Thin: open the inputs (stdin for none or ``-``), hand them to :mod:`ddpdoctor.explain`, print. Never imports
 torch (``ddpdoctor explain`` must start fast on a login node).
@@ -6,7 +6,6 @@ torch (``ddpdoctor explain`` must start fast on a login node).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from contextlib import ExitStack
@@ -14,6 +13,7 @@ from typing import IO
 
 import typer
 
+from ddpdoctor.commands.options import JsonOption
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 
 
@@ -43,24 +43,26 @@ def _open_inputs(stack: ExitStack, logs: list[str]) -> list[tuple[str, IO[bytes]
     return opened
 
 
-def explain_cmd(
+def explain(
     logs: list[str] = typer.Argument(None, metavar="LOG",
                                      help="Log files to read (one per rank is fine); none or - reads stdin."),
-    as_json: bool = typer.Option(False, "--json", help="Print the diagnoses as JSON instead of text."),
+    json_path: JsonOption = None,
 ) -> None:
     """Recognise known DDP / NCCL / torchrun errors in logs; root cause first. Exit 1 if any was found."""
     from ddpdoctor.explain import explain_streams, render_text
+    from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
 
+    validate_output_path("--json", json_path)
     with ExitStack() as stack:
         result = explain_streams(_open_inputs(stack, list(logs or [])))
-    if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2))
-    else:
+    if not json_to_stdout(json_path):
         typer.echo(render_text(result), nl=False)
+    if json_path is not None:
+        emit_json(json_path, result.to_json())
     raise typer.Exit(EXIT_PROBLEM if result.diagnoses else EXIT_OK)
 
 
 def register(app: typer.Typer) -> None:
-    """Add `ddpdoctor explain` to the app."""
+    """Add ``explain``."""
     app.command("explain", help="Recognise known DDP/NCCL/torchrun errors in logs and say the cause and the fix.")(
-        explain_cmd)
+        explain)

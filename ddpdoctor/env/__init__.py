@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 from ddpdoctor.env import facts, nvml
+from ddpdoctor.env.facts import nccl_version
+from ddpdoctor.env.nvml import collect_host_gpu_facts
 from ddpdoctor.env.report import collect, render
 
-__all__ = ["collect", "facts", "nvml", "render"]
+__all__ = ["collect", "collect_host_gpu_facts", "facts", "nccl_version", "nvml", "render"]

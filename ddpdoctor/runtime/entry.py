@@ -1,10 +1,11 @@
 """The start of every multi-rank command: run here as one rank of a launched job, or self-launch.
 
-``check`` and ``bench`` share it: under torchrun/srun/mpirun this process is a rank (it runs
-``run_here`` and leaves with ``os._exit``, because a thread abandoned inside a C++ collective, or gloo's
-teardown waiting on a peer that already left, must not keep it alive); with no launcher it starts
-``nproc`` local ranks running the same command line (``argv``) and returns rank 0's exit code. No CLI
-here: the command passes its own arguments in and turns the code into its exit.
+``check`` and ``bench`` share it (``watch`` shares :func:`validate_launch_options`): under
+torchrun/srun/mpirun this process is a rank (it runs ``run_here`` and leaves with ``os._exit``, because a
+thread abandoned inside a C++ collective, or gloo's teardown waiting on a peer that already left, must not
+keep it alive); with no launcher it starts ``nproc`` local ranks running the same command line (``argv``)
+and returns rank 0's exit code. No CLI here: the command passes its own arguments in and turns the code
+into its exit.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ BACKENDS = ("auto", "gloo", "nccl")
 MAX_TIMEOUT_S = 86400
 
 
-def validate_launch_options(nproc: int | None, backend: str, master_port: int | None, timeout: float) -> None:
-    """The options every multi-rank command takes; DoctorError (exit 2) for a bad one."""
+def validate_launch_options(nproc: int | None, backend: str = "auto", master_port: int | None = None,
+                            timeout: float | None = None) -> None:
+    """The options every multi-rank command takes (those it has); DoctorError (exit 2) for a bad one."""
     if nproc is not None and nproc < 1:
         raise DoctorError(f"--nproc must be at least 1, got: {nproc}")
     if backend not in BACKENDS:
         raise DoctorError(f"--backend must be one of {', '.join(BACKENDS)}, got: {backend!r}")
     if master_port is not None and not 0 < master_port < 65536:
         raise DoctorError(f"--master-port must be in 1-65535, got: {master_port}")
-    if not (timeout > 0 and math.isfinite(timeout)) or timeout > MAX_TIMEOUT_S:
+    if timeout is not None and (not (timeout > 0 and math.isfinite(timeout)) or timeout > MAX_TIMEOUT_S):
         raise DoctorError(f"--timeout must be a positive number of seconds up to {MAX_TIMEOUT_S}, got: {timeout:g}")
 
 

@@ -11,10 +11,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-
-def rank_list(ranks: list[int]) -> str:
-    """'rank 1' / 'ranks 0,2,3'."""
-    return f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
+from ddpdoctor.ranks import rank_phrase
 
 
 def call_text(call: dict[str, Any] | None, with_seq: bool = True) -> str:
@@ -33,7 +30,7 @@ def divergence_line(div: dict[str, Any]) -> str:
     """One line: where the ranks parted ways."""
     parts = []
     for group in div["groups"]:
-        who = rank_list(group["ranks"])
+        who = rank_phrase(group["ranks"])
         if group["state"] in ("exited", "crashed"):
             parts.append(f"{who} {group['state']} ({_short(group['how'])})")
         elif group["op"] is None:
@@ -68,7 +65,7 @@ def headline(result: dict[str, Any]) -> str:
         first = by_rank[order[0]]
         text = f"ddpdoctor watch: CRASH: rank {first['rank']} crashed first ({ended_text(first)})"
         if len(order) > 1:
-            text += f"; then {rank_list(order[1:])} failed"
+            text += f"; then {rank_phrase(order[1:])} failed"
         if any(r["state"] in ("waiting", "running") for r in result["ranks"]):
             text += "; the rest were torn down"
         return text
@@ -115,6 +112,6 @@ def render(result: dict[str, Any]) -> str:
             lines += ["", "fix: a collective inside `if rank == ...` (or skipped by a data-dependent branch) must "
                       "run on every rank; if one rank legitimately works alone for longer, raise --hang-timeout"]
     for warning in result.get("warnings", []):
-        lines += ["", f"warning: {warning['summary']} (created at {warning['site']}, {rank_list(warning['ranks'])})",
+        lines += ["", f"warning: {warning['summary']} (created at {warning['site']}, {rank_phrase(warning['ranks'])})",
                   f"  fix: {warning['remedy']}"]
     return "\n".join(lines)

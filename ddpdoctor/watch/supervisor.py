@@ -13,7 +13,8 @@ Two ways to run:
   when set; else, under torchrun (whose agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT for every
   rank, ``TORCHELASTIC_USE_AGENT_STORE``), any free port, published in that store; else MASTER_PORT+1.
 
-Either way the verdict is one report on stderr (and ``--json``), then every rank is torn down.
+Either way the verdict is one report on stderr (and ``--json``; ``--json -`` prints the JSON on stdout instead),
+then every rank is torn down.
 """
 
 from __future__ import annotations
@@ -55,14 +56,16 @@ def check_script(script: str) -> str:
 
 
 def write_result(result: dict[str, Any], json_path: str | None) -> None:
-    """The report on stderr, then --json. A failed write is one line, not an exception: in rank 0's
-    supervisor thread an exception would skip telling the other ranks to exit, and hang the job."""
-    from ddpdoctor.fileio import write_json_atomic
+    """The report on stderr, then --json (``--json -``: the JSON on stdout instead of the report). A failed
+    write is one line, not an exception: in rank 0's supervisor thread an exception would skip telling the
+    other ranks to exit, and hang the job."""
+    from ddpdoctor.fileio import emit_json, json_to_stdout
 
-    print(render(result), file=sys.stderr, flush=True)
+    if not json_to_stdout(json_path):
+        print(render(result), file=sys.stderr, flush=True)
     if json_path:
         try:
-            write_json_atomic(json_path, result)
+            emit_json(json_path, result)
         except (OSError, DoctorError) as exc:
             print(f"ddpdoctor watch: cannot write --json {json_path}: {exc}", file=sys.stderr, flush=True)
 
@@ -161,12 +164,16 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise _Interrupted(signal.Signals(signum).name)
 
 
-def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, json_path: str | None) -> int:
-    """Self-launch ``nproc`` ranks of the script, watch them, report; the exit code."""
-    from ddpdoctor.ports import free_port
+def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, json_path: str | None,
+              master_port: int | None = None) -> int:
+    """Self-launch ``nproc`` ranks of the script, watch them, report; the exit code.
 
+    The job's MASTER_PORT is ``master_port``, else $MASTER_PORT, else a free port (as for ``check``).
+    """
+    from ddpdoctor.runtime.selflaunch import choose_port
+
+    job_port = choose_port(master_port if master_port is not None else port_from_env("MASTER_PORT"))
     server = Server("127.0.0.1", 0)
-    job_port = free_port("127.0.0.1")
     channel = f"127.0.0.1:{server.port}"
     agg = Aggregator(nproc, hang_timeout_s, owns_processes=True)
     procs: list[subprocess.Popen[bytes]] = []

@@ -221,7 +221,7 @@ def test_plot_written(tmp_path: Path) -> None:
 _CHECK_HARNESS = textwrap.dedent("""
     import json, os, socket, sys
     import torch.distributed as dist
-    from ddpdoctor.check.api import CheckContext, CheckOptions
+    from ddpdoctor.check import CheckContext, CheckOptions
     from ddpdoctor.findings import Finding, RankInfo
     from ddpdoctor.checks.bandwidth import CHECK
 

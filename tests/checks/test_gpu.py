@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.check.api import CheckContext, CheckOptions
-from ddpdoctor.env.nvml import collect_host_gpu_facts
+from ddpdoctor.check import CheckContext, CheckOptions
+from ddpdoctor.env import collect_host_gpu_facts
 from ddpdoctor.findings import ERROR, FAIL, PASS, SKIP, WARN, Finding, RankInfo, overall_status
 from tests.env.test_nvml import FakeNvml, healthy_gpu
 from tests.support import REPO, clean_env, free_port, run_cli
@@ -126,7 +126,7 @@ def test_real_run_in_fresh_process_prints_no_traceback_or_warning() -> None:
     """What a rank does: import the check cold and run it; stderr stays clean (no torch CUDA warning)."""
     code = (
         "import json, os\n"
-        "from ddpdoctor.check.api import CheckContext, CheckOptions\n"
+        "from ddpdoctor.check import CheckContext, CheckOptions\n"
         "from ddpdoctor.checks import gpu\n"
         "ctx = CheckContext(rank=0, world_size=1, local_rank=0, local_world_size=1, host='h', pid=os.getpid(),"
         " launcher='none', backend='gloo', device='cpu', master_addr='127.0.0.1', master_port=1,"
@@ -189,7 +189,7 @@ def test_same_cuda_visible_devices_on_every_task_is_duplicate_gpu() -> None:
     assert [f.status for f in found] == [FAIL]
     dup = found[0]
     assert dup.ranks == [0, 1]
-    assert dup.summary.startswith("ranks 0 and 1 share one GPU GPU-00000000-0000-0000-0000-000000000000")
+    assert dup.summary.startswith("ranks 0-1 share one GPU GPU-00000000-0000-0000-0000-000000000000")
     assert "rank 0 [node-a:0] (cuda:0), rank 1 [node-a:1] (cuda:0)" in dup.summary
     assert "Duplicate GPU detected" in dup.summary
     assert "torch.cuda.set_device(local_rank)" in dup.remedy

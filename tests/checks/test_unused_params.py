@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.check.api import CheckContext, CheckOptions
+from ddpdoctor.check import CheckContext, CheckOptions
 from ddpdoctor.checks import unused_params
 from ddpdoctor.findings import Finding
 from tests.support import REPO, run_cli

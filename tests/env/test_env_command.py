@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support import clean_env, run_cli
 
@@ -23,7 +24,7 @@ def test_env_block_names_versions_machine_and_watched_variables() -> None:
 
 
 def test_env_json_is_data() -> None:
-    proc = run_cli(["env", "--json"], env=clean_env({"GLOO_SOCKET_IFNAME": "lo"}), timeout=90)
+    proc = run_cli(["env", "--json", "-"], env=clean_env({"GLOO_SOCKET_IFNAME": "lo"}), timeout=90)
     data = json.loads(proc.stdout)
     assert data["vars"] == {"GLOO_SOCKET_IFNAME": "lo"}
     assert data["versions"]["torch"].startswith("2.")
@@ -43,3 +44,27 @@ def test_env_reports_an_invalid_launcher_environment_instead_of_crashing() -> No
     proc = run_cli(["env", "--no-torch"], env=clean_env({"RANK": "x", "WORLD_SIZE": "2"}), timeout=60)
     assert proc.returncode == 0
     assert "launcher     invalid: RANK must be an integer" in proc.stdout
+
+
+def test_env_json_path_writes_the_document_and_still_prints_the_block(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    out = tmp_path / "env.json"
+    result = CliRunner().invoke(app, ["env", "--no-torch", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"environment on {socket.gethostname()}" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["versions"]["python"] == sys.version.split()[0] and "torch" not in data["versions"]
+
+
+def test_env_json_dash_prints_only_the_document_in_process() -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    result = CliRunner().invoke(app, ["env", "--no-torch", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert "environment on" not in result.stdout
+    assert "interfaces" in json.loads(result.stdout)

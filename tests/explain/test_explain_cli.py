@@ -30,7 +30,7 @@ def test_text_report_root_cause_first_and_exit_1() -> None:
 
 
 def test_json_contract() -> None:
-    proc = run_cli(["explain", "--json", str(EXAMPLES / "ddp_unused_parameters.log")])
+    proc = run_cli(["explain", "--json", "-", str(EXAMPLES / "ddp_unused_parameters.log")])
     assert proc.returncode == 1, proc.stderr
     data = json.loads(proc.stdout)
     first = data["diagnoses"][0]
@@ -44,7 +44,7 @@ def test_json_contract() -> None:
 def test_stdin_when_no_file_or_dash() -> None:
     text = (EXAMPLES / "ddp_model_mismatch.log").read_text()
     for args in (["explain"], ["explain", "-"]):
-        proc = run_cli([*args, "--json"], input_text=text)
+        proc = run_cli([*args, "--json", "-"], input_text=text)
         assert proc.returncode == 1, proc.stderr
         data = json.loads(proc.stdout)
         assert data["diagnoses"][0]["id"] == "model-mismatch"
@@ -68,7 +68,7 @@ def test_realistic_noisy_logs_healthy_exits_0_and_one_oom_exits_1(tmp_path: Path
     assert "no known DDP/NCCL/torchrun error found (1 input, 20,000 lines)" in proc.stdout
     crashed = tmp_path / "crashed.log"
     crashed.write_text("".join(lines[:12345]) + ERROR_BLOCKS["cuda-oom"] + "".join(lines[12345:]))
-    proc = run_cli(["explain", "--json", str(crashed)])
+    proc = run_cli(["explain", "--json", "-", str(crashed)])
     assert proc.returncode == 1, proc.stderr
     (d,) = json.loads(proc.stdout)["diagnoses"]
     assert (d["id"], d["ranks"]) == ("cuda-oom", [5])
@@ -98,7 +98,7 @@ def test_binary_garbage_file_is_handled(tmp_path: Path) -> None:
     f = tmp_path / "core.bin"
     f.write_bytes(os.urandom(300_000) + b"\n[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
                   b"2.00 GiB.\n" + os.urandom(1000))
-    proc = run_cli(["explain", "--json", str(f)])
+    proc = run_cli(["explain", "--json", "-", str(f)])
     assert proc.returncode == 1, proc.stderr
     assert json.loads(proc.stdout)["diagnoses"][0]["ranks"] == [2]
 
@@ -111,7 +111,7 @@ def test_one_file_per_rank(tmp_path: Path) -> None:
     (tmp_path / "train_rank_1.log").write_text(
         "step 1\nTraceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n"
         "ValueError: bad sample 17\n")
-    proc = run_cli(["explain", "--json", str(tmp_path / "rank0.log"), str(tmp_path / "train_rank_1.log")])
+    proc = run_cli(["explain", "--json", "-", str(tmp_path / "rank0.log"), str(tmp_path / "train_rank_1.log")])
     data = json.loads(proc.stdout)
     assert [(d["id"], d["ranks"]) for d in data["diagnoses"]] == [("python-exception", [1]), ("nccl-timeout", [0])]
 
@@ -158,8 +158,38 @@ def test_real_torchrun_job_killed_by_sigkill(tmp_path: Path) -> None:
     console.write_text(job.stdout + job.stderr)
     rank_files = sorted(str(p) for p in logdir.rglob("stderr.log"))
     assert len(rank_files) == 2
-    proc = run_cli(["explain", "--json", str(console), *rank_files])
+    proc = run_cli(["explain", "--json", "-", str(console), *rank_files])
     assert proc.returncode == 1, proc.stderr
     found = [(d["id"], d["ranks"]) for d in json.loads(proc.stdout)["diagnoses"]]
     assert found[0] == ("worker-killed-by-signal", [1])
     assert ("remote-process-exited", [0]) in found
+
+
+# -- the --json convention, in-process (typer's CliRunner) --------------------------------------------
+
+def test_json_path_writes_the_document_and_still_prints_the_report(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    out = tmp_path / "explain.json"
+    result = CliRunner().invoke(app, ["explain", "--json", str(out), str(EXAMPLES / "ddp_unused_parameters.log")])
+    assert result.exit_code == 1, result.output
+    assert "[unused-parameters]" in result.stdout  # the text report, as without --json
+    assert json.loads(out.read_text())["diagnoses"][0]["id"] == "unused-parameters"
+
+
+def test_json_dash_prints_only_the_document_in_process() -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    result = CliRunner().invoke(app, ["explain", "--json", "-", str(EXAMPLES / "ddp_unused_parameters.log")])
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.stdout)["diagnoses"][0]["ranks"] == [0, 1]  # nothing but JSON on stdout
+
+
+def test_json_into_a_missing_folder_is_exit_2_before_reading_the_logs(tmp_path: Path) -> None:
+    proc = run_cli(["explain", "--json", str(tmp_path / "absent" / "e.json"), str(tmp_path / "no-such.log")])
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "no-such.log" not in proc.stderr

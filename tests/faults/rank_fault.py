@@ -30,7 +30,7 @@ def main() -> None:
         os.environ[name] = value
     if mine and fault == "kill-in-check":
         import ddpdoctor.checks as registry
-        from ddpdoctor.check.api import CheckContext
+        from ddpdoctor.check import CheckContext
 
         def die_inside(ctx: CheckContext) -> list:  # type: ignore[type-arg]
             import torch.distributed as dist

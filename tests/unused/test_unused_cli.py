@@ -28,7 +28,7 @@ def test_dead_branch_exits_1_naming_parameters_and_module() -> None:
 
 def test_data_dependent_json_lists_sometimes_used() -> None:
     proc = run_cli(["unused", f"{EXAMPLES}:data_dependent", "--batch", f"{EXAMPLES}:alternating_batch",
-                    "--steps", "4", "--json"])
+                    "--steps", "4", "--json", "-"])
     assert proc.returncode == 1, proc.stderr
     data = json.loads(proc.stdout)
     assert set(data["sometimes_used"]) == {"pos_head.weight", "pos_head.bias", "neg_head.weight", "neg_head.bias"}
@@ -117,6 +117,31 @@ class Locked(torch.nn.Module):
 def build():
     return Locked()
 """)
-    proc = run_cli(["unused", f"{source}:build", "--input-shape", "4,16", "--json"])
+    proc = run_cli(["unused", f"{source}:build", "--input-shape", "4,16", "--json", "-"])
     assert proc.returncode == 1, proc.stderr
     assert json.loads(proc.stdout)["never_used"] == ["unused.weight", "unused.bias"]
+
+
+# -- the --json convention, in-process (typer's CliRunner) --------------------------------------------
+
+def test_json_path_writes_the_document_and_still_prints_the_report(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    out = tmp_path / "unused.json"
+    result = CliRunner().invoke(app, ["unused", f"{EXAMPLES}:dead_branch", "--input-shape", "4,16",
+                                      "--json", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "2 never used" in result.stdout
+    assert json.loads(out.read_text())["never_used"] == ["aux_head.weight", "aux_head.bias"]
+
+
+def test_json_dash_prints_only_the_document_in_process() -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    result = CliRunner().invoke(app, ["unused", f"{EXAMPLES}:dead_branch", "--input-shape", "4,16", "--json", "-"])
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.stdout)["never_used"] == ["aux_head.weight", "aux_head.bias"]
