@@ -61,7 +61,9 @@ class RunConfig:
     def needs_process_group(self) -> bool:
         if self.process_group is not None:
             return self.process_group
-        return any(check.needs_process_group for check in self.checks)
+        # The user's code (--model's factory, --batch) runs after the process group exists, so that it
+        # sees its rank as in training: a forward that reads dist.get_rank() takes its rank's branch.
+        return self.options.model is not None or any(check.needs_process_group for check in self.checks)
 
 
 class Terminated(Exception):

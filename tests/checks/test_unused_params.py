@@ -146,3 +146,44 @@ def test_real_two_ranks_seed_per_rank_is_named(tmp_path: Path) -> None:
     _, findings, _ = _check(tmp_path, "seeded_per_rank", 2, "--input-shape", "4,16")
     (warn,) = [f for f in findings if f["status"] == "warn"]
     assert warn["ranks"] == [1] and "weights differ across ranks" in warn["summary"]
+
+
+RANK_FROM_PROCESS_GROUP = '''
+import torch.distributed as dist
+from torch import nn
+
+
+class RankOneHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(16, 4)
+        self.rank_one_head = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.body(x)
+        # The rank as training code reads it: from the process group, 0 when there is none.
+        if (dist.get_rank() if dist.is_initialized() else 0) == 1:
+            y = self.rank_one_head(y)
+        return y
+
+
+def build():
+    return RankOneHead()
+'''
+
+
+@pytest.mark.slow
+@needs_registration
+def test_real_only_unused_params_runs_the_model_inside_the_process_group(tmp_path: Path) -> None:
+    # With --only unused_params no selected check needs the process group; the model's forward must
+    # still see its rank through dist.get_rank(), or rank 1's branch goes unseen. `--json -`: the report
+    # is rank 0's stdout, as JSON only.
+    source = tmp_path / "rank_model.py"
+    source.write_text(RANK_FROM_PROCESS_GROUP)
+    proc = run_cli(["check", "--only", "unused_params", "--model", f"{source}:build", "--input-shape", "4,16",
+                    "--nproc", "2", "--backend", "gloo", "--timeout", "120", "--json", "-"], timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    (fail,) = [f for f in report["findings"] if f["check"] == "unused_params" and f["status"] == "fail"]
+    assert fail["ranks"] == [0] and fail["details"]["used_on_ranks"] == [1]
+    assert fail["details"]["params"] == ["rank_one_head.weight", "rank_one_head.bias"]
