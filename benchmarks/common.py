@@ -24,3 +24,20 @@ def user_env(env: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
+
+
+def wall_times(cmd: list[str], repeat: int, ok: tuple[int, ...] = (0,),
+               env: dict[str, str] | None = None) -> list[float]:
+    """Wall times of ``repeat`` runs of ``cmd`` (each within 300 s); a run that exits with a code not in
+    ``ok`` stops the script, as its timing would mean nothing."""
+    import subprocess
+    import time
+
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True, env=user_env(env), timeout=300)
+        times.append(time.perf_counter() - start)
+        if res.returncode not in ok:
+            raise SystemExit(f"{cmd} failed ({res.returncode}): {res.stderr[-500:]}")
+    return times
