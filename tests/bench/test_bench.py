@@ -149,6 +149,15 @@ def test_all_ops_two_ranks_correct_and_nccl_tests_numbers(tmp_path: Path) -> Non
     assert "# Avg bus bandwidth    : n/a" in proc.stdout  # no size >= 1 MiB in this sweep
 
 
+def test_json_dash_is_rank_0s_whole_stdout_and_failures_go_to_stderr() -> None:
+    proc = run_cli(["bench", "--nproc", "2", "--backend", "gloo", "--op", "all_reduce", *SMALL, "--json", "-",
+                    "--min-busbw", "100000"], timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)  # no table around it
+    assert data["world_size"] == 2 and [r["op"] for r in data["rows"]] == ["all_reduce", "all_reduce"]
+    assert "ddpdoctor bench: FAIL: all_reduce: average busbw" in proc.stderr
+
+
 def test_three_ranks_correct_and_min_busbw_fails(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = run_cli(["bench", "--nproc", "3", "--op", "all", "-b", "1M", "-e", "1M", "-n", "2", "-w", "1",

@@ -208,6 +208,22 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
     assert no_dir.returncode == 2 and "does not exist" in no_dir.stderr
 
 
+def test_json_dash_and_master_port_reach_the_job(tmp_path: Path) -> None:
+    script = tmp_path / "port.py"
+    script.write_text("import os, sys\nimport torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "sys.stderr.write(f\"PORT {os.environ['MASTER_PORT']}\\n\")\n"
+                      "dist.barrier()\ndist.destroy_process_group()\n")
+    port = free_port()
+    proc = run_cli(["watch", "--nproc", "2", "--master-port", str(port), "--hang-timeout", "30", "--json", "-",
+                    str(script)], timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)  # the JSON instead of the text report
+    assert data["status"] == "ok" and [r["state"] for r in data["ranks"]] == ["exited", "exited"]
+    assert "ddpdoctor watch: ok" not in proc.stderr
+    assert proc.stderr.count(f"PORT {port}") == 2  # --master-port is the job's MASTER_PORT
+
+
 def test_script_arguments_are_not_taken_as_watch_options(tmp_path: Path) -> None:
     script = tmp_path / "argv.py"
     script.write_text("import sys\nprint('ARGV', sys.argv[1:])\nsys.exit(0)\n")
