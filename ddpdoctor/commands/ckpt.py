@@ -9,16 +9,16 @@ from __future__ import annotations
 import typer
 
 from ddpdoctor import fileio
+from ddpdoctor.commands.options import JsonOption
 
 _TRUST_HELP = ("Allow classes outside torch.load(weights_only=True)'s allowlist. The file is still only read, never "
                "run, except by strip of a legacy (pre-1.6) pickle: that converts it through "
                "torch.load(weights_only=False), which runs it. Only for files whose source you trust.")
-_JSON_HELP = "Write the {what} as JSON to PATH (the text is still printed); '-' prints the JSON instead of the text."
 
 
 def inspect_cmd(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file (.pt/.pth torch zip or legacy, or .safetensors)."),
-    json_out: str = typer.Option(None, "--json", metavar="PATH|-", help=_JSON_HELP.format(what="report")),
+    json_out: JsonOption = None,
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
 ) -> None:
     """Format, where the state_dict(s) live, tensors, dtypes, wrapper prefixes, other entries, findings.
@@ -45,7 +45,7 @@ def strip_cmd(
     key: str = typer.Option(None, "--key", metavar="K", help="Only the state_dict at this entry (nested: a/b)."),
     in_place: bool = typer.Option(False, "--in-place", help="Replace PATH itself (still atomic)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
-    json_out: str = typer.Option(None, "--json", metavar="PATH|-", help=_JSON_HELP.format(what="summary")),
+    json_out: JsonOption = None,
 ) -> None:
     """Remove wrapper prefixes from the state_dict keys; everything else is kept byte for byte.
 
@@ -75,7 +75,7 @@ def diff_cmd(
                               "(or path/to/file.py:build)."),
     key: str = typer.Option(None, "--key", metavar="K", help="Compare the state_dict at this entry (nested: a/b)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
-    json_out: str = typer.Option(None, "--json", metavar="PATH|-", help=_JSON_HELP.format(what="comparison")),
+    json_out: JsonOption = None,
 ) -> None:
     """Missing/unexpected keys and shape mismatches against a model, and the prefix change that fixes them.
 
