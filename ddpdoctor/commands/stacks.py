@@ -1,6 +1,6 @@
 """`ddpdoctor stacks`: every rank's stack, grouped, the rank that is somewhere else named.
 
-Thin: typer's options in, :mod:`ddpdoctor.stacks.driver` out. Never imports torch: it attaches to a job
+Thin: typer's options in, :func:`ddpdoctor.stacks.run_stacks` / :func:`~ddpdoctor.stacks.merge_stacks` out. Never imports torch: it attaches to a job
 that is already stuck.
 """
 
@@ -12,9 +12,10 @@ from typing import Optional
 
 import typer
 
+from ddpdoctor.commands.options import JsonOption
+
 MIN_TIMEOUT = 0.1
 MAX_TIMEOUT = 86400.0  # a day: every wait has a deadline
-JSON_HELP = "Write the result as JSON to PATH (and still print the report); - prints the JSON instead of the report."
 
 
 def _finite(value: float) -> float:
@@ -35,7 +36,7 @@ def stacks(
                                       "job.step), the torchrun agent's pid, or the job key ddpdoctor prints."),
     native: bool = typer.Option(False, "--native", help="Pass --native to py-spy (C/C++ frames too)."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
-    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH|-", help=JSON_HELP),
+    json_path: JsonOption = None,
     signal_mode: bool = typer.Option(False, "--signal", help="No py-spy: signal ranks that called "
                                      "ddpdoctor.install_stack_dumps() and read their dumps."),
     stack_dir: Optional[Path] = typer.Option(None, "--stack-dir", metavar="DIR", help="Where --signal dumps live "
@@ -46,21 +47,21 @@ def stacks(
     """Find the ranks (torchrun/SLURM environment), dump them in parallel with py-spy, group by where they wait."""
     if ctx.invoked_subcommand is not None:
         return
-    from ddpdoctor.stacks.driver import StacksOptions, run
+    from ddpdoctor.stacks import StacksOptions, run_stacks
 
-    raise typer.Exit(run(StacksOptions(list(pid), job, native, all_threads, _text(json_path), signal_mode,
-                                       _text(stack_dir), timeout)))
+    raise typer.Exit(run_stacks(StacksOptions(list(pid), job, native, all_threads, json_path, signal_mode,
+                                              _text(stack_dir), timeout)))
 
 
 def merge(
     files: list[Path] = typer.Argument(..., metavar="FILES", help="JSON files written by `ddpdoctor stacks --json` on each node."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
-    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH|-", help=JSON_HELP),
+    json_path: JsonOption = None,
 ) -> None:
     """Group the stacks of several nodes' JSON files as one job."""
-    from ddpdoctor.stacks.driver import merge as merge_files
+    from ddpdoctor.stacks import merge_stacks
 
-    raise typer.Exit(merge_files(files, all_threads, _text(json_path)))
+    raise typer.Exit(merge_stacks(files, all_threads, json_path))
 
 
 def register(app: typer.Typer) -> None:

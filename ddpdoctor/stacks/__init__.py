@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+from ddpdoctor.stacks.driver import StacksOptions
+from ddpdoctor.stacks.driver import merge as merge_stacks
+from ddpdoctor.stacks.driver import run as run_stacks
 from ddpdoctor.stacks.install import install_stack_dumps
 
-__all__ = ["install_stack_dumps"]
+__all__ = ["StacksOptions", "install_stack_dumps", "merge_stacks", "run_stacks"]

@@ -159,6 +159,6 @@ def test_closed_pipe_ascii_terminal_and_closed_stdout(blocked: int, tmp_path: Pa
 def test_help_lists_the_options_and_the_merge_command() -> None:
     result = CliRunner().invoke(app, ["stacks", "--help"])
     assert result.exit_code == 0
-    for text in ("--pid", "--job", "--native", "--all-threads", "--json", "PATH|-", "--signal", "--stack-dir",
-                 "--timeout", "merge"):
+    for text in ("--pid", "--job", "--native", "--all-threads", "--json", "- prints the JSON", "--signal",
+                 "--stack-dir", "--timeout", "merge"):
         assert text in result.stdout, text
