@@ -1,6 +1,6 @@
 """What every rank does in `ddpdoctor bench`: join, run the sweep and the pair test, rank 0 reports.
 
-It reuses the runtime of ``ddpdoctor check`` (:class:`ddpdoctor.check.runner.RankRun`) to reach the
+It reuses the runtime of ``ddpdoctor check`` (:class:`ddpdoctor.check.RankRun`) to reach the
 control plane, meet the other ranks (their hosts group the pair test) and initialise the process group
 under test with a deadline; then every rank runs the same sequence of collectives. Each collective is
 bounded by the process group's timeout (``--timeout``), so a dead peer ends the run instead of hanging.
@@ -47,7 +47,7 @@ class _Progress:
 
 def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
-    from ddpdoctor.check.runner import RankRun, RunConfig
+    from ddpdoctor.check import RankRun, RunConfig
     from ddpdoctor.fileio import emit_json, json_to_stdout
     from ddpdoctor.runtime.selflaunch import write_result_file
 
