@@ -1,0 +1,145 @@
+"""The shape of the package, checked: a package per command family, layers that point one way.
+
+What a newcomer relies on (issue 14): a command's code, tests and docs are found from its name; a family is
+used from outside only through its package's public API (``from ddpdoctor.ckpt import strip_file``, never
+``ddpdoctor.ckpt.strip``); ``runtime/`` (the launch and control-plane infrastructure under every multi-rank
+command) knows nothing of the CLI; no arrow between families runs back up.
+Imports are read with :mod:`ast` from the source, so lazy imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+from ddpdoctor.cli import COMMANDS
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "ddpdoctor"
+
+# Shared by every family; they import no family themselves.
+CORE = {"errors", "fileio", "findings", "modelspec", "ports", "ranks", "__init__"}
+# Lower layers never import higher ones: core < runtime < families < checks < the command line.
+LAYER = {"runtime": 1, "check": 2, "bench": 2, "ckpt": 2, "stacks": 2, "watch": 2, "env": 2, "explain": 2,
+         "unused": 2, "checks": 3, "commands": 4, "cli": 4, "__main__": 4}
+
+
+def _unit(module: str) -> str:
+    """'ddpdoctor.ckpt.strip' -> 'ckpt'; 'ddpdoctor.errors' -> 'errors'; 'ddpdoctor' -> '__init__'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every ddpdoctor import in the file, at any depth."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "ddpdoctor":
+                found.extend((node.lineno, f"ddpdoctor.{alias.name}") for alias in node.names)
+            elif node.module.startswith("ddpdoctor."):
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.ImportFrom) and node.level:  # `from . import x` inside a package
+            base = _module_name(path).split(".")
+            base = base[: len(base) - node.level + (path.name == "__init__.py")]
+            found.extend((node.lineno, ".".join([*base, node.module or alias.name])) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names if alias.name.startswith("ddpdoctor"))
+    return found
+
+
+def _third_party(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+    return names
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_family_is_a_package_with_a_docstring() -> None:
+    for family in ("check", "checks", "bench", "ckpt", "stacks", "watch", "env", "runtime", "commands"):
+        init = PACKAGE / family / "__init__.py"
+        assert init.is_file(), f"ddpdoctor/{family}/ is a package"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says what the family does"
+    flat = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert set(flat) <= CORE | {"cli", "__main__", "explain", "unused"}, f"top-level modules that belong to a family: {flat}"
+    for path in SOURCES:
+        assert ast.get_docstring(ast.parse(path.read_text())) or path.name == "__main__.py", \
+            f"{path.relative_to(REPO)} has no module docstring saying why it exists"
+
+
+def test_a_command_is_found_from_its_name() -> None:
+    """ddpdoctor/commands/<cmd>.py, its tests and docs/<cmd>.md, for every command the CLI has."""
+    for command in COMMANDS:
+        assert (PACKAGE / "commands" / f"{command}.py").is_file(), command
+        assert (REPO / "docs" / f"{command}.md").is_file(), command
+        assert any((REPO / "tests" / command).glob("test_*.py")), f"tests/{command}/ holds {command}'s tests"
+
+
+def test_families_are_used_only_through_their_package() -> None:
+    offenders = []
+    for path in SOURCES:
+        me = _unit(_module_name(path))
+        for line, module in _imports(path):
+            parts = module.split(".")
+            target = _unit(module)
+            # runtime/ is the infrastructure every multi-rank command stands on, not a command family.
+            if target == me or target in CORE or target in ("cli", "runtime", "commands"):
+                continue
+            if len(parts) > 2 and (PACKAGE / target).is_dir():
+                offenders.append(f"{path.relative_to(REPO)}:{line} imports {module}; "
+                                 f"use the public API: from ddpdoctor.{target} import ...")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_layers_point_one_way() -> None:
+    offenders = []
+    edges: set[tuple[str, str]] = set()
+    for path in SOURCES:
+        me = _unit(_module_name(path))
+        for line, module in _imports(path):
+            target = _unit(module)
+            if target == me:
+                continue
+            if me in CORE and target not in CORE:
+                offenders.append(f"{path.relative_to(REPO)}:{line}: shared module imports {module}")
+            elif me in LAYER and target in LAYER and LAYER[target] > LAYER[me]:
+                offenders.append(f"{path.relative_to(REPO)}:{line}: {me} (layer {LAYER[me]}) imports "
+                                 f"{module} (layer {LAYER[target]})")
+            if me in LAYER and target in LAYER and LAYER[me] == LAYER[target] == 2:
+                edges.add((me, target))
+    assert not offenders, "\n".join(offenders)
+    # Families may use each other's public API, but never both ways round (no arrow back up).
+    families = {a for edge in edges for a in edge}
+    reach = {f: {b for a, b in edges if a == f} for f in families}
+    for _ in families:
+        for f in families:
+            reach[f] |= set(itertools.chain.from_iterable(reach[g] for g in reach[f]))
+    cycles = sorted(f for f in families if f in reach[f])
+    assert not cycles, f"families that import each other in a cycle: {cycles} (edges: {sorted(edges)})"
+
+
+def test_only_the_command_line_imports_typer() -> None:
+    users = sorted(str(p.relative_to(REPO)) for p in SOURCES if "typer" in _third_party(p)
+                   and _unit(_module_name(p)) not in ("commands", "cli"))
+    assert not users, f"typer outside cli.py/commands/: {users} (runtime takes argv and returns an exit code)"
+
+
+def test_explain_and_unused_do_not_reach_into_the_check_engine() -> None:
+    for name in ("explain.py", "unused.py"):
+        imported = {module for _, module in _imports(PACKAGE / name)}
+        assert not {m for m in imported if _unit(m) in ("check", "checks")}, name
