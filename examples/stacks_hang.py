@@ -3,7 +3,7 @@
 Run it under torchrun (gloo, CPU), then diagnose it from another terminal:
 
     torchrun --nproc-per-node 4 examples/stacks_hang.py --odd-rank 1 --mode barrier
-    ddpdoctor stacks          # "rank 1 is in barrier() at stacks_hang.py:..; ranks 0,2,3 are in all_reduce() ..."
+    ddpdoctor stacks          # "rank 1 is in barrier() at stacks_hang.py:..; ranks 0,2-3 are in all_reduce() ..."
 
 Modes for the odd rank:
   barrier  - it takes another code path into ``dist.barrier()`` while the others wait in ``all_reduce``

@@ -101,7 +101,7 @@ def load_checking_offsets(path: Path) -> tuple[Any, Any]:
     return loaded, meta
 
 
-# A Python process blocked with known stacks (for the stack readers' tests), and how to run such targets.
+# A Python process blocked with known stacks (for the stacks tests), and how to run such targets.
 BLOCKED_TARGET = REPO / "tests" / "targets" / "blocked_stacks.py"
 TARGET_DEADLINE_S = 60.0
 

@@ -3,7 +3,7 @@
 The cross-rank logic (:func:`analyze`, called by ``_combine`` on rank 0) is a pure function of each
 rank's facts. The GPU facts fed to it here come from ``collect_host_gpu_facts`` run against the NVML
 TEST DOUBLE (``FakeNvml`` in ``test_gpu_nvml.py``) -- a stand-in for GPUs this machine does not have.
-Tests that need a real GPU are marked ``requires_cuda`` and skipped here.
+Tests that need a real GPU live in ``tests/gpu/``.
 """
 
 from __future__ import annotations
@@ -312,24 +312,3 @@ def test_uuid_and_bus_id_matching_across_pytorch_and_nvml_spellings() -> None:
     assert gpu_check.match_nvml_gpu(gpus, None, "0000:11:00.0") == gpus[1]
     assert gpu_check.match_nvml_gpu(gpus, "ffffffff-0000-0000-0000-000000000000", "0000:99:00.0") is None
     assert gpu_check.normalize_uuid("MIG-AbC") == "MIG-abc"
-
-
-# -- real hardware (skipped here) ------------------------------------------------------------------
-
-@pytest.mark.requires_cuda
-def test_real_gpu_rank_facts_match_nvml_and_pass() -> None:
-    findings = gpu_check.CHECK.run(make_ctx(device="cuda:0", backend="nccl"))
-    assert [f.status for f in findings] == [PASS]
-    facts = findings[0].details["facts"]
-    assert facts["uuid"].startswith(("GPU-", "MIG-"))
-    assert facts["gpu"] is not None and facts["gpu"]["uuid"] == facts["uuid"]
-    merged = gpu_check.analyze({0: facts})
-    assert merged[0].status == PASS, merged
-
-
-@pytest.mark.requires_cuda
-def test_real_gpu_two_ranks_on_one_device_is_duplicate() -> None:
-    facts = gpu_check.CHECK.run(make_ctx(device="cuda:0", backend="nccl"))[0].details["facts"]
-    twin = dict(facts, local_rank=1, pid=facts["pid"] + 1)
-    found = gpu_check.analyze({0: facts, 1: twin})
-    assert any(f.status == FAIL and f.ranks == [0, 1] and "share one GPU" in f.summary for f in found)

@@ -4,7 +4,7 @@ This machine has no NVIDIA GPU and no driver, so the only way to exercise the pe
 :class:`FakeNvml` below: a TEST DOUBLE standing in for GPU hardware that cannot exist here. It has the
 same function names and signatures as ``pynvml`` (nvidia-ml-py) and raises pynvml's real exception
 classes (``NVMLError_NotSupported`` ...), so the code under test cannot tell it from the real module.
-Real-hardware tests are marked ``requires_cuda`` and skipped here.
+Real-hardware tests live in ``tests/gpu/``.
 """
 
 from __future__ import annotations
@@ -285,18 +285,3 @@ def test_double_old_driver_without_clocks_event_reasons_uses_throttle_reasons() 
 def test_decode_throttle_reasons_names_unknown_bits() -> None:
     assert decode_throttle_reasons(0) == []
     assert decode_throttle_reasons(0x4 | 0x1000) == ["sw_power_cap", "0x1000"]
-
-
-# -- real hardware (skipped here) ------------------------------------------------------------------
-
-@pytest.mark.requires_cuda
-def test_real_nvml_sees_the_gpus() -> None:
-    import torch
-
-    facts = collect_host_gpu_facts()
-    assert facts["available"] is True, facts["reason"]
-    assert len(facts["gpus"]) >= torch.cuda.device_count()
-    for gpu in facts["gpus"]:
-        assert str(gpu["uuid"]).startswith(("GPU-", "MIG-"))
-        assert gpu["memory_total_bytes"] > 0
-        assert gpu["pci_bus_id"].count(":") == 2
