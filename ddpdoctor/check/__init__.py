@@ -12,7 +12,8 @@ The checks themselves live in :mod:`ddpdoctor.checks`, one file each.
 from __future__ import annotations
 
 from ddpdoctor.check.api import Check, CheckContext, CheckOptions, all_findings, collapse
-from ddpdoctor.check.report import Report, render_table
+from ddpdoctor.check.model import Report
+from ddpdoctor.check.report import render_table
 from ddpdoctor.check.runner import RankRun, RunConfig, run_rank
 
 __all__ = ["Check", "CheckContext", "CheckOptions", "RankRun", "Report", "RunConfig", "all_findings", "collapse",

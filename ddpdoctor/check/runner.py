@@ -28,7 +28,8 @@ from types import FrameType
 from typing import Any
 
 from ddpdoctor.check.api import Check, CheckContext, CheckOptions, collapse
-from ddpdoctor.check.report import Report, render_table
+from ddpdoctor.check.model import Report
+from ddpdoctor.check.report import render_table
 from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.fileio import emit_json, json_to_stdout
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo

@@ -7,7 +7,8 @@
 - :mod:`~ddpdoctor.stacks.ident`: who a process is in a DDP job, from its environment.
 - :mod:`~ddpdoctor.stacks.install`: :func:`install_stack_dumps`, the in-process fallback (faulthandler on a signal).
 - :mod:`~ddpdoctor.stacks.signal_dumps`: ``--signal``: signal registered ranks and read their dumps.
-- :mod:`~ddpdoctor.stacks.report`: the model (processes, threads, frames), grouping, text and JSON.
+- :mod:`~ddpdoctor.stacks.model`: processes, threads, frames, where each rank waits, the groups of a job.
+- :mod:`~ddpdoctor.stacks.report`: that as text and JSON, and JSON files read back (`stacks merge`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from typing import TextIO
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
-from ddpdoctor.stacks.report import ProcessStacks, analyze, load_json_files, render_text, to_json
+from ddpdoctor.stacks.model import ProcessStacks, analyze
+from ddpdoctor.stacks.report import load_json_files, render_text, to_json
 
 PathArg = str | os.PathLike[str]
 

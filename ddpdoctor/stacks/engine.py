@@ -26,8 +26,8 @@ import psutil
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.stacks import procfs
 from ddpdoctor.stacks.ident import identity, is_rank_env, job_matches
+from ddpdoctor.stacks.model import Frame, ProcessStacks, ThreadStack
 from ddpdoctor.stacks.procfs import same_process_alive
-from ddpdoctor.stacks.report import Frame, ProcessStacks, ThreadStack
 
 # torchrun, `python -m torch.distributed.run` and the deprecated launcher all start ranks as children.
 _AGENT_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")

@@ -18,8 +18,8 @@ from typing import Any
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.stacks.ident import job_matches
 from ddpdoctor.stacks.install import STACK_DIR_ENV, default_stack_dir
+from ddpdoctor.stacks.model import Frame, ProcessStacks, ThreadStack
 from ddpdoctor.stacks.procfs import same_process_alive
-from ddpdoctor.stacks.report import Frame, ProcessStacks, ThreadStack
 
 # faulthandler's format (Python/traceback.c, dump_traceback / write_thread_id):
 #   "Thread 0x00007f... (most recent call first):" or "Current thread 0x... (most recent call first):"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from ddpdoctor.check import collapse
-from ddpdoctor.check.report import Report, format_ranks, render_table
+from ddpdoctor.check.model import Report
+from ddpdoctor.check.report import format_ranks, render_table
 from ddpdoctor.findings import Finding, RankInfo
 from ddpdoctor.ranks import format_rank_list
 

@@ -19,15 +19,8 @@ import pytest
 
 from ddpdoctor.stacks.engine import discover
 from ddpdoctor.stacks.ident import identity, is_rank_env, job_key
-from ddpdoctor.stacks.report import (
-    Frame,
-    ProcessStacks,
-    ThreadStack,
-    analyze,
-    format_ranks,
-    position,
-    to_json,
-)
+from ddpdoctor.stacks.model import Frame, ProcessStacks, ThreadStack, analyze, format_ranks, position
+from ddpdoctor.stacks.report import to_json
 from ddpdoctor.stacks.signal_dumps import parse_faulthandler
 from tests.support import clean_env, run_cli
 
