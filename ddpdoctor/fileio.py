@@ -75,9 +75,17 @@ def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[Binar
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write ``data`` as indented JSON to ``path`` through :func:`atomic_output`."""
-    with atomic_output(Path(path)) as handle:
-        handle.write((json.dumps(data, indent=2, default=str) + "\n").encode("utf-8"))
+    """Write ``data`` as indented JSON to ``path`` through :func:`atomic_output`.
+
+    A write that fails (a full disk, a file-size limit, a quota) is the user's environment, not a bug:
+    one line and exit 2, with nothing left under the name (the temp file is removed).
+    """
+    text = (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8")
+    try:
+        with atomic_output(Path(path)) as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise DoctorError(f"cannot write {os.fspath(path)!r}: {exc.strerror or exc}") from None
 
 
 # ``--json -``: the JSON document on stdout, instead of the text report (the convention of every command).

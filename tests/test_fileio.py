@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 
 from ddpdoctor import fileio
 from ddpdoctor.ckpt import strip_file
+from tests.support import clean_env
 
 
 @pytest.fixture
@@ -66,3 +69,21 @@ def test_a_failed_write_leaves_neither_target_nor_temp_file(tmp_path: Path) -> N
         fh.write(b"half")
         raise RuntimeError("disk full")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_json_report_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path) -> None:
+    """A file-size limit (as a full disk or a quota would) stops the write for real: no traceback, no file."""
+    target = tmp_path / "env.json"
+    probe = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))\n"
+        "from ddpdoctor.cli import main\n"
+        f"sys.exit(main(['env', '--no-torch', '--json', {str(target)!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env=clean_env())
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "cannot write" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == [], "neither the report nor a temp file is left behind"
