@@ -21,7 +21,8 @@ from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, EXIT_USAGE, DoctorError
 # module is imported (the others' imports are start-up time that `ddpdoctor stacks` on a hung node need
 # not pay); `ddpdoctor --help` imports them all to list them.
 COMMANDS = {"check": "check", "env": "env", "bench": "bench", "ckpt": "ckpt", "stacks": "stacks",
-            "watch": "watch", "explain": "explain", "unused": "unused"}
+            "watch": "watch", "explain": "explain", "unused": "unused",
+            "ras": "ras"}
 
 
 def _version_callback(value: bool) -> None:

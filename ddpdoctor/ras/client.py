@@ -1,0 +1,184 @@
+"""The client side of NCCL's RAS protocol, with a deadline on every socket operation.
+
+The exchange, as NCCL's own ``ncclras`` client does it (NVIDIA/nccl ``src/ras/client.cc``; the server side
+is ``rasClientProcessMsg`` in ``src/ras/client_support.cc``)::
+
+    -> CLIENT PROTOCOL 2        <- SERVER PROTOCOL 2
+    -> TIMEOUT 3                <- OK             (how long NCCL waits for its peers; optional)
+    -> SET FORMAT json          <- OK             (NCCL >= 2.28.7; older ones: "ERROR: Unknown command ...")
+    -> STATUS                   <- the report, then the server closes the connection
+
+Commands are case-insensitive lines. A server that accepts but never answers, or stops mid-reply (a hung
+process, or one of the NCCL versions that misbehaved under frequent polling), costs at most the deadline:
+the whole exchange shares one monotonic deadline, and each ``connect``/``send``/``recv`` gets what is left.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+DEFAULT_PORT = 28028  # NCCL_RAS_CLIENT_PORT in src/ras/ras_internal.h
+DEFAULT_ADDR = f"localhost:{DEFAULT_PORT}"
+PROTOCOL = 2  # NCCL_RAS_CLIENT_PROTOCOL
+MAX_REPLY_BYTES = 32 * 2**20  # a status of a large job is kilobytes; never grow without bound
+
+
+class RasError(Exception):
+    """The RAS exchange failed; the message says where and what to do."""
+
+
+class RasUnavailable(RasError):
+    """Nothing answers at the address (no NCCL >= 2.24 job there, RAS disabled, wrong NCCL_RAS_ADDR)."""
+
+
+class RasTimeout(RasError):
+    """The service accepted the connection but did not finish within the deadline."""
+
+    def __init__(self, message: str, partial: str = "") -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+@dataclass(frozen=True)
+class RasReply:
+    """What the service said: the status body as text, in which format, and the protocol it spoke."""
+
+    addr: str
+    body: str
+    format: str  # "json" or "text"
+    server_protocol: int | None
+    elapsed_s: float
+
+
+def ras_addr_from_env(environ: dict[str, str] | None = None) -> str:
+    """``NCCL_RAS_ADDR`` as NCCL reads it (``host:port``), else ``localhost:28028``."""
+    env = os.environ if environ is None else environ
+    return env.get("NCCL_RAS_ADDR", "").strip() or DEFAULT_ADDR
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or a bare ``host`` (default port) -> (host, port); ValueError if bad."""
+    text = addr.strip()
+    if not text:
+        raise ValueError("empty address")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise ValueError(f"no host in {addr!r}")
+    if not port_text:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad port {port_text!r} in {addr!r}")
+    return host, int(port_text)
+
+
+class _Conn:
+    """A socket whose every operation is bounded by one shared deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float, addr: str) -> None:
+        self.sock, self.deadline, self.addr = sock, deadline, addr
+        self.buf = b""
+
+    def _left(self, doing: str) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RasTimeout(f"NCCL RAS at {self.addr} did not answer in time ({doing})",
+                             self.buf.decode(errors="replace"))
+        self.sock.settimeout(left)
+        return left
+
+    def send_line(self, line: str) -> None:
+        data = (line + "\n").encode()
+        while data:
+            self._left(f"sending {line!r}")
+            try:
+                sent = self.sock.send(data)
+            except TimeoutError:
+                raise RasTimeout(f"NCCL RAS at {self.addr} did not take {line!r} in time") from None
+            data = data[sent:]
+
+    def _recv(self, doing: str) -> bytes:
+        self._left(doing)
+        try:
+            return self.sock.recv(65536)
+        except TimeoutError:
+            raise RasTimeout(f"NCCL RAS at {self.addr} did not answer in time ({doing})",
+                             self.buf.decode(errors="replace")) from None
+        except OSError as exc:  # ECONNRESET: the serving process died mid-reply
+            raise RasError(f"NCCL RAS at {self.addr} dropped the connection ({exc.strerror or exc}) while "
+                           f"{doing}") from None
+
+    def read_line(self, doing: str) -> str:
+        while b"\n" not in self.buf:
+            chunk = self._recv(doing)
+            if not chunk:
+                raise RasError(f"NCCL RAS at {self.addr} closed the connection while {doing}")
+            self.buf += chunk
+            if len(self.buf) > 65536:
+                raise RasError(f"NCCL RAS at {self.addr} sent a line over 64 KiB while {doing}: not a RAS service?")
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode(errors="replace").rstrip("\r")
+
+    def read_to_eof(self, doing: str) -> str:
+        while True:
+            chunk = self._recv(doing)
+            if not chunk:
+                break
+            self.buf += chunk
+            if len(self.buf) > MAX_REPLY_BYTES:
+                raise RasError(f"NCCL RAS at {self.addr} sent over {MAX_REPLY_BYTES} bytes; stopped reading")
+        body, self.buf = self.buf, b""
+        return body.decode(errors="replace")
+
+
+def query(addr: str, *, deadline_s: float = 5.0, fmt: str = "json", verbose: bool = False,
+          ras_timeout_s: int | None = None) -> RasReply:
+    """One ``STATUS`` exchange with the RAS service at ``addr``; raises :class:`RasError` subclasses.
+
+    ``fmt="json"`` asks for JSON and falls back to text on NCCL < 2.28.7. ``ras_timeout_s`` is sent as
+    ``TIMEOUT n`` (how long NCCL waits for its peers); by default one second less than our deadline, so
+    NCCL reports its missing peers before we give up on it.
+    """
+    host, port = parse_addr(addr)
+    start = time.monotonic()
+    deadline = start + deadline_s
+    try:
+        sock = socket.create_connection((host, port), timeout=max(deadline_s, 0.001))
+    except TimeoutError:
+        raise RasTimeout(f"connecting to NCCL RAS at {addr} timed out after {deadline_s:g} s") from None
+    except OSError as exc:
+        raise RasUnavailable(
+            f"no NCCL RAS service at {addr} ({exc.strerror or exc}): is an NCCL >= 2.24 job running on this "
+            "host with RAS enabled (NCCL_RAS_ENABLE, default on), and does --addr match its NCCL_RAS_ADDR?"
+        ) from None
+    with sock:
+        conn = _Conn(sock, deadline, addr)
+        conn.send_line(f"CLIENT PROTOCOL {PROTOCOL}")
+        hello = conn.read_line("waiting for its protocol handshake")
+        if not hello.upper().startswith("SERVER PROTOCOL "):
+            raise RasError(f"{addr} is not an NCCL RAS service: it answered {hello[:80]!r} to the handshake")
+        words = hello.split()
+        server_protocol = int(words[2]) if len(words) > 2 and words[2].isdigit() else None
+        timeout = ras_timeout_s if ras_timeout_s is not None else max(1, int(deadline_s) - 1)
+        conn.send_line(f"TIMEOUT {timeout}")
+        answer = conn.read_line("setting its timeout")
+        if answer.upper() != "OK":
+            raise RasError(f"NCCL RAS at {addr} refused 'TIMEOUT {timeout}': {answer[:120]}")
+        got = "text"
+        if fmt == "json":
+            conn.send_line("SET FORMAT json")
+            answer = conn.read_line("setting the JSON format")
+            # NCCL < 2.28.7 answers "ERROR: Unknown command SET FORMAT json" and keeps the connection.
+            got = "json" if answer.upper() == "OK" else "text"
+        conn.send_line("VERBOSE STATUS" if verbose else "STATUS")
+        body = conn.read_to_eof("sending its status")
+    return RasReply(addr=addr, body=body, format=got, server_protocol=server_protocol,
+                    elapsed_s=time.monotonic() - start)

@@ -1,0 +1,227 @@
+"""NCCL RAS status outputs (JSON from NCCL 2.28.7, text before and by default) as one :class:`RasStatus`.
+
+Both formats are NCCL's own (``src/ras/client_support.cc``): the JSON is a dump of every communicator's
+ranks (``collective_counts`` per operation, ``status``) and ``missing_ranks`` (``unresponsive``,
+``considered_dead``); the text is a human summary whose ``Errors`` section lists ``INCOMPLETE`` and
+``DEAD`` processes and per-communicator missing ranks, and whose ``Warnings`` section lists
+``MISMATCH``-ed operation counts. The text parser reads only those lines; anything else is kept verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpdoctor.errors import DoctorError
+
+
+@dataclass
+class RasRank:
+    """A rank that answered for its communicator."""
+
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    cuda_dev: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # operation -> operations launched
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RasMissingRank:
+    """A rank RAS could not get data from: unresponsive (still trying) or considered dead (gave up)."""
+
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    cuda_dev: int | None = None
+    unresponsive: bool = True
+    dead: bool = False
+
+
+@dataclass
+class RasCommunicator:
+    """One NCCL communicator as RAS saw it (``label`` is the text output's ``#group-index``)."""
+
+    hash: str
+    size: int | None = None
+    label: str = ""
+    ranks: list[RasRank] = field(default_factory=list)
+    missing: list[RasMissingRank] = field(default_factory=list)
+    # Text output only: operation -> {operations launched: comm ranks listed with that count}.
+    count_groups: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RasProcess:
+    """A job process named in the text output's ``INCOMPLETE``/``DEAD`` sections."""
+
+    pid: int
+    host: str
+    gpus: str
+
+
+@dataclass
+class RasStatus:
+    """Everything the verdict needs, whichever format it came from."""
+
+    format: str
+    nccl_version: str | None = None
+    communicators: list[RasCommunicator] = field(default_factory=list)
+    dead_processes: list[RasProcess] = field(default_factory=list)
+    unresponsive_processes: list[RasProcess] = field(default_factory=list)
+    dead_count: int = 0
+    unresponsive_count: int = 0
+    timeouts: int = 0
+
+
+def parse_reply(body: str, fmt: str) -> RasStatus:
+    """The status body in the format the service said it used."""
+    return parse_json(body) if fmt == "json" else parse_text(body)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def parse_json(body: str) -> RasStatus:
+    """``SET FORMAT json`` output (NCCL >= 2.28.7); DoctorError when it is not that document."""
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise DoctorError(f"NCCL RAS sent JSON that does not parse ({exc.msg} at line {exc.lineno}); "
+                          "retry, or query the text format") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("communicators", []), list):
+        raise DoctorError("NCCL RAS sent JSON without a 'communicators' list; not a RAS status document")
+    status = RasStatus(format="json", nccl_version=doc.get("nccl_version"))
+    ras = _obj(doc.get("ras"))
+    status.timeouts = _int(ras.get("timeouts_count")) or 0
+    for comm in doc.get("communicators", []):
+        if not isinstance(comm, dict):
+            continue
+        c = RasCommunicator(hash=str(comm.get("hash", "?")), size=_int(comm.get("size")))
+        for r in comm.get("ranks") or []:
+            if isinstance(r, dict) and _int(r.get("rank")) is not None:
+                counts = _obj(r.get("collective_counts"))
+                c.ranks.append(RasRank(
+                    rank=int(r["rank"]), host=r.get("host"), pid=_int(r.get("pid")), cuda_dev=_int(r.get("cuda_dev")),
+                    counts={str(k): int(v) for k, v in counts.items() if _int(v) is not None},
+                    status=_obj(r.get("status"))))
+        for m in comm.get("missing_ranks") or []:
+            if isinstance(m, dict) and _int(m.get("rank")) is not None:
+                st = _obj(m.get("status"))
+                c.missing.append(RasMissingRank(
+                    rank=int(m["rank"]), host=m.get("host"), pid=_int(m.get("pid")), cuda_dev=_int(m.get("cuda_dev")),
+                    unresponsive=bool(st.get("unresponsive", True)), dead=bool(st.get("considered_dead", False))))
+        status.communicators.append(c)
+    status.dead_count = len({(m.host, m.pid) for c in status.communicators for m in c.missing if m.dead})
+    status.unresponsive_count = len({(m.host, m.pid) for c in status.communicators for m in c.missing
+                                     if m.unresponsive and not m.dead})
+    return status
+
+
+_VERSION = re.compile(r"^NCCL version (\S+)")
+_PROCESS = re.compile(r"^\s+Process (\d+) on node (\S+) managing GPUs? (.+?)\s*$")
+_COMM_HEAD = re.compile(r"^#(\d+-\d+) \(([0-9a-fA-F]+)\) ([A-Z,]+)\s*$")
+_RANK_LINE = re.compile(r"^\s+Rank (\d+)(?: has launched up to operation (\d+)| has not launched any operations)?"
+                        r"(?: has status \S+)?(?: -- GPU (\S+) managed by process (\d+) on node (\S+))?")
+_MISSING_LIST = re.compile(r"^\s+The missing ranks?: (.+)$")
+_GROUP = re.compile(r"^\s+(\d+) ranks have (?:launched up to operation (\d+)|not launched any operations)")
+_OPS = re.compile(r"^\s+Communicator ranks have different (?:(\S+) )?(?:collective )?operation counts")
+_COUNT = re.compile(r"^\s+(\d+) job process(?:es)? (?:is|are) considered dead")
+_MISSING_COUNT = re.compile(r"^\s+Missing communicator data from (\d+) job process")
+_TIMEOUTS = re.compile(r"^\s+Encountered (\d+) communication timeouts?")
+
+
+def _rank_list(text: str) -> list[int]:
+    """'21' or '3, 5-7' (NCCL 2.24's "The missing ranks:" list) -> [3, 5, 6, 7]."""
+    out: list[int] = []
+    for part in re.split(r"[,\s]+", text.strip()):
+        if re.fullmatch(r"\d+-\d+", part):
+            a, b = (int(x) for x in part.split("-"))
+            out.extend(range(a, b + 1))
+        elif part.isdigit():
+            out.append(int(part))
+    return out
+
+
+def parse_text(body: str) -> RasStatus:
+    """The default text output (every NCCL >= 2.24): what the Errors and Warnings sections say."""
+    status = RasStatus(format="text")
+    comms: dict[str, RasCommunicator] = {}
+    section = block = ""
+    comm: RasCommunicator | None = None
+    op = ""
+    group_value: int | None = None
+    for raw in body.splitlines():
+        line = raw.rstrip()
+        if m := _VERSION.match(line):
+            status.nccl_version = m.group(1)
+            continue
+        if line in ("Errors", "Warnings") or line.startswith(("Job summary", "Communicators")):
+            section, block, comm = line.split()[0], "", None
+            continue
+        if not line or set(line) == {"="}:
+            continue
+        if not line.startswith(" "):
+            block, comm, op, group_value = line, None, "", None
+            if m := _COMM_HEAD.match(line):
+                label, hsh, kinds = m.groups()
+                comm = comms.setdefault(label, RasCommunicator(hash=f"0x{hsh.lower().lstrip('0') or '0'}", label=f"#{label}"))
+                comm.errors.extend(k for k in kinds.split(",") if k not in comm.errors)
+                block = "COMM"
+            continue
+        if section not in ("Errors", "Warnings"):
+            continue
+        if block in ("DEAD", "INCOMPLETE"):
+            if m := _PROCESS.match(line):
+                proc = RasProcess(pid=int(m.group(1)), host=m.group(2), gpus=m.group(3))
+                (status.dead_processes if block == "DEAD" else status.unresponsive_processes).append(proc)
+            elif m := _COUNT.match(line):
+                status.dead_count = int(m.group(1))
+            elif m := _MISSING_COUNT.match(line):
+                status.unresponsive_count = int(m.group(1))
+        elif block == "TIMEOUT":
+            if m := _TIMEOUTS.match(line):
+                status.timeouts = int(m.group(1))
+        elif block == "COMM" and comm is not None:
+            if m := _OPS.match(line):
+                op, group_value = m.group(1) or "collective", None
+            elif m := _GROUP.match(line):
+                group_value = int(m.group(2) or 0)
+                comm.count_groups.setdefault(op or "collective", {}).setdefault(group_value, [])
+            elif m := _MISSING_LIST.match(line):
+                comm.missing.extend(RasMissingRank(rank=r) for r in _rank_list(m.group(1)))
+            elif m := _RANK_LINE.match(line):
+                rank = int(m.group(1))
+                host, pid = m.group(5), (int(m.group(4)) if m.group(4) else None)
+                if op:
+                    value = (int(m.group(2)) if m.group(2) else 0) if ("launched" in line) else group_value
+                    if value is not None:
+                        comm.count_groups.setdefault(op, {}).setdefault(value, []).append(rank)
+                    comm.ranks.append(RasRank(rank=rank, host=host, pid=pid))
+                elif "INCOMPLETE" in comm.errors and section == "Errors":
+                    comm.missing.append(RasMissingRank(rank=rank, host=host, pid=pid))
+    dead = {(p.host, p.pid) for p in status.dead_processes}
+    # NCCL 2.24 lists a missing rank without its process ("The missing rank: 21"); when every process RAS
+    # misses is dead (none merely INCOMPLETE), that rank is a dead process's.
+    only_dead = bool(status.dead_processes or status.dead_count) and not (
+        status.unresponsive_processes or status.unresponsive_count)
+    for c in comms.values():
+        for mr in c.missing:
+            mr.dead = (mr.host, mr.pid) in dead if mr.pid is not None else only_dead
+            mr.unresponsive = not mr.dead
+    status.communicators = list(comms.values())
+    status.dead_count = max(status.dead_count, len(status.dead_processes))
+    status.unresponsive_count = max(status.unresponsive_count, len(status.unresponsive_processes))
+    return status
