@@ -22,6 +22,38 @@ class MLP(nn.Module):
         return self.fc2(torch.relu(self.bn(self.fc1(x))))
 
 
+class Block(nn.Module):
+    """One layer of a small transformer-like stack: what FSDP and activation checkpointing wrap one by one."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.attn = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.attn(x))
+
+
+class Stack(nn.Module):
+    """``layers.N`` blocks and a head: keys like ``layers.1.attn.weight``, as in real LLM checkpoints."""
+
+    def __init__(self, depth: int = 3, width: int = 8, classes: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(width) for _ in range(depth)])
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def make_stack() -> nn.Module:
+    """The layered model the FSDP / activation-checkpointing / sharded examples were saved from."""
+    torch.manual_seed(0)
+    return Stack()
+
+
 def make_mlp() -> nn.Module:
     """The model the test checkpoints were saved from."""
     torch.manual_seed(0)

@@ -22,7 +22,14 @@ from ddpdoctor.ckpt.model import (
     InspectReport,
     StateDictLoc,
 )
-from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, PREFIX_ORIGIN, plan_renames, strip_one, stripped_name
+from ddpdoctor.ckpt.prefixes import (
+    KNOWN_PREFIXES,
+    PREFIX_ORIGIN,
+    plan_renames,
+    strip_one,
+    stripped_name,
+    wrapper_segments,
+)
 from ddpdoctor.ckpt.unpickler import Reduced
 from ddpdoctor.findings import FAIL, PASS, WARN, Finding
 
@@ -110,12 +117,28 @@ def _state_dict_report(loc: StateDictLoc) -> dict[str, Any]:
             storages[m.storage] = max(storages.get(m.storage, 0), m.storage_bytes)
     counts: dict[str, int] = {}
     examples: dict[str, list[str]] = {}
+    # Every wrapper segment, wherever it sits: which, on how many keys, at which positions.
+    seg_keys: dict[str, int] = {}
+    seg_pos: dict[str, set[int]] = {}
+    seg_examples: dict[str, list[str]] = {}
+    seg_inner: dict[str, set[int]] = {}
     for key in keys:
-        _, removed = strip_one(key, KNOWN_PREFIXES)
+        if not isinstance(key, str):
+            continue
+        _, removed = strip_one(key, KNOWN_PREFIXES, anywhere=False)
         if removed:
             combo = "".join(removed)
             counts[combo] = counts.get(combo, 0) + 1
             examples.setdefault(combo, []).append(key)
+        segs = wrapper_segments(key)
+        for seg in dict.fromkeys(s for s, _, _ in segs):
+            seg_keys[seg] = seg_keys.get(seg, 0) + 1
+            if len(seg_examples.setdefault(seg, [])) < 3:
+                seg_examples[seg].append(key)
+        for seg, pos, leading in segs:
+            seg_pos.setdefault(seg, set()).add(pos)
+            if not leading:
+                seg_inner.setdefault(seg, set()).add(pos)
     return {
         "location": loc.name,
         "path": list(loc.path),
@@ -125,6 +148,8 @@ def _state_dict_report(loc: StateDictLoc) -> dict[str, Any]:
         "prefixes": [{"prefix": p, "keys": n, "examples": examples[p][:3]} for p, n in counts.items()],
         "unprefixed_keys": len(keys) - sum(counts.values()),
         "example_keys": keys[:3],
+        "wrappers": [{"segment": seg, "origin": PREFIX_ORIGIN[seg], "keys": n, "positions": sorted(seg_pos[seg]),
+                      "inner_positions": sorted(seg_inner.get(seg, ())), "examples": seg_examples[seg]} for seg, n in seg_keys.items()],
     }
 
 
@@ -165,7 +190,18 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
                     f"{origin}-wrapped model); load_state_dict on the plain model fails with Missing/Unexpected "
                     "key(s)",
                     f"{fix}   (or in Python: ddpdoctor.load_checkpoint_into(model, {str(ckpt.path)!r}))")
-        if not rep["prefixes"]:
+        for wrap in rep["wrappers"]:
+            if not wrap["inner_positions"]:
+                continue  # only where the key starts: said above
+            where = ", ".join(str(p) for p in wrap["inner_positions"])
+            example = next((k for k in wrap["examples"] if any(
+                s == wrap["segment"] and not lead for s, _, lead in wrapper_segments(k))), wrap["examples"][0])
+            finding(WARN,
+                    f"{wrap['keys']} of {rep['keys']} keys of {rep['location']} carry {wrap['segment']!r} inside "
+                    f"the key (segment {where}, e.g. {example}), added by {wrap['origin']} around inner layers; "
+                    "load_state_dict on the plain model fails with Missing/Unexpected key(s)",
+                    f"{fix}   (removes it at any depth)")
+        if not rep["prefixes"] and not rep["wrappers"]:
             finding(PASS, f"{rep['location']}: {rep['keys']} keys, no wrapper prefixes")
     if not locs and isinstance(ckpt.root, Reduced) and top is None:
         finding(WARN, f"the file pickles a whole object ({ckpt.root.func_name or '?'}), not a state_dict",
@@ -190,6 +226,11 @@ def render_inspect(rep: InspectReport) -> str:
     for sd in rep.state_dicts:
         pre = "; ".join(f"{p['prefix']!r} on {p['keys']}/{sd['keys']} keys (e.g. {p['examples'][0]})"
                         for p in sd["prefixes"]) or "no wrapper prefix"
+        inner = [w for w in sd.get("wrappers", []) if w["inner_positions"]]
+        if inner:
+            pre += "; inside keys: " + ", ".join(
+                f"{w['segment']!r} on {w['keys']} (segment {', '.join(str(p) for p in w['inner_positions'])})"
+                for w in inner)
         lines.append(f"state_dict  {sd['location']}: {sd['keys']} keys, {_human(sd['tensor_bytes'])}; {pre}")
     if rep.other_entries:
         lines.append("other entries:")

@@ -2,7 +2,14 @@
 
 ``DistributedDataParallel`` keeps the model as ``self.module`` and ``torch.compile`` as
 ``OptimizedModule._orig_mod``, so ``wrapper.state_dict()`` prefixes every key with ``module.`` and/or
-``_orig_mod.``, in either order. Renaming follows
+``_orig_mod.``, in either order. Wrappers applied to inner layers put their attribute in the middle of a
+key: FSDP (``FullyShardedDataParallel._fsdp_wrapped_module``, torch/distributed/fsdp/_common_utils.py
+``FSDP_WRAPPED_MODULE``; ``_fpw_module`` of the FlattenParamsWrapper in fairscale and torch <= 1.12),
+activation checkpointing (``CheckpointWrapper._checkpoint_wrapped_module``,
+torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py) and ``torch.compile`` of a submodule
+(``layers.3._orig_mod.attn.weight``). Those four underscore names are removed wherever they appear as a
+whole segment; ``module.`` and any other prefix only where it starts the key, because ``module`` is also a
+common attribute name (EMA wrappers, ``self.module = ...``) that a model may really have. Renaming follows
 ``torch.nn.modules.utils.consume_prefix_in_state_dict_if_present`` (torch/nn/modules/utils.py), keys and
 ``_metadata`` module paths alike, but refuses to merge two keys into one, and works on shadow nodes as on
 real dicts so ``strip`` never has to load the tensors.
@@ -20,9 +27,15 @@ from ddpdoctor.ckpt.model import DuplicateKeyError
 from ddpdoctor.ckpt.unpickler import Reduced
 from ddpdoctor.errors import DoctorError
 
-# DistributedDataParallel.module and torch.compile's OptimizedModule._orig_mod.
-KNOWN_PREFIXES = ("module.", "_orig_mod.")
-PREFIX_ORIGIN = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile"}
+# DistributedDataParallel.module, torch.compile's OptimizedModule._orig_mod, FSDP's _fsdp_wrapped_module (and
+# the legacy FlattenParamsWrapper's _fpw_module), activation checkpointing's _checkpoint_wrapped_module.
+KNOWN_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_fpw_module.", "_checkpoint_wrapped_module.")
+# The wrapper attributes no model names itself: removed at any depth of a key, not only at its start.
+ANYWHERE = frozenset({"_orig_mod.", "_fsdp_wrapped_module.", "_fpw_module.", "_checkpoint_wrapped_module."})
+PREFIX_ORIGIN = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile",
+                 "_fsdp_wrapped_module.": "FullyShardedDataParallel",
+                 "_fpw_module.": "FSDP FlattenParamsWrapper (fairscale, torch <= 1.12)",
+                 "_checkpoint_wrapped_module.": "activation checkpointing (checkpoint_wrapper)"}
 
 
 def normalize_prefixes(prefixes: Iterable[str] | None) -> tuple[str, ...]:
@@ -36,8 +49,14 @@ def normalize_prefixes(prefixes: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def strip_one(key: str, prefixes: tuple[str, ...]) -> tuple[str, list[str]]:
-    """Remove the prefixes from the start of ``key`` as often as they appear, in any order."""
+def strip_one(key: str, prefixes: tuple[str, ...], *, keep_last: bool = True,
+              anywhere: bool = True) -> tuple[str, list[str]]:
+    """Remove the prefixes from the start of ``key`` as often as they appear, in any order, then the
+    :data:`ANYWHERE` wrapper segments among ``prefixes`` at any depth.
+
+    ``keep_last``: the last segment is the parameter's own name and is never removed (a key is never
+    emptied); module paths (``_metadata`` keys) have no such segment.
+    """
     removed: list[str] = []
     changed = True
     while changed:
@@ -47,7 +66,37 @@ def strip_one(key: str, prefixes: tuple[str, ...]) -> tuple[str, list[str]]:
                 key = key[len(p):]
                 removed.append(p)
                 changed = True
+    inner = [p for p in prefixes if p in ANYWHERE] if anywhere else []
+    if inner and any(f".{p}" in f".{key}." for p in inner):
+        parts = key.split(".")
+        kept = []
+        for i, part in enumerate(parts):
+            seg = part + "."
+            if seg in inner and not (keep_last and i == len(parts) - 1):
+                removed.append(seg)
+            else:
+                kept.append(part)
+        key = ".".join(kept)
     return key, removed
+
+
+def wrapper_segments(key: str) -> list[tuple[str, int, bool]]:
+    """Every known wrapper segment in ``key``: (segment, position (0 = first), in the leading run or not).
+
+    ``module.`` counts only in the run of wrapper segments that starts the key (where DDP puts it).
+    """
+    parts = key.split(".")[:-1]
+    found = []
+    leading = True
+    for i, part in enumerate(parts):
+        seg = part + "."
+        if leading and seg in KNOWN_PREFIXES:
+            found.append((seg, i, True))
+            continue
+        leading = False
+        if seg in ANYWHERE:
+            found.append((seg, i, False))
+    return found
 
 
 def plan_renames(keys: Iterable[str], prefixes: Iterable[str] | None = None, *, where: str = "the state_dict",
@@ -79,7 +128,8 @@ def plan_renames(keys: Iterable[str], prefixes: Iterable[str] | None = None, *, 
 def _rename_metadata_key(key: str, prefixes: tuple[str, ...], add: str) -> str:
     """Module paths in ``_metadata`` have no trailing dot: ``module`` -> '', ``module.fc`` -> ``fc``.
 
-    Same rule as ``consume_prefix_in_state_dict_if_present`` (torch/nn/modules/utils.py).
+    Same rule as ``consume_prefix_in_state_dict_if_present`` (torch/nn/modules/utils.py); inner wrapper
+    segments go as in the keys (``layers.0._fsdp_wrapped_module`` -> ``layers.0``).
     """
     changed = True
     while changed and key:
@@ -89,6 +139,8 @@ def _rename_metadata_key(key: str, prefixes: tuple[str, ...], add: str) -> str:
                 key, changed = "", True
             elif key.startswith(p):
                 key, changed = key[len(p):], True
+    if key:
+        key = strip_one(key, prefixes, keep_last=False)[0]
     if add:
         key = add[:-1] if not key else add + key
     return key
@@ -135,8 +187,9 @@ def rename_node(node: Any, renames: dict[str, str], prefixes: tuple[str, ...], a
 def strip_prefix(state_dict: Mapping[str, Any], prefixes: Iterable[str] | None = None) -> OrderedDict[str, Any]:
     """A copy of ``state_dict`` with wrapper prefixes removed from the keys (and from ``_metadata``).
 
-    ``prefixes`` defaults to ``module.`` (DDP/DataParallel) and ``_orig_mod.`` (torch.compile), removed
-    wherever they start a key, in any order and combination. Tensors are not copied. Raises
+    ``prefixes`` defaults to every wrapper in :data:`KNOWN_PREFIXES`, removed wherever they start a key, in
+    any order and combination; the FSDP, activation-checkpointing and ``torch.compile`` segments also in
+    the middle of a key. Tensors are not copied. Raises
     :class:`DuplicateKeyError` (a ``ValueError``) if two keys would collide.
     """
     plist = normalize_prefixes(prefixes)
@@ -147,7 +200,6 @@ def strip_prefix(state_dict: Mapping[str, Any], prefixes: Iterable[str] | None =
         new_meta = OrderedDict(_renamed_pairs(list(meta.items()), lambda k: _rename_metadata_key(k, plist, "")))
         out._metadata = new_meta  # type: ignore[attr-defined]
     return out
-
 
 
 def used_prefixes(keys: Iterable[str]) -> list[str]:

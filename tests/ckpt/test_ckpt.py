@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
-import sys
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -18,42 +16,10 @@ from ddpdoctor.ckpt import build_model_for_shapes, strip_file
 from ddpdoctor.ckpt.prefixes import plan_renames
 from ddpdoctor.errors import DoctorError
 from examples.ckpt_models import MLP, make_mlp
-from tests.support import REPO, clean_env, load_checking_offsets, run_cli
+from tests.ckpt.conftest import sha as _sha
+from tests.support import REPO, load_checking_offsets, run_cli
 
 MODEL = "examples.ckpt_models:make_mlp"
-
-
-@pytest.fixture(scope="session")
-def ex(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example checkpoints, saved once from real wrappers (a one-process gloo group)."""
-    out = tmp_path_factory.mktemp("ckpts")
-    subprocess.run([sys.executable, "-m", "examples.ckpt_make", str(out)], cwd=REPO, env=clean_env(),
-                   check=True, timeout=300, capture_output=True)
-    return out
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(name="cli")
-def cli_fixture(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Run ``ddpdoctor ARGS`` in-process through ``cli.main`` (the console entry point).
-
-    Same code path as the installed command, without paying torch's import per call; the tests marked
-    "subprocess" below run the real ``python -m ddpdoctor``.
-    """
-    from ddpdoctor.cli import main
-
-    monkeypatch.chdir(REPO)
-
-    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()
-        code = main(args)
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out, err)
-
-    return run
 
 
 def _cli(args: list[str]) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,48 @@
+"""Fixtures shared by the ckpt tests: the example checkpoints, saved once from real wrappers, and the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import REPO, clean_env
+
+
+@pytest.fixture(scope="session")
+def ex(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example checkpoints, saved once from real wrappers (a one-process gloo group)."""
+    out = tmp_path_factory.mktemp("ckpts")
+    subprocess.run([sys.executable, "-m", "examples.ckpt_make", str(out)], cwd=REPO, env=clean_env(),
+                   check=True, timeout=300, capture_output=True)
+    return out
+
+
+@pytest.fixture(name="cli")
+def cli_fixture(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Run ``ddpdoctor ARGS`` in-process through ``cli.main`` (the console entry point).
+
+    Same code path as the installed command, without paying torch's import per call; the tests marked
+    "subprocess" below run the real ``python -m ddpdoctor``.
+    """
+    from ddpdoctor.cli import main
+
+    monkeypatch.chdir(REPO)
+
+    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main(args)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
+
+
+
+def sha(path: Path) -> str:
+    """The file's SHA-256: inputs are compared before and after to prove they were never written."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
