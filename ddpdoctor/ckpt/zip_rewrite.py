@@ -18,6 +18,7 @@ read by this process), and a zip64 end record as torch writes it. In a file torc
 from __future__ import annotations
 
 import functools
+import io
 import itertools
 import math
 import os
@@ -26,7 +27,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ddpdoctor.ckpt.filecopy import copy_range
 from ddpdoctor.errors import DoctorError
@@ -99,42 +100,85 @@ class TorchZip:
         return data
 
 
-def open_zip(path: Path) -> TorchZip:
-    """Parse the central directory; DoctorError for a damaged zip or a zip that is not a torch checkpoint."""
+class _Window(io.RawIOBase):
+    """``length`` bytes at ``offset`` of a file, seen as a whole file (a zip embedded in a DCP ``.distcp``)."""
+
+    def __init__(self, fh: BinaryIO, offset: int, length: int) -> None:
+        self._fh, self._offset, self._length, self._pos = fh, offset, length, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._length}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(0, self._length - self._pos)
+        n = left if n is None or n < 0 else min(n, left)
+        self._fh.seek(self._offset + self._pos)
+        data = self._fh.read(n)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+
+def open_zip(path: Path, offset: int = 0, length: int | None = None) -> TorchZip:
+    """Parse the central directory; DoctorError for a damaged zip or a zip that is not a torch checkpoint.
+
+    ``offset``/``length``: a zip stored inside a larger file (each tensor of a ``torch.distributed.checkpoint``
+    ``.distcp`` file is one ``torch.save`` archive); record offsets are then offsets in ``path``.
+    """
+    file_size = path.stat().st_size
+    where = str(path) if length is None else f"{path} (bytes {offset}-{offset + length})"
+    if length is None:
+        length = file_size - offset
+    if offset + length > file_size:
+        raise DoctorError(f"{where} is truncated: the file has only {file_size} bytes")
     try:
-        with zipfile.ZipFile(path) as zf:
+        with path.open("rb") as raw, zipfile.ZipFile(_Window(raw, offset, length)) as zf:
             infos = zf.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, struct.error,
             NotImplementedError, KeyError, IndexError) as exc:
-        raise DoctorError(f"{path} is a damaged zip (truncated or corrupt: {exc}); "
+        raise DoctorError(f"{where} is a damaged zip (truncated or corrupt: {exc}); "
                           "use another copy of the checkpoint") from None
     names = [i.filename for i in infos]
     if any(n.endswith("/constants.pkl") for n in names):
-        raise DoctorError(f"{path} is a TorchScript archive (torch.jit.save), not a state_dict checkpoint; "
+        raise DoctorError(f"{where} is a TorchScript archive (torch.jit.save), not a state_dict checkpoint; "
                           "load it with torch.jit.load")
     pkl = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
     if not pkl:
-        raise DoctorError(f"{path} is a zip file but not a PyTorch checkpoint (no <name>/data.pkl record)")
+        raise DoctorError(f"{where} is a zip file but not a PyTorch checkpoint (no <name>/data.pkl record)")
     prefix = pkl[0].split("/", 1)[0]
-    file_size = path.stat().st_size
     records = []
     with path.open("rb") as fh:
         for info in sorted(infos, key=lambda i: i.header_offset):
             if info.compress_type != zipfile.ZIP_STORED:
-                raise DoctorError(f"{path}: record {info.filename} is compressed; torch checkpoints are "
+                raise DoctorError(f"{where}: record {info.filename} is compressed; torch checkpoints are "
                                   "stored uncompressed (was the file re-zipped?) — re-save it with torch.save")
-            if not 0 <= info.header_offset < file_size:
-                raise DoctorError(f"{path} is corrupt: record {info.filename} starts outside the file")
-            fh.seek(info.header_offset)
+            if not 0 <= info.header_offset < length:
+                raise DoctorError(f"{where} is corrupt: record {info.filename} starts outside the file")
+            fh.seek(offset + info.header_offset)
             head = fh.read(_LOCAL.size)
             if len(head) != _LOCAL.size or head[:4] != b"PK\x03\x04":
-                raise DoctorError(f"{path} is corrupt: bad local header for {info.filename}")
+                raise DoctorError(f"{where} is corrupt: bad local header for {info.filename}")
             fields = _LOCAL.unpack(head)
             data_offset = info.header_offset + _LOCAL.size + fields[9] + fields[10]
-            if data_offset + info.file_size > file_size:
-                raise DoctorError(f"{path} is truncated: record {info.filename} ends past the end of the file")
-            records.append(Record(info.filename, info.header_offset, data_offset, info.file_size, info.CRC,
-                                  fields[2]))
+            if data_offset + info.file_size > length:
+                raise DoctorError(f"{where} is truncated: record {info.filename} ends past the end of the file")
+            records.append(Record(info.filename, offset + info.header_offset, offset + data_offset,
+                                  info.file_size, info.CRC, fields[2]))
     return TorchZip(path, prefix, records)
 
 
@@ -330,3 +374,75 @@ def _write_central_directory(out: BinaryIO, central: list[bytes], cd_offset: int
     cd = b"".join(central)
     out.write(cd)
     out.write(_end_records(len(central), cd_offset, len(cd)))
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes for a new archive's record: in memory (``data``), or ``size`` bytes at ``offset`` in ``path``.
+
+    ``crc`` is the CRC-32 of a file range when its source already recorded it (then no byte of it is read
+    here); None makes :func:`write_archive` compute it while copying.
+    """
+
+    data: bytes | None = None
+    path: Path | None = None
+    offset: int = 0
+    size: int = 0
+    crc: int | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.data) if self.data is not None else self.size
+
+
+def _crc_of_range(path: Path, offset: int, size: int) -> int:
+    crc = 0
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        left = size
+        while left:
+            chunk = fh.read(min(left, 8 << 20))
+            if not chunk:
+                raise DoctorError(f"{path} ended early: it is truncated")
+            crc = zlib.crc32(chunk, crc)
+            left -= len(chunk)
+    return crc
+
+
+def write_archive(out: BinaryIO, prefix: str, records: list[tuple[str, Piece]],
+                  align: int = _DEFAULT_ALIGN) -> None:
+    """Write a new torch zip (``prefix/name`` records in the given order) as ``torch.save`` lays it out.
+
+    Every payload starts on an ``align`` boundary, each non-empty one is followed by a data descriptor,
+    and the end is a zip64 end record, so the file loads with ``torch.load(weights_only=True)`` and
+    ``mmap=True``. File ranges are copied by the kernel.
+    """
+    central: list[bytes] = []
+    cursor = 0
+    handles: dict[Path, BinaryIO] = {}
+    try:
+        for short, piece in records:
+            name = f"{prefix}/{short}".encode()
+            size = piece.length
+            if piece.data is not None:
+                crc = zlib.crc32(piece.data)
+            else:
+                assert piece.path is not None
+                crc = piece.crc if piece.crc is not None else _crc_of_range(piece.path, piece.offset, size)
+            header = _local_header(name, size, cursor, None, align)
+            out.write(header)
+            if piece.data is not None:
+                out.write(piece.data)
+            else:
+                assert piece.path is not None
+                if piece.path not in handles:
+                    handles[piece.path] = piece.path.open("rb")
+                copy_range(handles[piece.path], out, piece.offset, size)
+            descriptor = _descriptor(crc, size, cursor)
+            out.write(descriptor)
+            central.append(_central_entry(name, crc, size, cursor))
+            cursor += len(header) + size + len(descriptor)
+        _write_central_directory(out, central, cursor)
+    finally:
+        for fh in handles.values():
+            fh.close()

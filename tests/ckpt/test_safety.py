@@ -19,7 +19,6 @@ import torch
 
 from ddpdoctor.fileio import PARTIAL_SUFFIX
 from examples.ckpt_models import make_mlp
-from tests.ckpt.test_ckpt import cli_fixture  # noqa: F401 - provides the in-process `cli` fixture
 from tests.support import REPO, clean_env, run_cli
 
 

@@ -100,7 +100,7 @@ def test_module_inside_a_key_is_kept_unless_it_starts_the_key() -> None:
 def test_collision_between_depths_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "both.pt"
     torch.save({"layers.0._checkpoint_wrapped_module.w": torch.ones(1), "layers.0.w": torch.zeros(1)}, src)
-    with pytest.raises(ddpdoctor.errors.DoctorError, match="duplicate key 'layers.0.w'"):
+    with pytest.raises(ddpdoctor.errors.DoctorError, match=r"duplicate key 'layers\.0\.w'"):
         strip_file(src, tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
