@@ -42,7 +42,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddpdoctor.check import Check, CheckContext
-from ddpdoctor.env import collect_host_gpu_facts, nccl_version
+from ddpdoctor.env import (
+    XID_MEANINGS,
+    bus_key,
+    collect_host_gpu_facts,
+    nccl_version,
+    parse_xid_events,
+    read_kernel_log,
+    sysfs,
+)
 from ddpdoctor.errors import short_error
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase
@@ -99,6 +107,8 @@ def gather_rank_facts(ctx: CheckContext, nvml_module: Any = None) -> dict[str, A
     mine = visible[index] if 0 <= index < count else {"name": None, "uuid": None, "pci_bus_id": None}
     facts.update(device_name=mine["name"], uuid=mine["uuid"], pci_bus_id=mine["pci_bus_id"])
     facts["gpu"] = match_nvml_gpu(host_gpus["gpus"], mine["uuid"], mine["pci_bus_id"])
+    bus = (facts["gpu"] or {}).get("pci_bus_id") or mine["pci_bus_id"]
+    facts["preflight"] = gather_preflight(bus, dict(os.environ), deadline_s=min(2.0, max(0.2, ctx.remaining_s() / 4)))
     if ctx.local_rank == 0:
         # One rank per host is enough: peer access is a property of the host's GPUs, not of the rank.
         try:
@@ -108,6 +118,103 @@ def gather_rank_facts(ctx: CheckContext, nvml_module: Any = None) -> dict[str, A
         except RuntimeError as exc:  # a CUDA error here must not cost the rest of the facts
             facts["p2p"] = {"devices": visible, "error": short_error(exc)}
     return facts
+
+
+def gather_preflight(bus_id: str | None, environ: Mapping[str, str], root: str = "/sys",
+                     deadline_s: float = 2.0) -> dict[str, Any]:
+    """Host facts around this rank's GPU: its Xid events since boot, NUMA placement of GPU, CPUs and NICs,
+    InfiniBand port states, and the NIC names NCCL is told to use. Bounded by ``deadline_s`` (the kernel
+    log read is the only slow part)."""
+    log = read_kernel_log(deadline_s=deadline_s)
+    events = parse_xid_events(log.text)
+    mine = bus_key(bus_id) if bus_id else None
+    node_cpus = sysfs.numa_cpus(root)
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = []
+    return {
+        "bus_id": bus_id,
+        "kernel_log_source": log.source, "kernel_log_reason": log.reason,
+        "xid_events": [{"xid": e.xid, "bus": e.bus, "pid": e.pid, "process": e.process, "message": e.message,
+                        "when": e.when} for e in events if e.bus == mine][-50:],
+        "xid_events_other_gpus": sum(1 for e in events if e.bus != mine),
+        "gpu_numa_node": sysfs.pci_numa_node(bus_id, root) if bus_id else None,
+        "cpu_affinity": affinity,
+        "numa_cpus": {str(n): sorted(c) for n, c in sorted(node_cpus.items())},
+        "net": sysfs.net_devices(root), "ib": [dict(d, ports={str(k): v for k, v in d["ports"].items()})
+                                             for d in sysfs.ib_devices(root)],
+        "nccl_socket_ifname": environ.get("NCCL_SOCKET_IFNAME"), "nccl_ib_hca": environ.get("NCCL_IB_HCA"),
+        "nccl_ib_disable": environ.get("NCCL_IB_DISABLE"),
+    }
+
+
+def preflight_problems(pre: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(status, problem, remedy) from one rank's :func:`gather_preflight` facts; pure."""
+    found: list[tuple[str, str, str]] = []
+    by_xid: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+    for e in pre.get("xid_events") or []:
+        by_xid[int(e["xid"])].append(e)
+    for xid, events in sorted(by_xid.items()):
+        meaning, severity, remedy = XID_MEANINGS.get(xid, ("see NVIDIA's Xid catalog", WARN, ""))
+        last = events[-1]
+        when = f", last at {last['when']}" + (" s after boot" if str(last["when"])[:1].isdigit() else "") \
+            if last.get("when") else ""
+        found.append((FAIL if severity == "fail" else WARN,
+                      f"Xid {xid} ({meaning}) in the kernel log since boot: {len(events)} time"
+                      f"{'s' if len(events) > 1 else ''}{when}: {last.get('message') or ''}".rstrip(": "),
+                      remedy or "look the Xid up in NVIDIA's Xid catalog"))
+    gpu_node = pre.get("gpu_numa_node")
+    numa = {int(n): set(c) for n, c in (pre.get("numa_cpus") or {}).items()}
+    affinity = set(pre.get("cpu_affinity") or [])
+    if gpu_node is not None and len(numa) > 1 and affinity and gpu_node in numa and not affinity & numa[gpu_node]:
+        nodes = sorted(n for n, c in numa.items() if affinity & c)
+        found.append((WARN, f"the process may run only on CPUs of NUMA node{'s' if len(nodes) > 1 else ''} "
+                            f"{', '.join(map(str, nodes))} but its GPU is on node {gpu_node}: every host-device "
+                            "copy crosses the socket link",
+                      f"bind each rank to its GPU's NUMA node (numactl --cpunodebind={gpu_node}, or the "
+                      "launcher's CPU binding, e.g. srun --cpu-bind)"))
+    net_names = [d["name"] for d in pre.get("net") or []]
+    ib = pre.get("ib") or []
+    ifname = pre.get("nccl_socket_ifname")
+    if ifname and (missing := sysfs.unmatched_names(ifname, net_names)):
+        found.append((FAIL, f"NCCL_SOCKET_IFNAME={ifname!r} names {', '.join(missing)}, which match no network "
+                            f"interface here (interfaces: {', '.join(net_names) or 'none'}); NCCL fails with "
+                            "\"no socket interface found\"",
+                      "set NCCL_SOCKET_IFNAME to an interface this host has (ip -br link), or unset it"))
+    hca = pre.get("nccl_ib_hca")
+    ib_names = [d["name"] for d in ib]
+    if hca and (missing := sysfs.unmatched_names(hca, ib_names)):
+        found.append((FAIL, f"NCCL_IB_HCA={hca!r} names {', '.join(missing)}, which match no InfiniBand device "
+                            f"here (devices: {', '.join(ib_names) or 'none'})",
+                      "set NCCL_IB_HCA to devices ibv_devinfo lists, or unset it"))
+    if str(pre.get("nccl_ib_disable") or "0") != "1" and ib:
+        wanted = _selected_ib(hca, ib_names)
+        down = [f"{d['name']}:{port} {state}" for d in ib if d["name"] in wanted
+                for port, state in sorted((d.get("ports") or {}).items()) if state and state != "ACTIVE"]
+        active = [d for d in ib if d["name"] in wanted and "ACTIVE" in (d.get("ports") or {}).values()]
+        if down:
+            found.append((WARN if active else FAIL,
+                          f"InfiniBand port{'s' if len(down) > 1 else ''} not ACTIVE: {', '.join(down)}"
+                          + ("" if active else "; NCCL has no usable IB port and falls back to sockets (slow)"),
+                          "check the cable and the switch port (ibstat); or leave the port out with NCCL_IB_HCA"))
+        ib_nodes = {d.get("numa_node") for d in active} - {None}
+        if gpu_node is not None and ib_nodes and gpu_node not in ib_nodes and len(numa) > 1:
+            found.append((WARN, f"no active InfiniBand device on the GPU's NUMA node {gpu_node} (active HCAs are on "
+                                f"node{'s' if len(ib_nodes) > 1 else ''} {', '.join(map(str, sorted(ib_nodes)))}): "
+                                "inter-node traffic crosses the socket link",
+                          "check the NIC placement (nvidia-smi topo -m); on such hosts set NCCL_IB_HCA per rank "
+                          "to the closest HCA"))
+    return found
+
+
+def _selected_ib(hca: str | None, names: list[str]) -> set[str]:
+    """The HCAs NCCL would use under NCCL_IB_HCA (all of them when unset)."""
+    if not hca:
+        return set(names)
+    exclude, exact, items = sysfs.nccl_device_filter(hca)
+    match = {n for n in names for name, _ in items if (n == name if exact else n.startswith(name))}
+    return set(names) - match if exclude else match
 
 
 def _torch_device_ids(torch: Any, index: int) -> dict[str, Any]:
@@ -219,6 +326,8 @@ def analyze(facts_by_rank: Mapping[int, Mapping[str, Any]],
     findings += _wrong_devices(gpu_ranks, tags)
     findings += _version_mismatches(gpu_ranks)
     findings += _unhealthy(gpu_ranks, tags)
+    findings += _models(gpu_ranks)
+    findings += _preflight(gpu_ranks, tags)
     findings += _other_processes(gpu_ranks, tags, ranks)
     problems = [f for f in findings if f.status != PASS]
     if not problems:
@@ -311,6 +420,35 @@ def _version_mismatches(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Find
             "collective between hosts)",
             field=field, versions={v: sorted(rs) for v, rs in groups.items()}))
     return out
+
+
+def _models(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
+    """GPUs of different models in one job: the job runs at the slowest one's speed (and NCCL may pick
+    different algorithms per host)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for r, f in gpu_ranks.items():
+        if f.get("device_name"):
+            groups[str(f["device_name"])].append(r)
+    if len(groups) < 2:
+        return []
+    parts = "; ".join(f"{name} on {rank_phrase(rs)}" for name, rs in sorted(groups.items(), key=lambda kv: min(kv[1])))
+    return [_finding(WARN, f"ranks use different GPU models: {parts}", sorted(gpu_ranks),
+                     "run the job on one GPU model (the slowest GPU sets the pace of every step)",
+                     models={k: sorted(v) for k, v in groups.items()})]
+
+
+def _preflight(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, str]) -> list[Finding]:
+    """Kernel-log Xids, NUMA placement and NIC problems; ranks with the same problem share one finding."""
+    grouped: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for r, f in sorted(gpu_ranks.items()):
+        pre = f.get("preflight")
+        if not isinstance(pre, Mapping):
+            continue
+        for status, problem, remedy in preflight_problems(pre):
+            # The same Xid text on two hosts is two GPUs: keep the host in the key.
+            grouped[(status, f"{f.get('host')}: {problem}", remedy)].append(r)
+    return [_finding(status, f"{', '.join(tags[r] for r in rs)} {problem}", rs, remedy)
+            for (status, problem, remedy), rs in grouped.items()]
 
 
 def _unhealthy(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, str]) -> list[Finding]:

@@ -169,7 +169,7 @@ def _gpu_facts(nvml: Any, index: int) -> dict[str, Any]:
     gpu["pcie_link_width"] = q("pcie_link_width", lambda: int(nvml.nvmlDeviceGetCurrPcieLinkWidth(handle)))
     gpu["pcie_link_width_max"] = q("pcie_link_width_max",
                                    lambda: int(nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)))
-    gpu["nvlink_up"], gpu["nvlink_total"] = _nvlinks(nvml, handle)
+    gpu["nvlink_up"], gpu["nvlink_total"], gpu["nvlink_errors"] = _nvlinks(nvml, handle)
     sm = getattr(nvml, "NVML_CLOCK_SM", _NVML_CLOCK_SM)
     gpu["clocks_sm_mhz"] = q("clocks_sm_mhz", lambda: int(nvml.nvmlDeviceGetClockInfo(handle, sm)))
     gpu["clocks_max_sm_mhz"] = q("clocks_max_sm_mhz", lambda: int(nvml.nvmlDeviceGetMaxClockInfo(handle, sm)))
@@ -203,9 +203,18 @@ def _throttle_mask(nvml: Any, handle: Any) -> int:
     return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
 
-def _nvlinks(nvml: Any, handle: Any) -> tuple[int | None, int | None]:
-    """(links up, links that exist); (None, None) on a GPU without NVLink."""
+# nvmlNvLinkErrorCounter_t (nvml.h): data-link replays, recoveries (the link retrained), CRC errors.
+_NVLINK_ERROR_COUNTERS: tuple[tuple[int, str], ...] = ((0, "replay"), (1, "recovery"), (2, "crc_flit"),
+                                                      (3, "crc_data"))
+
+
+def _nvlinks(nvml: Any, handle: Any) -> tuple[int | None, int | None, dict[str, int] | None]:
+    """(links up, links that exist, error counters summed over the links); Nones on a GPU without NVLink.
+
+    Counters a GPU cannot report (Hopper moved some to field values) are left out, not zero.
+    """
     up = total = 0
+    errors: dict[str, int] = {}
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", _NVML_FEATURE_ENABLED)
     for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", _NVML_NVLINK_MAX_LINKS))):
         try:
@@ -215,7 +224,13 @@ def _nvlinks(nvml: Any, handle: Any) -> tuple[int | None, int | None]:
             continue
         total += 1
         up += int(state == enabled)
-    return (up, total) if total else (None, None)
+        for counter, name in _NVLINK_ERROR_COUNTERS:
+            try:
+                value = int(nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter))
+            except (nvml.NVMLError, AttributeError):
+                continue
+            errors[name] = errors.get(name, 0) + value
+    return (up, total, errors or None) if total else (None, None, None)
 
 
 def _processes(nvml: Any, handle: Any, errors: dict[str, str]) -> list[dict[str, Any]] | None:

@@ -312,3 +312,91 @@ def test_uuid_and_bus_id_matching_across_pytorch_and_nvml_spellings() -> None:
     assert gpu_check.match_nvml_gpu(gpus, None, "0000:11:00.0") == gpus[1]
     assert gpu_check.match_nvml_gpu(gpus, "ffffffff-0000-0000-0000-000000000000", "0000:99:00.0") is None
     assert gpu_check.normalize_uuid("MIG-AbC") == "MIG-abc"
+
+
+# -- hardware preflight: Xids, NUMA placement, NICs (pure judgement; sysfs from a labelled stand-in) ---
+
+def _preflight_for(bus: str, log_name: str) -> dict[str, Any]:
+    """Preflight facts whose Xid events are parsed from real kernel-log text (tests/data/kernel_logs)."""
+    from ddpdoctor.env import bus_key, parse_xid_events
+
+    text = (REPO / "tests" / "data" / "kernel_logs" / log_name).read_text()
+    return {"bus_id": bus, "kernel_log_source": "dmesg", "kernel_log_reason": "",
+            "xid_events": [{"xid": e.xid, "bus": e.bus, "pid": e.pid, "process": e.process, "message": e.message,
+                            "when": e.when} for e in parse_xid_events(text) if e.bus == bus_key(bus)],
+            "gpu_numa_node": None, "cpu_affinity": [0, 1], "numa_cpus": {"0": [0, 1]}, "net": [], "ib": [],
+            "nccl_socket_ifname": None, "nccl_ib_hca": None, "nccl_ib_disable": None}
+
+
+def test_xid_79_in_the_kernel_log_fails_the_rank_on_that_gpu() -> None:
+    facts = two_hosts()
+    facts[2]["preflight"] = _preflight_for("00000000:44:00.0", "mixed.log")  # Xid 79 was on 0000:44:00
+    facts[3]["preflight"] = _preflight_for("00000000:9B:00.0", "mixed.log")  # Xid 94 on 0000:9b:00
+    found = problems(combine(facts))
+    xid79 = next(f for f in found if "Xid 79" in f.summary)
+    assert xid79.status == FAIL and xid79.ranks == [2]
+    assert "GPU has fallen off the bus" in xid79.summary and "7301.000410 s after boot" in xid79.summary
+    assert "reboot the host" in xid79.remedy
+    xid94 = next(f for f in found if "Xid 94" in f.summary)
+    assert xid94.ranks == [3] and "Contained ECC error" in xid94.summary
+    assert not any("Xid" in f.summary and 0 in f.ranks for f in found)
+
+
+def test_clean_preflight_keeps_the_pass() -> None:
+    facts = two_hosts()
+    for f in facts.values():
+        f["preflight"] = _preflight_for("00000000:01:00.0", "mixed.log")  # no Xid on this bus
+    merged = combine(facts)
+    assert not problems(merged)
+    assert any(f.status == PASS and "4 ranks on 4 distinct GPUs" in f.summary for f in merged)
+
+
+def test_different_gpu_models_across_ranks_warn() -> None:
+    facts = two_hosts()
+    facts[2]["device_name"] = facts[3]["device_name"] = "NVIDIA H100 80GB HBM3"
+    warn = next(f for f in problems(combine(facts)) if "different GPU models" in f.summary)
+    assert warn.status == WARN and "NVIDIA H100 80GB HBM3 on ranks 2-3" in warn.summary
+
+
+def _two_socket_sys(root: Any) -> Any:
+    """A STAND-IN /sys of a 2-socket GPU server (layout as the kernel's sysfs ABI docs give it)."""
+    for rel, text in (("class/net/eth0/device/numa_node", "0"), ("class/net/ib0/device/numa_node", "1"),
+                      ("class/infiniband/mlx5_0/device/numa_node", "0"),
+                      ("class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE"),
+                      ("class/infiniband/mlx5_1/device/numa_node", "1"),
+                      ("class/infiniband/mlx5_1/ports/1/state", "1: DOWN"),
+                      ("bus/pci/devices/0000:3b:00.0/numa_node", "1"),
+                      ("devices/system/node/node0/cpulist", "0-1"), ("devices/system/node/node1/cpulist", "2-3")):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    return root
+
+
+def test_preflight_on_a_two_socket_tree_names_numa_and_nic_problems(tmp_path: Any) -> None:
+    root = _two_socket_sys(tmp_path / "sys")
+    env = {"NCCL_SOCKET_IFNAME": "enp", "NCCL_IB_HCA": "=mlx5_1"}
+    pre = gpu_check.gather_preflight("00000000:3B:00.0", env, root=str(root), deadline_s=1.0)
+    assert pre["gpu_numa_node"] == 1 and pre["ib"][1]["ports"] == {"1": "DOWN"}
+    pre["cpu_affinity"] = [0, 1]  # as if bound to socket 0 (this machine's real affinity varies)
+    found = {p[1].split(" ")[0]: p for p in gpu_check.preflight_problems(pre)}
+    assert found["the"][0] == WARN and "NUMA node 0 but its GPU is on node 1" in found["the"][1]
+    assert found["NCCL_SOCKET_IFNAME='enp'"][0] == FAIL and "eth0, ib0" in found["NCCL_SOCKET_IFNAME='enp'"][1]
+    assert found["InfiniBand"][0] == FAIL and "mlx5_1:1 DOWN" in found["InfiniBand"][1]
+
+
+def test_preflight_ib_on_the_wrong_socket_and_good_names(tmp_path: Any) -> None:
+    root = _two_socket_sys(tmp_path / "sys")
+    pre = gpu_check.gather_preflight("00000000:3B:00.0", {"NCCL_SOCKET_IFNAME": "eth", "NCCL_IB_HCA": "mlx5_0"},
+                                     root=str(root), deadline_s=1.0)
+    pre["cpu_affinity"] = [2, 3]  # bound to the GPU's socket: no NUMA complaint
+    texts = [p[1] for p in gpu_check.preflight_problems(pre)]
+    assert texts == ["no active InfiniBand device on the GPU's NUMA node 1 (active HCAs are on node 0): "
+                     "inter-node traffic crosses the socket link"]
+
+
+def test_preflight_on_this_machine_reads_real_sys_and_kernel_log() -> None:
+    pre = gpu_check.gather_preflight(None, dict(os.environ), deadline_s=1.0)
+    assert [d["name"] for d in pre["net"]] == sorted(os.listdir("/sys/class/net"))
+    assert pre["kernel_log_source"] or pre["kernel_log_reason"]
+    assert pre["xid_events"] == []  # no bus: nothing is attributed to a GPU
