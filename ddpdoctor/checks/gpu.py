@@ -502,6 +502,14 @@ def gpu_problems(gpu: Mapping[str, Any],
     elif up is not None and peer_up and up < max(peer_up):
         found.append((WARN, f"{up} NVLinks up where its peers have {max(peer_up)}",
                       "check nvidia-smi nvlink --status on this host; " + drain))
+    link_errors = gpu.get("nvlink_errors") or {}
+    if link_errors.get("recovery") or link_errors.get("crc_data"):
+        # Recoveries mean a link went down and retrained; CRC data errors mean corrupted payloads were
+        # resent. Both slow NCCL and often precede Xid 74 (nvidia-smi nvlink -e shows the same counters).
+        found.append((WARN, f"NVLink errors since the driver loaded: {link_errors.get('recovery', 0)} link "
+                            f"recoveries, {link_errors.get('crc_data', 0)} CRC data errors, "
+                            f"{link_errors.get('replay', 0)} replays",
+                      "check nvidia-smi nvlink -e over time; if the counts grow, " + drain))
     width, width_max = gpu.get("pcie_link_width"), gpu.get("pcie_link_width_max")
     peer_width = [p["pcie_link_width"] for p in peer_list if p.get("pcie_link_width") is not None]
     if width is not None and width_max and width < width_max:

@@ -400,3 +400,10 @@ def test_preflight_on_this_machine_reads_real_sys_and_kernel_log() -> None:
     assert [d["name"] for d in pre["net"]] == sorted(os.listdir("/sys/class/net"))
     assert pre["kernel_log_source"] or pre["kernel_log_reason"]
     assert pre["xid_events"] == []  # no bus: nothing is attributed to a GPU
+
+
+def test_nvlink_recoveries_warn_on_that_gpu() -> None:
+    a = host_gpus("node-a", gpu1={"nvlink_errors": {(2, 1): 3}})  # 3 recoveries on link 2 of GPU 1
+    facts = {0: rank_facts(0, "node-a", 0, a), 1: rank_facts(1, "node-a", 1, a)}
+    warn = next(f for f in problems(combine(facts)) if "NVLink errors" in f.summary)
+    assert warn.status == WARN and warn.ranks == [1] and "3 link recoveries" in warn.summary

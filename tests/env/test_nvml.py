@@ -51,6 +51,7 @@ def healthy_gpu(index: int, **overrides: Any) -> dict[str, Any]:
         "remapped_rows": (0, 0, 0, 0),
         "pcie": (4, 4, 16, 16),  # gen, gen max, width, width max
         "nvlinks": [1] * 12,
+        "nvlink_errors": {},  # (link, counter) -> count; counters: 0 replay, 1 recovery, 2 CRC flit, 3 CRC data
         "clocks": (1410, 1410),
         "reasons": 0x1,  # gpu_idle
         "procs": [],
@@ -154,6 +155,9 @@ class FakeNvml:
             # What NVML answers for a link index the GPU does not have.
             raise pynvml.NVMLError_InvalidArgument()
         return int(links[link])
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: dict[str, Any], link: int, counter: int) -> int:
+        return int(self._answer(h, "nvlink_errors").get((link, counter), 0))
 
     def nvmlDeviceGetClockInfo(self, h: dict[str, Any], clock: int) -> int:
         assert clock == pynvml.NVML_CLOCK_SM
@@ -285,3 +289,9 @@ def test_double_old_driver_without_clocks_event_reasons_uses_throttle_reasons() 
 def test_decode_throttle_reasons_names_unknown_bits() -> None:
     assert decode_throttle_reasons(0) == []
     assert decode_throttle_reasons(0x4 | 0x1000) == ["sw_power_cap", "0x1000"]
+
+
+def test_nvlink_error_counters_are_summed_over_links() -> None:
+    spec = healthy_gpu(0, nvlink_errors={(0, 1): 2, (5, 1): 1, (3, 0): 40})
+    gpu = collect_host_gpu_facts(FakeNvml([spec]))["gpus"][0]
+    assert gpu["nvlink_errors"] == {"replay": 40, "recovery": 3, "crc_flit": 0, "crc_data": 0}
