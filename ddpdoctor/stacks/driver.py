@@ -12,6 +12,7 @@ from typing import TextIO
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+from ddpdoctor.ras import RasVerdict
 from ddpdoctor.stacks.model import ProcessStacks, analyze
 from ddpdoctor.stacks.report import load_json_files, render_text, to_json
 
@@ -29,6 +30,7 @@ class StacksOptions:
     signal_mode: bool = False
     stack_dir: str | None = None
     timeout: float = 30.0
+    ras: bool = True  # also ask NCCL's RAS service (NCCL_RAS_ADDR set, or the default port answering)
 
 
 def run(opts: StacksOptions) -> int:
@@ -49,8 +51,19 @@ def run(opts: StacksOptions) -> int:
         raise DoctorError(f"no DDP rank processes{where} found on this machine (looked for RANK/LOCAL_RANK "
                           "with TORCHELASTIC_RUN_ID or SLURM step ids, and children of torchrun); pass "
                           "--pid PID, or run as the job's user or root to read other users' processes")
-    return finish(dump_all(cands, native=opts.native, timeout=opts.timeout), "py-spy", opts.json_path,
-                  opts.all_threads)
+    processes = dump_all(cands, native=opts.native, timeout=opts.timeout)
+    return finish(processes, "py-spy", opts.json_path, opts.all_threads, ras=_ask_ras() if opts.ras else None)
+
+
+RAS_DEADLINE_S = 1.0  # stacks is run on a hung job: RAS may be slow or hung too, and must not cost the report
+
+
+def _ask_ras() -> RasVerdict | None:
+    """NCCL's own view of the job (which processes it lost), once, within :data:`RAS_DEADLINE_S`; None
+    when no RAS service answers (not an NCCL >= 2.24 job on this host)."""
+    from ddpdoctor.ras import probe
+
+    return probe(deadline_s=RAS_DEADLINE_S)
 
 
 def merge(files: Sequence[PathArg], all_threads: bool = False, json_path: str | None = None) -> int:
@@ -60,14 +73,22 @@ def merge(files: Sequence[PathArg], all_threads: bool = False, json_path: str | 
     return finish(processes, source, json_path, all_threads)
 
 
-def finish(processes: list[ProcessStacks], source: str, json_path: str | None, all_threads: bool) -> int:
+def finish(processes: list[ProcessStacks], source: str, json_path: str | None, all_threads: bool,
+           ras: RasVerdict | None = None) -> int:
     """Group, then print the report and write ``--json PATH`` (``-``: the JSON on stdout instead of the
-    report); exit 1 when the ranks disagree or could not all be seen."""
+    report); exit 1 when the ranks disagree or could not all be seen, or RAS names dead/unresponsive ranks."""
+    from ddpdoctor.ras import render_text as ras_text
+    from ddpdoctor.ras import to_json as ras_json
+
     reports = analyze(processes)
-    code = EXIT_PROBLEM if any(r.problem for r in reports) else EXIT_OK
+    ras_problem = ras is not None and bool(ras.dead_ranks or ras.unresponsive_ranks or ras.dead_processes
+                                           or ras.unresponsive_processes)
+    code = EXIT_PROBLEM if any(r.problem for r in reports) or ras_problem else EXIT_OK
     out = _stdout()
     if json_path is not None:
         doc = to_json(processes, reports, source)
+        if ras is not None:
+            doc["ras"] = ras_json(ras)
         if json_to_stdout(json_path):
             emit_json(json_path, doc)
             return code
@@ -76,6 +97,8 @@ def finish(processes: list[ProcessStacks], source: str, json_path: str | None, a
         except OSError as exc:
             raise DoctorError(f"cannot write --json {json_path}: {exc.strerror or exc}") from exc
     out.write(render_text(reports, all_threads=all_threads, source=source))
+    if ras is not None:
+        out.write("\n" + ras_text(ras))
     if json_path is not None:
         out.write(f"wrote {json_path}\n")
     out.flush()
