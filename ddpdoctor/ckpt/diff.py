@@ -139,7 +139,8 @@ def diff_against(ckpt: Checkpoint, model: nn.Module, key: str | None = None,
         status = FAIL
         summary = (f"{loc.name} does not load as is ({len(raw['missing'])} missing, {len(raw['unexpected'])} "
                    f"unexpected keys); it loads with strict=True after: {fix.describe()}")
-        remedy = _fix_remedy(ckpt.path, fix, found["strip_prefixes"])
+        remedy = _fix_remedy(ckpt.path, fix, found["strip_prefixes"],
+                             directory=ckpt.dcp is not None or ckpt.shards is not None)
     else:
         if fix.strip or fix.add:
             found = {"strip_prefixes": list(fix.strip), "add_prefix": fix.add,
@@ -164,7 +165,11 @@ def diff_against(ckpt: Checkpoint, model: nn.Module, key: str | None = None,
                       finding)
 
 
-def _fix_remedy(path: Path, fix: Fix, strip: list[str]) -> str:
+def _fix_remedy(path: Path, fix: Fix, strip: list[str], *, directory: bool = False) -> str:
+    if strip and not fix.add and directory:
+        # load_checkpoint_into reads single files: a directory is fixed by writing a stripped copy.
+        flags = " ".join(f"--prefix {p}" for p in strip)
+        return f"ddpdoctor ckpt strip {path} -o {stripped_name(path)} {flags}"
     if strip and not fix.add:
         flags = " ".join(f"--prefix {p}" for p in strip)
         return (f"ddpdoctor ckpt strip {path} -o {stripped_name(path)} {flags}   (or in Python: "

@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -126,3 +129,29 @@ def check_output(src: Path, out: Path, in_place: bool) -> None:
 def write_error(out: Path, exc: OSError) -> DoctorError:
     """A one-line error for a failure while writing (disk full, quota, I/O error)."""
     return DoctorError(f"could not write {out}: {exc.strerror or exc}; nothing was written")
+
+
+@contextlib.contextmanager
+def atomic_dir(out: Path, mode_from: Path | None = None) -> Iterator[Path]:
+    """A temporary directory next to ``out``, renamed to ``out`` when complete, removed on any error.
+
+    The directory counterpart of :func:`ddpdoctor.fileio.atomic_output` (DCP and shard-set outputs): OUT
+    never holds a half-written checkpoint. OUT must not exist, or be an empty directory (rename(2)
+    replaces an empty directory in one step). ``mode_from``: the input directory whose permissions OUT gets
+    (a temporary directory is private to its owner).
+    """
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DoctorError(f"output {out} already exists; give a new directory name (nothing was written)")
+    if not out.parent.is_dir():
+        raise DoctorError(f"output directory {out.parent} does not exist")
+    if not os.access(out.parent, os.W_OK):
+        raise DoctorError(f"output directory {out.parent} is not writable")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".ddpdoctor-partial", dir=out.parent))
+    try:
+        if mode_from is not None:
+            os.chmod(tmp, mode_from.stat().st_mode & 0o7777)
+        yield tmp
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

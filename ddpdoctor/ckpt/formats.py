@@ -1,7 +1,8 @@
 """Opening a checkpoint without running it: which format it is, and its object tree.
 
-Three formats, told apart by their first bytes: torch zip (``torch.save`` since 1.6), legacy torch pickles
-(before 1.6) and safetensors. Zip and legacy pickles are replayed into a shadow graph by the safe
+Three file formats, told apart by their first bytes: torch zip (``torch.save`` since 1.6), legacy torch
+pickles (before 1.6) and safetensors; and two directory layouts: ``torch.distributed.checkpoint``
+(:mod:`ddpdoctor.ckpt.dcp`) and Hugging Face style shard sets (:mod:`ddpdoctor.ckpt.sharded`). Zip and legacy pickles are replayed into a shadow graph by the safe
 unpickler (:mod:`ddpdoctor.ckpt.unpickler`), so nothing in the file is imported or called; safetensors
 headers are parsed as JSON. Only two paths go through ``torch.load``: legacy files read without
 ``--trust`` (``weights_only=True``, which refuses to run code) and the ones the user said to trust
@@ -18,8 +19,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.ckpt import filecopy, safetensors_file, unpickler, zip_rewrite
-from ddpdoctor.ckpt.model import FORMAT_LEGACY, FORMAT_SAFETENSORS, FORMAT_ZIP, Checkpoint, TensorMeta
+from ddpdoctor.ckpt import dcp, filecopy, safetensors_file, sharded, unpickler, zip_rewrite
+from ddpdoctor.ckpt.model import (
+    FORMAT_DCP,
+    FORMAT_LEGACY,
+    FORMAT_SAFETENSORS,
+    FORMAT_SHARDED,
+    FORMAT_ZIP,
+    Checkpoint,
+    TensorMeta,
+)
 from ddpdoctor.errors import DoctorError
 
 
@@ -90,6 +99,14 @@ def open_checkpoint(path: str | Path, *, trust: bool = False, for_rewrite: bool 
     ``torch.load(weights_only=True)``, or with ``trust`` are replayed like zip ones, except when they are
     to be rewritten (``strip`` converts them with ``torch.save``, which needs real objects).
     """
+    directory = Path(path)
+    if dcp.is_dcp_dir(directory):
+        d = dcp.open_dcp(directory)
+        return Checkpoint(directory, FORMAT_DCP, dcp.tree(d), sum(d.files.values()) + (directory / dcp.METADATA)
+                          .stat().st_size, dcp=d)
+    if sharded.is_shard_set(directory):
+        shards = sharded.open_shards(directory, trust=trust)
+        return Checkpoint(shards.directory, FORMAT_SHARDED, shards.root, shards.size_bytes, shards=shards)
     p = filecopy.check_input(path)
     fmt = detect_format(p)
     size = p.stat().st_size

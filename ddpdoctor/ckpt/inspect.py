@@ -14,13 +14,16 @@ from ddpdoctor.ckpt import unpickler
 from ddpdoctor.ckpt.locate import find_state_dicts, is_optimizer_state, mapping_pairs, tensor_meta
 from ddpdoctor.ckpt.model import (
     CHECK_ID,
+    FORMAT_DCP,
     FORMAT_LEGACY,
     FORMAT_SAFETENSORS,
+    FORMAT_SHARDED,
     FORMAT_ZIP,
     Checkpoint,
     DuplicateKeyError,
     InspectReport,
     StateDictLoc,
+    StoredObject,
 )
 from ddpdoctor.ckpt.prefixes import (
     KNOWN_PREFIXES,
@@ -32,6 +35,7 @@ from ddpdoctor.ckpt.prefixes import (
 )
 from ddpdoctor.ckpt.unpickler import Reduced
 from ddpdoctor.findings import FAIL, PASS, WARN, Finding
+from ddpdoctor.ranks import format_rank_list
 
 
 def _human(n: int) -> str:
@@ -48,6 +52,8 @@ def _summarize(value: Any) -> str:
     meta = tensor_meta(value)
     if meta is not None:
         return f"tensor {meta.dtype} {list(meta.shape) if meta.shape is not None else '?'}"
+    if isinstance(value, StoredObject):
+        return f"stored object ({_human(value.size_bytes)} pickle, not read)"
     if value is None or isinstance(value, (bool, int, float)):
         return f"{type(value).__name__}: {value!r}"
     if isinstance(value, str):
@@ -172,7 +178,10 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
         findings.append(Finding(CHECK_ID, status, summary, remedy=remedy, details={
             "checkpoint": str(ckpt.path), "format": ckpt.format, "tensor_bytes": nbytes}))
 
+    directory = ckpt.dcp is not None or ckpt.shards is not None
     fix = f"ddpdoctor ckpt strip {ckpt.path} -o {stripped_name(ckpt.path)}"
+    if ckpt.dcp is not None:
+        fix += f"   (or -o {ckpt.path.name}.pt for one torch.save file)"
     for loc, rep in zip(locs, sds, strict=True):
         try:
             plan_renames((k for k, _ in mapping_pairs(loc.node) or []), where=repr(loc.name))
@@ -189,6 +198,7 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
                     f"{scope} {rep['keys']} keys of {rep['location']} start with {pre['prefix']!r} (saved from a "
                     f"{origin}-wrapped model); load_state_dict on the plain model fails with Missing/Unexpected "
                     "key(s)",
+                    fix if directory else
                     f"{fix}   (or in Python: ddpdoctor.load_checkpoint_into(model, {str(ckpt.path)!r}))")
         for wrap in rep["wrappers"]:
             if not wrap["inner_positions"]:
@@ -209,20 +219,81 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
     elif not locs:
         finding(WARN, "no state_dict found (no mapping of names to tensors within 3 levels)",
                 "name it with --key, e.g. --key model/state_dict")
+    layout = None
+    if ckpt.dcp is not None:
+        layout = ckpt.dcp.layout()
+        _dcp_findings(layout, finding)
+    elif ckpt.shards is not None:
+        layout = ckpt.shards.layout()
+        _shard_findings(layout, finding)
     if ckpt.unsafe_globals:
         finding(WARN, f"needs non-weights-only globals: {', '.join(ckpt.unsafe_globals[:5])}; "
                       "torch.load(weights_only=False) runs code from this file",
                 "re-save only tensors and plain containers (e.g. torch.save({'model': model.state_dict()}))")
     return InspectReport(str(ckpt.path), ckpt.format, ckpt.size_bytes, count, nbytes, dtypes, sds, others,
-                         ckpt.unsafe_globals, findings)
+                         ckpt.unsafe_globals, findings, layout)
+
+
+def _some(items: list[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f", ... ({len(items)} in all)" if len(items) > n else "")
+
+
+def _dcp_findings(layout: dict[str, Any], finding: Any) -> None:
+    """A DCP directory's own problems: data files named by .metadata that are absent or cut short."""
+    if layout["missing_files"]:
+        finding(FAIL, f"data file(s) named by .metadata are missing: {_some(layout['missing_files'])}; "
+                      "dcp.load fails on the keys stored there",
+                "copy every rank's __<rank>_<n>.distcp file with the .metadata (they are written by each rank "
+                "to its own path; a per-node local disk loses the other nodes' files)")
+    if layout["short_files"]:
+        finding(FAIL, f"data file(s) end before the data .metadata places in them: {_some(layout['short_files'])} "
+                      "(truncated copy)", "copy the checkpoint again, or use an earlier one")
+
+
+def _shard_findings(layout: dict[str, Any], finding: Any) -> None:
+    """A shard set's own problems: missing or extra shards, index entries that point nowhere."""
+    if layout["missing_shards"]:
+        finding(FAIL, f"shard file(s) missing: {_some(layout['missing_shards'])}; loading fails on the keys "
+                      "the index places there", "download or copy the missing shard(s) again")
+    if layout["index_missing_tensors"]:
+        absent = [f"{e['key']} (in {e['file']})" for e in layout["index_missing_tensors"]]
+        finding(FAIL, f"{len(absent)} index entr{'y points' if len(absent) == 1 else 'ies point'} at tensors "
+                      f"the shard does not hold: {_some(absent, 3)}",
+                "the index and the shards come from different saves: take both from the same one")
+    if layout["duplicate_keys"]:
+        finding(FAIL, f"key(s) stored in more than one shard: {_some(layout['duplicate_keys'], 3)}",
+                "the shards come from different saves: take them all from the same one")
+    if layout["extra_shards"]:
+        finding(WARN, f"shard file(s) not in the index: {_some(layout['extra_shards'])} (left over from "
+                      "another save?); loading ignores them", "delete them, or use the index they belong to")
+    if layout["unindexed_tensors"]:
+        keys = [e["key"] for e in layout["unindexed_tensors"]]
+        finding(WARN, f"{len(keys)} tensor(s) in the shards are not in the index: {_some(keys, 3)}; loading "
+                      "through the index never reads them", "regenerate the index from the shards")
 
 
 def render_inspect(rep: InspectReport) -> str:
     """The human-readable ``ckpt inspect`` output."""
-    fmt = {FORMAT_ZIP: "torch zip", FORMAT_LEGACY: "legacy torch pickle", FORMAT_SAFETENSORS: "safetensors"}
+    fmt = {FORMAT_ZIP: "torch zip", FORMAT_LEGACY: "legacy torch pickle", FORMAT_SAFETENSORS: "safetensors",
+           FORMAT_DCP: "torch.distributed.checkpoint directory", FORMAT_SHARDED: "shard set"}
     dtypes = ", ".join(f"{d} x{n}" for d, n in rep.dtypes.items()) or "none"
     lines = [f"checkpoint  {rep.path}  ({fmt[rep.format]}, {_human(rep.size_bytes)})",
              f"tensors     {rep.tensor_count} ({_human(rep.tensor_bytes)}); dtypes: {dtypes}"]
+    lay = rep.layout
+    if lay is not None and lay["kind"] == "dcp":
+        lines.append(f"layout      {lay['keys']} keys ({lay['tensors']} tensors, {lay['objects']} objects, "
+                     f"{lay['sharded_tensors']} sharded over several chunks) in {len(lay['files'])} file(s) "
+                     f"from rank(s) {format_rank_list(lay['ranks']) or '?'}; DCP version {lay['version'] or '?'}")
+        for f in lay["files"]:
+            size = _human(f["size_bytes"]) if f["size_bytes"] is not None else "MISSING"
+            lines.append(f"  {f['file']:<16} {size:>10}  {f['entries']} entries")
+    elif lay is not None:
+        lines.append(f"layout      {len(lay['shards'])} shard(s)"
+                     + (f", index {lay['index']}" if lay["index"] else ", no index"))
+        for sh in lay["shards"]:
+            lines.append(f"  {sh['file']}  {_human(sh['size_bytes'])}  {sh['keys']} keys")
+        for name in lay["missing_shards"]:
+            lines.append(f"  {name}  MISSING")
     for sd in rep.state_dicts:
         pre = "; ".join(f"{p['prefix']!r} on {p['keys']}/{sd['keys']} keys (e.g. {p['examples'][0]})"
                         for p in sd["prefixes"]) or "no wrapper prefix"

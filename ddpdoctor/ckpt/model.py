@@ -16,12 +16,16 @@ from ddpdoctor.errors import DoctorError
 from ddpdoctor.findings import Finding, overall_status
 
 if TYPE_CHECKING:
+    from ddpdoctor.ckpt.dcp import DcpDir
     from ddpdoctor.ckpt.safetensors_file import SafeTensors
+    from ddpdoctor.ckpt.sharded import ShardSet
     from ddpdoctor.ckpt.zip_rewrite import TorchZip
 
 FORMAT_ZIP = "torch_zip"
 FORMAT_LEGACY = "torch_legacy"
 FORMAT_SAFETENSORS = "safetensors"
+FORMAT_DCP = "dcp"
+FORMAT_SHARDED = "sharded"
 
 # The check id ckpt findings carry (docs/checks.md): `ckpt inspect/diff` and the `state_dict` check agree.
 CHECK_ID = "state_dict"
@@ -41,6 +45,14 @@ class TensorMeta:
     storage_bytes: int
 
 
+@dataclass(frozen=True)
+class StoredObject:
+    """A non-tensor value a DCP directory stores as its own pickle (epoch, lr...): named, never unpickled."""
+
+    key: str
+    size_bytes: int
+
+
 @dataclass
 class Checkpoint:
     """A checkpoint opened without running it: its object tree (shadow or real) and where it came from."""
@@ -52,6 +64,8 @@ class Checkpoint:
     unsafe_globals: list[str] = field(default_factory=list)
     zip: TorchZip | None = None
     safetensors: SafeTensors | None = None
+    dcp: DcpDir | None = None
+    shards: ShardSet | None = None
 
 
 @dataclass
@@ -80,6 +94,8 @@ class InspectReport:
     other_entries: list[dict[str, str]]
     unsafe_globals: list[str]
     findings: list[Finding]
+    # A directory's own structure (DCP files and ranks, shard files); None for a single file.
+    layout: dict[str, Any] | None = None
 
     @property
     def status(self) -> str:
@@ -87,13 +103,16 @@ class InspectReport:
         return overall_status(self.findings)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "path": self.path, "format": self.format, "size_bytes": self.size_bytes,
             "tensor_count": self.tensor_count, "tensor_bytes": self.tensor_bytes, "dtypes": self.dtypes,
             "state_dicts": self.state_dicts, "other_entries": self.other_entries,
             "unsafe_globals": self.unsafe_globals, "findings": [f.to_json() for f in self.findings],
             "status": self.status,
         }
+        if self.layout is not None:
+            data["layout"] = self.layout
+        return data
 
 
 @dataclass

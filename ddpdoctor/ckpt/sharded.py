@@ -1,0 +1,209 @@
+"""Hugging Face style sharded checkpoints: shard files plus an index, read and stripped shard by shard.
+
+``transformers`` (``PreTrainedModel.save_pretrained``, ``huggingface_hub.split_torch_state_dict_into_shards``)
+saves a large state_dict as ``model-00001-of-00003.safetensors``, ... (or ``pytorch_model-00001-of-00003.bin``,
+each a ``torch.save`` of a flat state_dict) and an index, ``model.safetensors.index.json`` /
+``pytorch_model.bin.index.json``: ``{"metadata": {"total_size": N}, "weight_map": {key: shard file}}``.
+Loading reads the index and then each shard, so a shard that is missing, or an index entry whose shard
+does not hold that tensor, fails only at load time; here both are named up front. Each shard is opened as
+a single checkpoint (:func:`ddpdoctor.ckpt.formats.open_checkpoint`: nothing executed, no tensor read), and
+stripping rewrites each shard the way ``strip`` rewrites one file, keeping the same sharding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
+from ddpdoctor.errors import DoctorError
+
+if TYPE_CHECKING:
+    from ddpdoctor.ckpt.model import Checkpoint
+
+INDEX_SUFFIX = ".index.json"
+# transformers.utils: SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME; the first is preferred when both exist.
+_PREFERRED_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<n>\d{5})-of-(?P<m>\d{5})\.(?P<ext>safetensors|bin|pt|pth)$")
+_MAX_INDEX = 200_000_000
+
+
+def is_shard_set(path: Path) -> bool:
+    """An index file, or a directory with an index or ``-0000N-of-0000M`` shard files."""
+    if path.is_file():
+        return path.name.endswith(INDEX_SUFFIX)
+    if not path.is_dir():
+        return False
+    return any(c.name.endswith(INDEX_SUFFIX) or _SHARD.match(c.name) for c in path.iterdir() if c.is_file())
+
+
+@dataclass
+class Shard:
+    """One shard file, opened as a checkpoint, and the keys of its state_dict."""
+
+    name: str
+    ckpt: Checkpoint
+    keys: list[str]
+    node: Any
+
+
+@dataclass
+class ShardSet:
+    """A shard set: its index (if any), its shards, and what does not add up between them."""
+
+    directory: Path
+    index_name: str | None
+    index: dict[str, Any] | None
+    shards: list[Shard]
+    root: dict[str, Any]
+    size_bytes: int
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    index_absent: list[dict[str, str]] = field(default_factory=list)
+    unindexed: list[dict[str, str]] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    other_indexes: list[str] = field(default_factory=list)
+
+    def layout(self) -> dict[str, Any]:
+        return {"kind": "sharded", "index": self.index_name,
+                "shards": [{"file": s.name, "format": s.ckpt.format, "keys": len(s.keys),
+                            "size_bytes": s.ckpt.size_bytes} for s in self.shards],
+                "missing_shards": self.missing, "extra_shards": self.extra,
+                "index_missing_tensors": self.index_absent, "unindexed_tensors": self.unindexed,
+                "duplicate_keys": self.duplicates, "other_index_files": self.other_indexes}
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    if path.stat().st_size > _MAX_INDEX:
+        raise DoctorError(f"{path} is too large for a shard index ({path.stat().st_size} bytes)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DoctorError(f"{path} is not a valid shard index: the JSON does not parse ({exc})") from None
+    wmap = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(wmap, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wmap.items()):
+        raise DoctorError(f"{path} is not a valid shard index: no \"weight_map\" of tensor names to shard files")
+    for f in set(wmap.values()):
+        if "/" in f or "\\" in f or f in ("", ".", ".."):
+            raise DoctorError(f"{path}: shard file name {f!r} points outside the directory")
+    return data
+
+
+def _pick_index(directory: Path) -> tuple[Path | None, list[str]]:
+    indexes = sorted(c.name for c in directory.iterdir() if c.is_file() and c.name.endswith(INDEX_SUFFIX))
+    if not indexes:
+        return None, []
+    chosen = next((n for n in _PREFERRED_INDEXES if n in indexes), indexes[0])
+    return directory / chosen, [n for n in indexes if n != chosen]
+
+
+def _index_stem(index_name: str) -> str:
+    """``model.safetensors.index.json`` -> ``model``: the stem its shards are named after."""
+    base = index_name[: -len(INDEX_SUFFIX)]
+    return base.rsplit(".", 1)[0] if "." in base else base
+
+
+def open_shards(path: Path, *, trust: bool = False) -> ShardSet:
+    """Open every shard (index file or directory); inconsistencies are recorded, not raised."""
+    from ddpdoctor.ckpt.formats import open_checkpoint
+
+    index_path: Path | None
+    others: list[str] = []
+    if path.is_file():
+        directory, index_path = path.parent, path
+    else:
+        directory = path
+        index_path, others = _pick_index(directory)
+    index = _read_index(index_path) if index_path is not None else None
+    present = {c.name for c in directory.iterdir() if c.is_file()}
+    pattern_files = [m for n in sorted(present) if (m := _SHARD.match(n))]
+    missing: list[str] = []
+    extra: list[str] = []
+    if index is not None:
+        assert index_path is not None
+        wmap: dict[str, str] = index["weight_map"]
+        names = sorted(set(wmap.values()))
+        missing = [n for n in names if n not in present]
+        stem = _index_stem(index_path.name)
+        exts = {n.rsplit(".", 1)[-1] for n in names}
+        extra = [m.string for m in pattern_files if m.group("stem") == stem and m.group("ext") in exts
+                 and m.string not in names]
+    else:
+        if not pattern_files:
+            raise DoctorError(f"{path}: no shard index (*.index.json) and no -0000N-of-0000M shard files")
+        groups: dict[tuple[str, str, str], list[str]] = {}
+        for m in pattern_files:
+            groups.setdefault((m.group("stem"), m.group("m"), m.group("ext")), []).append(m.string)
+        if len(groups) > 1:
+            raise DoctorError(f"{path} holds several shard sets ({', '.join(sorted(k[0] for k in groups))}) and no "
+                              "index; give the index file")
+        (stem, total, ext), names = next(iter(groups.items()))
+        expected = [f"{stem}-{i:05d}-of-{total}.{ext}" for i in range(1, int(total) + 1)]
+        missing = [n for n in expected if n not in present]
+        extra = [n for n in names if n not in expected]
+        names = [n for n in expected if n in present]
+        wmap = {}
+    shards: list[Shard] = []
+    root: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    duplicates: list[str] = []
+    for name in names:
+        if name not in present:
+            continue
+        ckpt = open_checkpoint(directory / name, trust=trust)
+        locs = find_state_dicts(ckpt.root)
+        if len(locs) != 1 or locs[0].path:
+            raise DoctorError(f"{directory / name} is not a shard: a shard holds one flat state_dict "
+                              f"(found {len(locs)} state_dict(s){' nested' if locs and locs[0].path else ''})")
+        pairs = mapping_pairs(locs[0].node) or []
+        keys = [k for k, _ in pairs]
+        for k, v in pairs:
+            if k in owner:
+                duplicates.append(k)
+            owner[k] = name
+            root[k] = v
+        shards.append(Shard(name, ckpt, keys, locs[0].node))
+    index_absent = [{"key": k, "file": f} for k, f in wmap.items()
+                    if f not in missing and owner.get(k) != f and f in {s.name for s in shards}]
+    unindexed = [{"key": k, "file": f} for k, f in owner.items() if index is not None and k not in wmap]
+    size = sum(s.ckpt.size_bytes for s in shards) + (index_path.stat().st_size if index_path else 0)
+    return ShardSet(directory, index_path.name if index_path else None, index, shards, root, size, missing,
+                    extra, index_absent, unindexed, duplicates, others)
+
+
+def check_complete(shards: ShardSet) -> None:
+    """DoctorError when stripping would write a shard set that cannot load."""
+    if shards.missing:
+        raise DoctorError(f"{shards.directory} is incomplete: shard {', '.join(shards.missing)} is missing; "
+                          "nothing was written")
+    if shards.index_absent:
+        first = shards.index_absent[0]
+        raise DoctorError(f"{shards.directory}: the index places {first['key']!r} in {first['file']}, which does "
+                          f"not hold it ({len(shards.index_absent)} such entries); nothing was written")
+    if shards.duplicates:
+        raise DoctorError(f"{shards.directory}: {shards.duplicates[0]!r} is in more than one shard; "
+                          "nothing was written")
+
+
+def new_index(shards: ShardSet, renames: dict[str, str]) -> bytes:
+    """The index with renamed keys, everything else kept (``metadata.total_size`` and whatever else it has)."""
+    assert shards.index is not None
+    data = dict(shards.index)
+    data["weight_map"] = {renames.get(k, k): v for k, v in shards.index["weight_map"].items()}
+    # transformers writes the index with indent=2 and sorted keys.
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def copy_other_files(shards: ShardSet, tmp: Path) -> None:
+    """config.json, tokenizer files...: whatever is beside the shards, except shards and indexes."""
+    skip = {s.name for s in shards.shards} | set(shards.other_indexes) | ({shards.index_name} - {None})
+    for child in shards.directory.iterdir():
+        if child.is_file() and child.name not in skip and not _SHARD.match(child.name) \
+                and not child.name.startswith("."):
+            shutil.copy2(child, tmp / child.name)
+            os.chmod(tmp / child.name, child.stat().st_mode & 0o777)

@@ -1,0 +1,50 @@
+"""Write ``torch.distributed.checkpoint`` directories from a real 2-rank gloo DDP job (tests and docs use them).
+
+    python -m examples.ckpt_make_dcp OUTDIR
+
+Each rank wraps ``examples.ckpt_models:make_mlp`` in DDP, takes one optimizer step, and the two ranks
+save together with ``torch.distributed.checkpoint.save`` (the layout torch writes: ``.metadata`` plus one
+``__<rank>_<n>.distcp`` file per rank):
+
+- ``dcp_ddp/``      ``{"model": ddp.state_dict(), "optim": opt.state_dict(), "epoch": 3}`` (keys ``module.``)
+- ``dcp_flat/``     ``ddp.state_dict()`` itself, saved at the top level
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from examples.ckpt_models import make_mlp
+
+
+def _rank(rank: int, world: int, rendezvous: str, outdir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        ddp = DDP(make_mlp())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        ddp(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        dcp.save({"model": ddp.state_dict(), "optim": opt.state_dict(), "epoch": 3},
+                 checkpoint_id=f"{outdir}/dcp_ddp")
+        dcp.save(ddp.state_dict(), checkpoint_id=f"{outdir}/dcp_flat")
+    finally:
+        dist.destroy_process_group()
+
+
+def make_dcp(outdir: Path, world: int = 2) -> None:
+    """Write the DCP example directories into ``outdir`` with a real ``world``-rank gloo job."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank, args=(world, f"{tmp}/pg", str(outdir)), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    make_dcp(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
