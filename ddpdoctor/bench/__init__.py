@@ -27,9 +27,9 @@ from ddpdoctor.bench.analysis import (
     size_sweep,
 )
 from ddpdoctor.bench.driver import run_bench
-from ddpdoctor.bench.measure import measure_pairs, measure_row
+from ddpdoctor.bench.measure import gather, measure_pairs, measure_row
 from ddpdoctor.bench.render import check_plot_available
 
 __all__ = ["MIB", "BenchConfig", "PairResult", "Row", "analyse_pairs", "avg_busbw", "check_plot_available",
-           "human_bytes", "measure_pairs", "measure_row", "parse_dtype", "parse_ops", "parse_size", "run_bench",
+           "gather", "human_bytes", "measure_pairs", "measure_row", "parse_dtype", "parse_ops", "parse_size", "run_bench",
            "size_sweep"]

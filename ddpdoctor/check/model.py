@@ -28,6 +28,8 @@ class Report:
     findings: list[Finding]
     check_order: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # Seconds per phase (connect, rendezvous, init_process_group, check:<id>, collect), slowest rank's.
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -53,6 +55,7 @@ class Report:
             "backend": self.backend,
             "launcher": self.launcher,
             "elapsed_s": round(self.elapsed_s, 3),
+            "phases_s": dict(self.phases_s),
             "ranks": [r.to_json() for r in sorted(self.ranks, key=lambda r: r.rank)],
             "findings": [f.to_json() for f in self.ordered()],
         }

@@ -29,7 +29,7 @@ from typing import Any
 
 from ddpdoctor.check.api import Check, CheckContext, CheckOptions, collapse
 from ddpdoctor.check.model import Report
-from ddpdoctor.check.report import render_table
+from ddpdoctor.check.report import render_table, short_rank_list
 from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.fileio import emit_json, json_to_stdout
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
@@ -41,6 +41,8 @@ from ddpdoctor.runtime.launcher import LaunchInfo
 from ddpdoctor.runtime.selflaunch import write_result_file
 
 CLAIM_SETTLE_S = 0.3
+# More ranks than this that went silent are reported one row per check they stopped in, not one row each.
+MAX_SILENT_NAMED = 4
 
 
 @dataclass
@@ -96,6 +98,13 @@ class RankRun:
         self.device = "cpu"
         self.plan: dict[str, Any] | None = None
         self.pg_problem: str | None = None  # why the process group under test is unusable, once joined
+        # Where this rank's time went (seconds per phase and per check): the JSON's ``phases_s``.
+        self.phases: dict[str, float] = {}
+
+    def _phase(self, name: str, since: float) -> float:
+        now = time.monotonic()
+        self.phases[name] = round(now - since, 4)
+        return now
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -131,9 +140,15 @@ class RankRun:
 
         False when this rank cannot take part (it has said why on stderr).
         """
-        if not self.connect() or self.rendezvous() is None:
+        t = time.monotonic()
+        if not self.connect():
             return False
+        t = self._phase("connect", t)
+        if self.rendezvous() is None:
+            return False
+        t = self._phase("rendezvous", t)
         self.pg_problem = self.init_process_group()
+        self._phase("init_process_group", t)
         return True
 
     def rendezvous(self) -> dict[str, Any] | None:
@@ -226,7 +241,9 @@ class RankRun:
                 process_group=dist.group.WORLD if dist.is_initialized() else None,
                 store=self.control.prefixed(f"check/{check.id}/"), options=self.config.options,
                 deadline=time.monotonic() + timeout, peers=self.peers)
+            began = time.monotonic()
             outcome = run_with_deadline(functools.partial(check.run, ctx), timeout, f"ddpdoctor-{check.id}")
+            self._phase(f"check:{check.id}", began)
             if outcome.timed_out:
                 where = innermost_line(outcome.stack_at_timeout)
                 self.runtime_findings.append(Finding(
@@ -262,6 +279,7 @@ class RankRun:
             "backend": self.backend,
             "checks": {cid: [f.to_json() for f in fs] for cid, fs in self.check_findings.items()},
             "runtime": [f.to_json() for f in self.runtime_findings],
+            "phases": self.phases,
         }
 
     def post(self, final: bool = True) -> None:
@@ -275,6 +293,7 @@ class RankRun:
 
     def collect(self, deadline: float) -> Report:
         """Gather every joined rank's result until ``deadline`` and merge them into one report."""
+        began = time.monotonic()
         ws = self.info.world_size
         joined = self.plan["joined"] if self.plan else [self.info.rank]
         results: dict[int, dict[str, Any]] = {}
@@ -308,8 +327,10 @@ class RankRun:
         ranks += [self.peers[r] for r in self.peers if r not in results]
         if not ranks:
             ranks = [self.me]
+        phases = _slowest_phases(results)
+        phases["collect"] = round(time.monotonic() - began, 4)
         return Report(ws, backend, self.info.launcher, ranks, findings,
-                      [c.id for c in self.config.checks], time.monotonic() - self.start)
+                      [c.id for c in self.config.checks], time.monotonic() - self.start, phases)
 
     def _duplicate_claims(self) -> list[Finding]:
         """Two processes that both think they are rank N: the launcher's task layout is wrong."""
@@ -334,16 +355,33 @@ class RankRun:
         never = [r for r in range(ws) if r not in joined]
         if never:
             missing.append(Finding(
-                "barrier", FAIL, f"{rank_phrase(never)} did not report: "
+                "barrier", FAIL, f"{_phrase(never)} did not report: "
                 f"never joined within {timeout:g} s", never,
                 "those ranks never started ddpdoctor or could not reach MASTER_ADDR:MASTER_PORT "
                 f"({self.info.master_addr}:{self.info.master_port}); look at their own output, and at "
                 "`ddpdoctor stacks` on their hosts if they are stuck", {"unreported": True}))
-        for rank in joined:
-            if rank in finished:
-                continue
+        silent = [r for r in joined if r not in finished]
+        last_of = {r: (self.control.get_nowait(f"progress/{r}") if self.control is not None else None)
+                   for r in silent}
+        if len(silent) > MAX_SILENT_NAMED:
+            # Hundreds of rows would bury the cause: one row per check they stopped in, ranks as a list.
+            by_last: dict[str | None, list[int]] = {}
+            for rank in silent:
+                by_last.setdefault(last_of[rank], []).append(rank)
+            for last, ranks in by_last.items():
+                hosts = sorted({self.peers[r].host for r in ranks if r in self.peers})
+                on = (f" on {len(hosts)} host{'s' if len(hosts) != 1 else ''} ({', '.join(hosts[:3])}"
+                      f"{', ...' if len(hosts) > 3 else ''})") if hosts else ""
+                missing.append(Finding(
+                    "barrier", FAIL, f"{_phrase(ranks)}{on} did not report: joined, then went silent"
+                    + (f" during the '{last}' check" if last else ""), ranks,
+                    "those ranks died or hang: check their exit status / dmesg (OOM killer) on their hosts, or "
+                    "run `ddpdoctor stacks` there while they hang", {"unreported": True, "last_check": last,
+                                                                   "hosts": hosts}))
+            return missing
+        for rank in silent:
             peer = self.peers.get(rank)
-            last = self.control.get_nowait(f"progress/{rank}") if self.control is not None else None
+            last = last_of[rank]
             where = f" on {peer.host} (pid {peer.pid})" if peer else ""
             missing.append(Finding(
                 "barrier", FAIL, f"rank {rank}{where} did not report: it joined, then went silent"
@@ -374,6 +412,20 @@ class RankRun:
                 code = max(code, EXIT_PROBLEM)
         write_result_file(code, data)
         return code
+
+
+def _phrase(ranks: list[int]) -> str:
+    """'rank 3' / 'ranks 1,5' in full while short, else the count and the start of the list."""
+    return rank_phrase(ranks) if len(ranks) <= MAX_SILENT_NAMED else f"{len(ranks)} ranks ({short_rank_list(ranks)})"
+
+
+def _slowest_phases(results: dict[int, dict[str, Any]]) -> dict[str, float]:
+    """Each phase's longest time over the ranks (the job waits for the slowest), in phase order."""
+    slowest: dict[str, float] = {}
+    for res in results.values():
+        for name, seconds in (res.get("phases") or {}).items():
+            slowest[name] = max(slowest.get(name, 0.0), float(seconds))
+    return slowest
 
 
 def _is_peer_failure(exc: BaseException) -> bool:

@@ -10,12 +10,17 @@ Reproduce by hand: ``tc qdisc add dev eth0 root tbf rate 1gbit burst 64kb latenc
 multi-node job, then ``ddpdoctor check --only bandwidth`` (or ``ddpdoctor bench --pairs``) names it.
 
 Steps (a few seconds at most): all_reduce at 256 KiB, 1 MiB and 4 MiB (busbw as nccl-tests defines it),
-then bidirectional sendrecv between every pair of hosts and between ranks within a host at 1 MiB. The
-full sweep with every op is ``ddpdoctor bench``.
+then bidirectional sendrecv between pairs of ranks at 1 MiB (every pair of hosts up to 16 hosts, else a
+stride plan of ceil(log2 hosts) rounds; within each host a stride plan of ceil(log2 ranks) rounds). A pair
+that looks slow is measured again, with the other pairs of its round beside it, and is blamed only when its
+best sample stays below typical by more than the run's own spread. Where ranks outnumber the cores they may
+run on (or share a GPU), that is said once, with the numbers, as the likely cause of any slowness; the sweep
+is cut to 1 MiB there, since it would only measure the contention. The full sweep is ``ddpdoctor bench``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,33 +30,76 @@ from ddpdoctor.bench import (
     Row,
     analyse_pairs,
     avg_busbw,
+    gather,
     human_bytes,
     measure_pairs,
     measure_row,
 )
 from ddpdoctor.check import Check, CheckContext, all_findings, collapse
 from ddpdoctor.findings import FAIL, PASS, WARN, Finding, RankInfo
+from ddpdoctor.ranks import format_rank_list
 
 MEASURED = "measured"
 SIZES = (256 << 10, MIB, 4 * MIB)
+# Ranks that outnumber their cores measure CPU contention, not links: a short sweep says as much.
+OVERSUBSCRIBED_SIZES = (MIB,)
 ITERS, WARMUP = 5, 2
 PAIR_BYTES, PAIR_ITERS, PAIR_WARMUP = MIB, 3, 1
 # A rank that is slowest at every size and this much slower than the average is named.
 OUTLIER_RATIO = 1.5
 
 
+def _placement(ctx: CheckContext) -> dict[str, Any]:
+    """Where this rank may run: its host, the CPUs in its affinity mask, its device."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: every CPU
+        cpus = list(range(os.cpu_count() or 1))
+    return {"host": ctx.host, "cpus": cpus, "device": ctx.device}
+
+
+def crowding(placements: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Hosts where ranks outnumber the cores they may run on, or share a GPU: one entry per such host.
+
+    The cores counted are the union of the ranks' affinity masks (``taskset``, cgroup cpusets, ``srun
+    --cpu-bind``), not the machine's: sixteen ranks allowed on two cores take turns however many the
+    machine has.
+    """
+    by_host: dict[str, list[int]] = {}
+    for rank in sorted(placements):
+        by_host.setdefault(str(placements[rank]["host"]), []).append(rank)
+    found = []
+    for host, ranks in sorted(by_host.items()):
+        cpus = sorted({int(c) for r in ranks for c in placements[r].get("cpus", [])})
+        devices: dict[str, list[int]] = {}
+        for r in ranks:
+            device = str(placements[r].get("device", "cpu"))
+            if device.startswith("cuda"):
+                devices.setdefault(device, []).append(r)
+        shared = {d: rs for d, rs in devices.items() if len(rs) > 1}
+        if (cpus and len(ranks) > len(cpus)) or shared:
+            found.append({"host": host, "ranks": ranks, "cores": len(cpus), "affinity": format_rank_list(cpus),
+                          "shared_gpus": shared})
+    return found
+
+
 def _run(ctx: CheckContext) -> list[Finding]:
     import torch
 
     device = torch.device(ctx.device)
-    rows = [measure_row("all_reduce", size, "float", ITERS, WARMUP, True, device) for size in SIZES]
+    mine = _placement(ctx)
+    placements = dict(enumerate(gather(mine))) if ctx.world_size > 1 else {ctx.rank: mine}
+    # Every rank computes the same from the same gathered data, so all run the same collectives.
+    crowded = crowding(placements)
+    sizes = OVERSUBSCRIBED_SIZES if crowded else SIZES
+    rows = [measure_row("all_reduce", size, "float", ITERS, WARMUP, True, device) for size in sizes]
     hosts = {r: ctx.peers[r].host if r in ctx.peers else f"rank{r}" for r in range(ctx.world_size)}
     pairs = measure_pairs(hosts, PAIR_BYTES, "float", PAIR_ITERS, PAIR_WARMUP, device) if ctx.world_size > 1 else []
     # Every rank has the combined numbers (they were gathered); one copy is enough in the report.
     if ctx.rank != 0:
         return [ctx.finding(PASS, MEASURED)]
     return [ctx.finding(PASS, MEASURED, rows=[r.to_json() for r in rows], pairs=[p.to_json() for p in pairs],
-                        world_size=ctx.world_size, min_busbw_gbps=ctx.options.min_busbw_gbps)]
+                        world_size=ctx.world_size, min_busbw_gbps=ctx.options.min_busbw_gbps, crowded=crowded)]
 
 
 def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:
@@ -61,23 +109,44 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
     if measured is None:
         return collapse(others)
     rows = [Row.from_json(r) for r in measured.details["rows"]]
-    pairs = [PairResult(**p) for p in measured.details["pairs"]]
+    pairs = [PairResult.from_json(p) for p in measured.details["pairs"]]
     world = int(measured.details["world_size"])
     ranks = sorted(int(r) for r in findings_by_rank)
     min_busbw = measured.details.get("min_busbw_gbps")
-    result = _judge(rows, pairs, world, ranks, peers, min_busbw)
+    result = _judge(rows, pairs, world, ranks, peers, min_busbw, measured.details.get("crowded") or [])
     return result + collapse(others)
 
 
+def _crowding_finding(crowded: list[dict[str, Any]], looked_slow: int) -> Finding:
+    """One finding for all crowded hosts: the likely cause of any slowness, with the numbers."""
+    parts = []
+    for entry in crowded:
+        if entry["cores"] and len(entry["ranks"]) > entry["cores"]:
+            parts.append(f"{len(entry['ranks'])} ranks share {entry['cores']} CPU core"
+                         f"{'s' if entry['cores'] != 1 else ''} on {entry['host']} (affinity {entry['affinity']})")
+        for device, on in entry["shared_gpus"].items():
+            parts.append(f"ranks {format_rank_list(on)} share {device} on {entry['host']}")
+    noted = (f"; {looked_slow} link{'s' if looked_slow != 1 else ''} that looked slow at first "
+             "did not stay slow when measured again, so no link is blamed") if looked_slow else ""
+    ranks = sorted({r for e in crowded for r in e["ranks"]})
+    return Finding("bandwidth", WARN, f"{'; '.join(parts)}: the ranks take turns, so timings measure that "
+                   f"contention, not the links{noted}", ranks,
+                   "run at most one rank per core (or per GPU): fewer ranks (--nproc / torchrun "
+                   "--nproc-per-node), or give each rank its own cores (taskset, numactl, srun --cpu-bind=cores) "
+                   "and set OMP_NUM_THREADS to the cores per rank", {"crowded": crowded})
+
+
 def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[int],
-           peers: Mapping[int, RankInfo], min_busbw: float | None) -> list[Finding]:
+           peers: Mapping[int, RankInfo], min_busbw: float | None,
+           crowded: list[dict[str, Any]] | None = None) -> list[Finding]:
     """The findings rank 0 reports from the combined numbers."""
+    crowded = crowded or []
     avg = avg_busbw(typed) or 0.0
     largest = max(typed, key=lambda r: r.bytes)
     # busbw by size, e.g. "256 KiB 0.21, 1 MiB 0.40, 4 MiB 0.56": latency vs bandwidth at a glance.
     table = ", ".join(f"{human_bytes(r.bytes)} {r.busbw_gbps:.2f}" for r in typed)
-    details: dict[str, Any] = {"rows": [r.to_json() for r in typed], "pairs": [p.to_json() for p in pairs],
-                               "avg_busbw_gbps": avg}
+    analysis = analyse_pairs(pairs)
+    details: dict[str, Any] = {"rows": [r.to_json() for r in typed], "avg_busbw_gbps": avg, **analysis.to_json()}
     result: list[Finding] = []
     wrong = sum(r.wrong or 0 for r in typed)
     if wrong:
@@ -89,27 +158,39 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
                               f"{min_busbw:g} GB/s", ranks,
                               "find the slow part with `ddpdoctor bench --pairs`; with NCCL, run with "
                               "NCCL_DEBUG=INFO and check that NET/IB (not NET/Socket) and P2P are used", details))
-    analysis = analyse_pairs(pairs)
     by_host: dict[str, list[int]] = {}
     for p in pairs:
         by_host.setdefault(p.host_a, []).append(p.a)
         by_host.setdefault(p.host_b, []).append(p.b)
+    repeated = (f" (best of {max(len(p.samples_gbps) for p in pairs)} measurements, "
+                f"margin {analysis.margin:.1f}x)") if pairs and max(len(p.samples_gbps) for p in pairs) > 1 else ""
     for host in analysis.slow_hosts:
         on_host = sorted(r for r, info in peers.items() if info.host == host) or sorted(set(by_host[host]))
         result.append(Finding("bandwidth", WARN, f"host {host} is slow: its best link reaches "
                               f"{analysis.host_best_gbps[host]:.2f} GB/s, other hosts "
-                              f"{analysis.typical_host_gbps():.2f} GB/s", on_host,
+                              f"{analysis.typical_host_gbps():.2f} GB/s{repeated}", on_host,
                               f"check {host}'s NIC link speed (ethtool), cable and switch port, and that "
                               "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME name the fast interface there",
-                              {"host": host, "pairs": [p.to_json() for p in pairs]}))
+                              {"host": host, **analysis.to_json()}))
+    for rank in analysis.slow_ranks:
+        tag = f" {peers[rank].tag}" if rank in peers else ""
+        result.append(Finding("bandwidth", WARN, f"rank {rank}{tag} is slow: its best link within its host "
+                              f"reaches {analysis.rank_best_gbps[rank]:.2f} GB/s, the host's other ranks "
+                              f"{analysis.typical_rank_gbps():.2f} GB/s{repeated}", [rank],
+                              "that rank is throttled or crowded: check what else runs on its cores or GPU "
+                              "(top, nvidia-smi), its CPU quota and affinity (taskset -p PID), its clocks; "
+                              "with GPUs, whether it sits behind another PCIe switch/NUMA node "
+                              "(`nvidia-smi topo -m`)", {"rank": rank, **analysis.to_json()}))
     for p in analysis.slow_links:
         where = f"within host {p.host_a}" if p.host_a == p.host_b else f"between {p.host_a} and {p.host_b}"
         result.append(Finding("bandwidth", WARN, f"link rank {p.a} <-> rank {p.b} ({where}) is slow: "
-                              f"{p.busbw_gbps:.2f} GB/s", [p.a, p.b],
+                              f"{p.busbw_gbps:.2f} GB/s{repeated}", [p.a, p.b],
                               "a bad cable/switch port between hosts, or within a host a GPU on another "
                               "PCIe switch/NUMA node: compare `nvidia-smi topo -m`", p.to_json()))
     slowest = {r.slowest_rank for r in typed}
-    if world > 2 and len(slowest) == 1 and largest.max_time_us > OUTLIER_RATIO * largest.time_us:
+    # On crowded hosts which rank is slowest is the scheduler's choice; the repeated pair test decides instead.
+    if (not crowded and world > 2 and len(slowest) == 1 and len(typed) > 1
+            and largest.max_time_us > OUTLIER_RATIO * largest.time_us):
         rank = slowest.pop()
         tag = f" {peers[rank].tag}" if rank in peers else ""
         result.append(Finding("bandwidth", WARN, f"rank {rank}{tag} is the slowest at every size "
@@ -117,6 +198,12 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
                               f"{human_bytes(largest.bytes)})", [rank],
                               "that rank's host or GPU is busy or throttled: check other processes on it "
                               "(nvidia-smi, top) and its clocks", {"rank": rank}))
+    if crowded:
+        looked_slow = len({(p.a, p.b) for p in pairs if p.suspect}
+                          - {(p.a, p.b) for p in analysis.slow_links}
+                          - {(p.a, p.b) for p in pairs if {p.a, p.b} & set(analysis.slow_ranks)
+                             or {p.host_a, p.host_b} & set(analysis.slow_hosts)})
+        result.append(_crowding_finding(crowded, looked_slow))
     if not result or all(f.status == WARN for f in result):
         result.insert(0, Finding("bandwidth", PASS, f"all_reduce busbw {avg:.2f} GB/s over {world} ranks "
                                  f"({table} GB/s)", ranks, details=details))

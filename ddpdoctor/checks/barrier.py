@@ -50,7 +50,9 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
     missing = sorted({r for f in late for r in f.details.get("missing", [])})
     if missing:
         named = ", ".join(
-            f"rank {r} {peers[r].tag} pid {peers[r].pid}" if r in peers else f"rank {r}" for r in missing)
+            f"rank {r} {peers[r].tag} pid {peers[r].pid}" if r in peers else f"rank {r}" for r in missing[:4])
+        if len(missing) > 4:  # one screen at scale: the JSON's ranks list has them all
+            named = f"{len(missing)} ranks ({named}, ...)"
         result.append(Finding("barrier", FAIL, f"{named} did not reach the barrier in time", missing,
                               "find what those ranks are doing: `ddpdoctor stacks` on their hosts "
                               "(data loading, a filesystem call, a crash in the training script)",

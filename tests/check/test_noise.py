@@ -1,0 +1,56 @@
+"""`check` on a crowded machine: no false alarms from noise, and a really throttled rank still named.
+
+Real processes: `ddpdoctor check` self-launches 16 gloo ranks on this (2-core) machine, and a 4-rank
+torchrun job has one rank throttled for real by tests/faults/rank_fault.py (SIGSTOP/SIGCONT duty cycle,
+the effect of a CFS CPU quota).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, clean_env, free_port, run_cli, torchrun_cmd
+
+pytestmark = pytest.mark.slow
+
+CORES = len(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(CORES >= 16, reason="16 ranks are not crowded on a machine with 16 or more cores")
+def test_sixteen_ranks_on_few_cores_blame_no_link_and_name_the_crowding() -> None:
+    proc = run_cli(["check", "--nproc", "16", "--only", "bandwidth", "--json", "-"], timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    bandwidth = [f for f in report["findings"] if f["check"] == "bandwidth"]
+    summaries = [f["summary"] for f in bandwidth]
+    assert not any(" is slow" in s for s in summaries), summaries
+    crowded = [f for f in bandwidth if "CPU core" in f["summary"]]
+    assert len(crowded) == 1, summaries
+    assert f"16 ranks share {CORES} CPU core" in crowded[0]["summary"]
+    assert crowded[0]["ranks"] == list(range(16)) and crowded[0]["status"] == "warn"
+    # The JSON keeps the repeats of every pair that was measured again.
+    measured = next(f for f in bandwidth if f["status"] == "pass")
+    assert all("samples_gbps" in p for p in measured["details"]["pairs"])
+
+
+def test_a_throttled_rank_is_still_named_among_four(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "--monitor-interval", "0.1",
+           str(REPO / "tests" / "faults" / "rank_fault.py"), "throttle", "3", "--",
+           "check", "--only", "bandwidth", "--timeout", "60", "--json", str(report)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=clean_env(), cwd=tmp_path)
+    assert report.exists(), proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    slow = [f for f in data["findings"] if f["check"] == "bandwidth" and f["status"] == "warn"
+            and " is slow" in f["summary"]]
+    assert [f["ranks"] for f in slow] == [[3]], [f["summary"] for f in data["findings"]]
+    assert slow[0]["summary"].startswith("rank 3 ")
+    # Named after being measured again: its pairs carry more than one sample.
+    pairs = slow[0]["details"]["pairs"]
+    assert any(len(p["samples_gbps"]) > 1 for p in pairs if 3 in (p["a"], p["b"]))
