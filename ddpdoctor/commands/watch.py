@@ -20,27 +20,38 @@ def watch(
     hang_timeout: float = typer.Option(300.0, "--hang-timeout", help="Seconds without collective progress "
                                        "on any rank (while one waits in a collective) that count as a hang."),
     json_path: JsonOption = None,
+    evidence_dir: str = typer.Option(None, "--evidence", metavar="DIR", help="On a hang, mismatch or crash, "
+                                     "write the evidence bundle here (stacks, collective histories, Flight "
+                                     "Recorder dumps, env, verdict.json); default: a new folder in the "
+                                     "temporary directory, named in the report."),
 ) -> None:
     """Run SCRIPT watched: on a hang or a collective mismatch, say which rank diverged, where."""
     from ddpdoctor.runtime import launcher
     from ddpdoctor.runtime.entry import validate_launch_options
-    from ddpdoctor.watch import check_script, run_under_launcher, supervise
+    from ddpdoctor.watch import check_script, run_under_launcher, spawn_sites, supervise, validate_evidence
 
     validate_launch_options(nproc, master_port=master_port)
     if not hang_timeout > 0:
         raise DoctorError(f"--hang-timeout must be a positive number of seconds, got: {hang_timeout}")
     check_script(script)
     validate_output_path("--json", json_path)
+    validate_evidence(evidence_dir)
     args = list(ctx.args)
     info = launcher.detect()
     if info.is_launched:
         if nproc is not None or master_port is not None:
             print("ddpdoctor watch: --nproc/--master-port are ignored under a launcher (it decides the ranks "
                   "and the port)", file=sys.stderr)
-        raise typer.Exit(run_under_launcher(info, script, args, hang_timeout, json_path))
+        raise typer.Exit(run_under_launcher(info, script, args, hang_timeout, json_path, evidence_dir))
     from ddpdoctor.runtime.selflaunch import default_nproc
 
-    raise typer.Exit(supervise(script, args, nproc or default_nproc(), hang_timeout, json_path, master_port))
+    sites = spawn_sites(script)
+    if sites:
+        # Started N times, such a script would start N x N ranks fighting over one MASTER_PORT.
+        print(f"ddpdoctor watch: the script starts its own ranks ({sites[0]}): running it once and watching "
+              "every process it starts" + ("; --nproc is ignored" if nproc is not None else ""), file=sys.stderr)
+    raise typer.Exit(supervise(script, args, nproc or default_nproc(), hang_timeout, json_path, master_port,
+                               evidence_dir, spawns=bool(sites)))
 
 
 def register(app: typer.Typer) -> None:

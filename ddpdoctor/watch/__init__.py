@@ -7,10 +7,16 @@
 - :mod:`~ddpdoctor.watch.aggregate`: the supervisor's picture: progress, mismatches, hangs, first divergence.
 - :mod:`~ddpdoctor.watch.pitfalls`: training-loop pitfalls (no DistributedSampler, no ``set_epoch``, ...).
 - :mod:`~ddpdoctor.watch.report`: the outcome as text.
+- :mod:`~ddpdoctor.watch.spawned`: scripts that start their own ranks (mp.spawn): recognised, run once, every
+  process watched.
+- :mod:`~ddpdoctor.watch.evidence`: the evidence bundle of a failed run (stacks, histories, Flight Recorder
+  dumps ``fr_rank_<N>.pkl``, env, verdict).
 """
 
 from __future__ import annotations
 
+from ddpdoctor.watch.evidence import validate as validate_evidence
+from ddpdoctor.watch.spawned import spawn_sites
 from ddpdoctor.watch.supervisor import check_script, run_under_launcher, supervise
 
-__all__ = ["check_script", "run_under_launcher", "supervise"]
+__all__ = ["check_script", "run_under_launcher", "spawn_sites", "supervise", "validate_evidence"]

@@ -7,11 +7,20 @@ and the aggregator thread inside rank 0 under torchrun.
 A hang is declared when some live rank sits inside a recorded call (a collective, init_process_group,
 or ``backward`` of a DDP model) and no rank has made progress for ``hang_timeout`` seconds. A rank that is
 only running its own code (evaluation, checkpointing) while nobody waits is not a hang.
+
+Also: the ``init_process_group`` claims of every process (two claiming one rank, disagreeing world sizes
+or backends, a rank outside the world: a verdict at once, before the rendezvous fails on them), and the
+ranks' per-step medians (a rank the others chronically wait for is the straggler: a warning).
+
+Ranks are keyed by rank; a process the script started itself (mp.spawn) is keyed by ``-pid`` until its
+``init_process_group`` claim names its rank (see :mod:`~ddpdoctor.watch.spawned`).
 """
 
 from __future__ import annotations
 
+import collections
 import signal
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +28,13 @@ from typing import Any
 from ddpdoctor.watch.pitfalls import merge as merge_pitfalls
 from ddpdoctor.watch.recorder import P2P_RECV, P2P_SEND
 
-OK, HANG, MISMATCH, CRASH = "ok", "hang", "mismatch", "crash"
+OK, HANG, MISMATCH, CRASH, INIT_CONFLICT = "ok", "hang", "mismatch", "crash", "init_conflict"
+HISTORY = 1000  # records kept per rank for the evidence bundle
+# Straggler: every other rank waits at least this much longer per step (median of the last steps) than it.
+STRAGGLER_MIN_US = 5000.0
+STRAGGLER_MIN_SHARE = 0.15
+STRAGGLER_MIN_STEPS = 8
+STRAGGLER_CONFIRM = 3  # consecutive checks (one a second) before it is named while the job runs
 
 
 @dataclass
@@ -46,6 +61,10 @@ class RankState:
     # True when ddpdoctor started the process: then only its real end counts (after the exit message a
     # rank may still run atexit handlers, uploading logs or checkpoints; it must not be torn down then).
     owned: bool = False
+    claim: dict[str, Any] | None = None  # what it called init_process_group with
+    steps: dict[str, Any] | None = None  # per-step medians (recorder.step_stats)
+    history: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
+    fr: str | None = None  # its Flight Recorder dump's path, or why there is none
 
     @property
     def finished(self) -> bool:
@@ -95,6 +114,85 @@ class RankState:
         return f"exit code {self.exit_code}"
 
 
+@dataclass
+class ProcState:
+    """A process the script started (mp.spawn) that has not claimed a rank (yet)."""
+
+    key: int
+    pid: int | None = None
+    host: str = ""
+    role: str = "child"
+    index: int | None = None
+    stack: list[str] | None = None
+    finished: bool = False
+
+
+def claim_conflict(claims: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first contradiction between init_process_group claims, or None.
+
+    Each is fatal in torch, but late and misleading: a second process claiming rank 0 dies of
+    ``EADDRINUSE`` when it tries to host the store on MASTER_PORT (it looks like a busy port), other
+    contradictions wait in the rendezvous until its timeout (30 minutes by default).
+    """
+    def where(claim: dict[str, Any]) -> str:
+        return f"pid {claim.get('pid')} at {claim.get('site')}"
+
+    for claim in claims:
+        rank, world = claim.get("rank"), claim.get("world_size")
+        if rank is not None and world is not None and not 0 <= rank < world:
+            return {"kind": "rank_outside_world", "claims": [claim],
+                    "summary": f"rank {rank} is outside a world of {world} ranks ({where(claim)})",
+                    "remedy": "ranks run from 0 to world_size-1: pass the process index as rank"}
+    by_rank: dict[int, dict[str, Any]] = {}
+    for claim in claims:
+        rank = claim.get("rank")
+        if rank is None:
+            continue
+        first = by_rank.setdefault(rank, claim)
+        if first is not claim and first.get("pid") != claim.get("pid"):
+            return {"kind": "duplicate_rank", "claims": [first, claim],
+                    "summary": f"two processes claim rank {rank}: {where(first)} and {where(claim)}",
+                    "remedy": "each process must pass its own rank to init_process_group (with mp.spawn: the "
+                              "process index the function receives first), not a constant"}
+    for key, label in (("world_size", "world sizes"), ("backend", "backends")):
+        seen: dict[Any, dict[str, Any]] = {}
+        for claim in claims:
+            value = claim.get(key)
+            if value is None or value == "default":
+                continue
+            seen.setdefault(value, claim)
+        if len(seen) > 1:
+            (a, first), (b, second) = list(seen.items())[:2]
+            return {"kind": f"different_{key}", "claims": [first, second],
+                    "summary": f"the processes disagree on {label}: {a} ({where(first)}) and {b} ({where(second)})",
+                    "remedy": f"pass the same {key} to init_process_group on every process"}
+    return None
+
+
+def straggler(stats: dict[int, dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The rank every other rank waits for, from the ranks' per-step medians; None when there is none.
+
+    A chronically late rank spends the least time in collectives (the others are already there) and
+    every other rank waits about as long as it is late. Medians over the last steps make one slow step
+    (a checkpoint, a cold cache) irrelevant.
+    """
+    usable = {r: s for r, s in stats.items() if s and s.get("window", 0) >= STRAGGLER_MIN_STEPS}
+    if len(usable) < 2 or len(usable) < len(stats):
+        return None
+    slow = min(usable, key=lambda r: (usable[r]["wait_us"], r))
+    excess = [usable[r]["wait_us"] - usable[slow]["wait_us"] for r in usable if r != slow]
+    step_us = statistics.median(s["step_us"] for s in usable.values())
+    if step_us <= 0 or min(excess) < max(STRAGGLER_MIN_US, STRAGGLER_MIN_SHARE * step_us):
+        return None
+    wait_us = statistics.median(excess)
+    share = wait_us / step_us
+    return {"rank": slow, "wait_us": round(wait_us, 1), "step_us": round(step_us, 1), "share": round(share, 3),
+            "summary": f"rank {slow} is the straggler: the others wait {wait_us / 1000:.0f} ms per step for it "
+                       f"({100 * share:.0f} % of the step)",
+            "remedy": f"look at what rank {slow} does alone each step (its data shard or loader, a slower "
+                      "host or GPU, extra logging or checkpointing on that rank)"}
+
+
 def _op_class(op: str) -> str:
     return "p2p" if op in P2P_SEND or op in P2P_RECV else op
 
@@ -102,7 +200,8 @@ def _op_class(op: str) -> str:
 class Aggregator:
     """Merges the ranks' messages; ``verdict`` says when the job is done, hung or mismatched."""
 
-    def __init__(self, world_size: int, hang_timeout_s: float, owns_processes: bool = False) -> None:
+    def __init__(self, world_size: int, hang_timeout_s: float, owns_processes: bool = False,
+                 spawned: bool = False) -> None:
         self.world_size = world_size
         self.hang_timeout_s = hang_timeout_s
         self.ranks = {r: RankState(r, owned=owns_processes) for r in range(world_size)}
@@ -110,11 +209,32 @@ class Aggregator:
         # (group, seq) -> arrivals [(rank, record)]; dropped once every member has arrived.
         self.expect: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}
         self.mismatch: dict[str, Any] | None = None
+        # The script starts its own ranks: the world is what their init claims say; the job is over
+        # when its one launcher process has exited (launcher_code).
+        self.spawned = spawned
+        self.launcher_code: int | None = None
+        self.procs: dict[int, ProcState] = {}
+        self.claims: list[dict[str, Any]] = []
+        self.conflict: dict[str, Any] | None = None
+        self.straggler_live: dict[str, Any] | None = None
+        self._straggler_streak: tuple[int | None, int] = (None, 0)
+        self._straggler_checked = 0.0
+        self.evidence: str | None = None
+
+    def _add_ranks(self, upto: int) -> None:
+        for rank in range(upto):
+            self.ranks.setdefault(rank, RankState(rank))
+        self.world_size = max(self.world_size, upto)
 
     # -- input -------------------------------------------------------------------------------------
 
     def feed(self, rank: int, message: dict[str, Any] | None, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        if rank < 0:
+            self._feed_proc(rank, message, now)
+            return
+        if message is not None and message.get("t") == "init":
+            self._claim(rank, message, now)
         state = self.ranks.get(rank)
         if state is None:
             return
@@ -130,6 +250,7 @@ class Aggregator:
             self.last_progress = now
         elif kind == "rec":
             for record in message["recs"]:
+                state.history.append(record)
                 self._arrive(rank, record)
             self.last_progress = now
         elif kind == "beat":
@@ -137,9 +258,11 @@ class Aggregator:
                 self.last_progress = now
             state.progress, state.cur, state.last = message["progress"], message["cur"], message["last"]
             state.seqs = message.get("seqs", state.seqs)
+            state.steps = message.get("steps") or state.steps
         elif kind == "stack":
             state.stack = message["stack"]
             state.pitfalls = message.get("pitfalls", [])
+            state.fr = message.get("fr", state.fr)
         elif kind == "exit":
             state.said_exit, state.message_code = True, int(message["code"])
             state.raised, state.error = bool(message.get("crashed")), message.get("error", "")
@@ -147,6 +270,65 @@ class Aggregator:
             state.cur = None
             state.ended_at = state.ended_at or now
             self.last_progress = now
+
+    def _feed_proc(self, key: int, message: dict[str, Any] | None, now: float) -> None:
+        """A spawned process without a rank yet: its hello, stack and end."""
+        proc = self.procs.get(key)
+        if message is None or message.get("t") == "exit":
+            if proc is not None:
+                proc.finished = True
+            self.last_progress = now
+            return
+        kind = message.get("t")
+        if kind == "hello":
+            self.procs[key] = ProcState(key, message.get("pid"), message.get("host", ""),
+                                        message.get("role", "child"), message.get("index"))
+            self.last_progress = now
+        elif kind == "stack" and proc is not None:
+            proc.stack = message["stack"]
+
+    def _claim(self, rank: int, message: dict[str, Any], now: float) -> None:
+        """An init_process_group claim, before torch's rendezvous runs."""
+        claim = dict(message.get("claim") or {})
+        was = message.get("was")
+        if self.spawned:
+            world = claim.get("world_size")
+            self._add_ranks(max(rank + 1, world if isinstance(world, int) and world < 1 << 16 else 0))
+        state = self.ranks.get(rank)
+        if state is not None and isinstance(was, int) and was < 0:
+            proc = self.procs.pop(was, None)
+            if proc is not None and not (state.connected and state.pid != proc.pid):
+                state.pid, state.host, state.connected = proc.pid, proc.host, True
+        if state is not None and state.claim is None:
+            state.claim = claim
+        self.claims.append(claim)
+        if self.conflict is None:
+            self.conflict = claim_conflict(self.claims)
+        self.last_progress = now
+
+    def launcher_exited(self, returncode: int, now: float | None = None) -> None:
+        """The script's own process (it started the ranks itself) ended."""
+        self.launcher_code = returncode
+        self.last_progress = time.monotonic() if now is None else now
+
+    def step_stats(self) -> dict[int, dict[str, Any] | None]:
+        return {r: s.steps for r, s in self.ranks.items() if s.connected or s.steps}
+
+    def straggler_notice(self, now: float | None = None) -> str | None:
+        """Once a second while the job runs: the line to print when a straggler is confirmed."""
+        now = time.monotonic() if now is None else now
+        if now - self._straggler_checked < 1.0:
+            return None
+        self._straggler_checked = now
+        found = straggler(self.step_stats())
+        rank = found["rank"] if found else None
+        previous, streak = self._straggler_streak
+        streak = streak + 1 if rank is not None and rank == previous else (1 if rank is not None else 0)
+        self._straggler_streak = (rank, streak)
+        if found and streak == STRAGGLER_CONFIRM and (self.straggler_live or {}).get("rank") != rank:
+            self.straggler_live = found
+            return f"ddpdoctor watch: {found['summary']} (the job goes on)"
+        return None
 
     def process_exited(self, rank: int, returncode: int, now: float | None = None) -> None:
         """The OS's word on a rank ddpdoctor launched (the only source for a SIGKILL)."""
@@ -176,9 +358,17 @@ class Aggregator:
     def verdict(self, now: float | None = None) -> str | None:
         """MISMATCH / HANG / CRASH to stop the job now, OK when every rank ended, else None."""
         now = time.monotonic() if now is None else now
+        if self.conflict is not None:
+            return INIT_CONFLICT
         if self.mismatch is not None:
             return MISMATCH
         live = [s for s in self.ranks.values() if not s.finished]
+        if self.spawned:
+            if self.launcher_code is not None:
+                # Ranks claimed but never started cannot start any more.
+                live = [s for s in live if s.connected]
+            elif not live:
+                return None  # nothing can hang without a rank; the launcher's exit ends the job
         if not live:
             return CRASH if any(s.crashed for s in self.ranks.values()) else OK
         if now - self.last_progress < self.hang_timeout_s:
@@ -192,6 +382,8 @@ class Aggregator:
     def exit_code(self, status: str) -> int:
         if status != OK:
             return 1
+        if self.spawned and self.launcher_code is not None:
+            return self.launcher_code
         codes = [self.ranks[r].exit_code or 0 for r in sorted(self.ranks)]
         return next((c for c in codes if c != 0), 0)
 
@@ -278,6 +470,7 @@ class Aggregator:
                 "exit_code": s.exit_code, "signal": s.signal_name, "error": s.error or None,
                 "last_completed": {k: s.last.get(k) for k in ("op", "seq", "group", "site", "desc")} if s.last else None,
                 "waiting_in": waiting, "issued": dict(s.seqs), "stack": s.stack or [],
+                "init": s.claim, "steps": s.steps, "flight_recorder": s.fr,
             })
         divergence = self.divergence() if status != OK else None
         if divergence and all(g["state"] in ("exited", "crashed") for g in divergence["groups"]):
@@ -287,9 +480,28 @@ class Aggregator:
         warnings = merge_pitfalls({r: s.pitfalls for r, s in self.ranks.items()}, self.world_size)
         return {"tool": "ddpdoctor", "version": __version__, "command": "watch", "status": status,
                 "exit_code": self.exit_code(status), "world_size": self.world_size,
+                "launch": "script" if self.spawned else "ranks",
                 "hang_timeout_s": self.hang_timeout_s,
                 "stalled_s": round(time.monotonic() - self.last_progress, 3) if status == HANG else None,
-                "ranks": ranks, "divergence": divergence, "crash_order": crash_order, "warnings": warnings}
+                "ranks": ranks, "divergence": divergence, "crash_order": crash_order,
+                "init_conflict": self.conflict if status == INIT_CONFLICT else None,
+                "outside": self.outside() if status == HANG else [],
+                "straggler": straggler(self.step_stats()) or self.straggler_live,
+                "evidence": self.evidence, "warnings": warnings}
+
+    def outside(self) -> list[dict[str, Any]]:
+        """Processes stuck outside any collective while others wait: ranks running their own code, and
+        started processes that never called init_process_group (data loading, a lock, an input())."""
+        found = []
+        for state in self.ranks.values():
+            if state.connected and not state.finished and state.cur is None:
+                found.append({"rank": state.rank, "pid": state.pid, "site": _innermost(state.stack),
+                              "stack": state.stack or [], "before_init": state.claim is None})
+        for proc in self.procs.values():
+            if proc.role == "child" and not proc.finished:
+                found.append({"rank": None, "pid": proc.pid, "index": proc.index, "site": _innermost(proc.stack),
+                              "stack": proc.stack or [], "before_init": True})
+        return found
 
 
 def _innermost(stack: list[str] | None) -> str | None:

@@ -135,6 +135,16 @@ class Server:
                 if message.get("t") == "hello":
                     self._rank_of[conn] = int(message["rank"])
                     self.ranks[int(message["rank"])] = conn
+                elif message.get("t") == "init" and message.get("bind") and isinstance(message.get("rank"), int) \
+                        and message["rank"] >= 0:
+                    # A process the script started claims its rank: from now on it is that rank. A second
+                    # claimant of the same rank keeps the first one's route (the verdict names both).
+                    was = self._rank_of.get(conn)
+                    message["was"] = was
+                    if was is not None and self.ranks.get(was) is conn:
+                        del self.ranks[was]
+                    self._rank_of[conn] = message["rank"]
+                    self.ranks.setdefault(message["rank"], conn)
                 rank = self._rank_of.get(conn)
                 if rank is not None:
                     events.append((rank, message))

@@ -28,22 +28,61 @@ from ddpdoctor.watch.recorder import Recorder, site_name, user_stack
 # Set by the self-launching supervisor: when its channel closes, the supervisor is gone and nobody
 # would ever tear this rank down, so the rank ends itself rather than become an orphan.
 EXIT_ON_LOST_ENV = "DDPDOCTOR_WATCH_EXIT_ON_LOST"
+# "spawn": the script starts its own ranks (mp.spawn, a Process per rank); this process is its launcher.
+MODE_ENV = "DDPDOCTOR_WATCH_MODE"
 BEAT_S = 1.0
 TICK_S = 0.1
+# How long init_process_group waits for the channel before its claim is sent (normally milliseconds).
+INIT_CONNECT_S = 10.0
+
+
+def dump_flight_recorder(path: str) -> str:
+    """Write this process's PyTorch Flight Recorder dump (pickle bytes, as torch writes them) to ``path``.
+
+    Returns '' when written, else why not. ``_dump_fr_trace(include_collectives, include_stack_traces,
+    only_active)`` covers every backend on torch >= 2.8 (gloo included); older torch has
+    ``_dump_nccl_trace`` for NCCL only. Both are private: absent or failing means "no dump", never an error.
+    """
+    try:
+        import torch._C._distributed_c10d as c10d_c
+
+        dump = getattr(c10d_c, "_dump_fr_trace", None) or getattr(c10d_c, "_dump_nccl_trace", None)
+        if dump is None:
+            return "this torch has no Flight Recorder dump function"
+        data = dump(True, True, False)
+    except Exception as exc:  # private API: any failure only costs the dump
+        return f"Flight Recorder dump failed: {typed_error(exc)[:200]}"
+    from pathlib import Path
+
+    from ddpdoctor.fileio import atomic_output
+
+    try:
+        with atomic_output(Path(path)) as handle:
+            handle.write(bytes(data))
+    except OSError as exc:
+        return f"cannot write {path}: {exc}"
+    return ""
 
 
 class Watchdog(threading.Thread):
     """Ships records and progress every tick; answers 'dump' with the main thread's stack."""
 
-    def __init__(self, recorder: Recorder, pitfalls: PitfallLog, address: str, exit_on_lost: bool) -> None:
+    def __init__(self, recorder: Recorder, pitfalls: PitfallLog, address: str, exit_on_lost: bool,
+                 key: int | None = None, bind_on_init: bool = False, hello: dict[str, Any] | None = None) -> None:
         super().__init__(name="ddpdoctor-watchdog", daemon=True)
         self.recorder = recorder
         self.pitfalls = pitfalls
         self.address = address
         self.exit_on_lost = exit_on_lost
+        # The channel identity: the rank, or (a process the script started, whose rank is known only once
+        # it calls init_process_group) -pid until its init claim binds it to the rank it claims.
+        self.key = recorder.rank if key is None else key
+        self.bind_on_init = bind_on_init
+        self.hello_extra = hello or {}
         self.client: Client | None = None
         self.stopping = threading.Event()
         self.connected = threading.Event()
+        self.settled = threading.Event()  # the connection attempt ended, either way
         self._sent_progress = -1
         self._sent_at = 0.0
         self._main_ident = threading.main_thread().ident
@@ -64,12 +103,14 @@ class Watchdog(threading.Thread):
             if self.address:
                 print(f"ddpdoctor watch: rank {self.recorder.rank}: cannot reach the watch channel at "
                       f"{self.address} ({exc}); this rank runs unwatched", file=sys.stderr)
+            self.settled.set()
             while not self.stopping.wait(TICK_S):
                 self.recorder.pending.clear()
             return
-        self.client.send({"t": "hello", "rank": self.recorder.rank, "pid": os.getpid(),
-                          "host": socket.gethostname(), "world_size": self.recorder.world_size})
+        self.client.send({"t": "hello", "rank": self.key, "pid": os.getpid(),
+                          "host": socket.gethostname(), "world_size": self.recorder.world_size, **self.hello_extra})
         self.connected.set()
+        self.settled.set()
         while not self.stopping.is_set():
             self.flush()
             messages = self.client.receive(TICK_S)
@@ -82,11 +123,24 @@ class Watchdog(threading.Thread):
             for message in messages:
                 self.handle(message)
 
+    def on_init(self, claim: dict[str, Any]) -> None:
+        """The recorder's init hook (main thread, before torch's rendezvous): send the claim first."""
+        if self.bind_on_init and isinstance(claim.get("rank"), int) and claim["rank"] >= 0:
+            self.recorder.rank = claim["rank"]
+            self.recorder.world_size = claim["world_size"] if isinstance(claim.get("world_size"), int) else -1
+        if not self.settled.wait(INIT_CONNECT_S) or self.client is None:
+            return
+        self.client.send({"t": "init", "claim": claim, "bind": self.bind_on_init, "rank": claim.get("rank")})
+
     def handle(self, message: dict[str, Any]) -> None:
         assert self.client is not None
         if message.get("t") == "dump":
             self.flush(force=True)
-            self.client.send({"t": "stack", "stack": self.main_stack(), "pitfalls": self.pitfalls.findings()})
+            reply: dict[str, Any] = {"t": "stack", "stack": self.main_stack(), "pitfalls": self.pitfalls.findings()}
+            fr_path = message.get("fr_path")
+            if fr_path and self.recorder.claim is not None:
+                reply["fr"] = dump_flight_recorder(fr_path) or fr_path
+            self.client.send(reply)
         elif message.get("t") == "exit":
             sys.stdout.flush()
             sys.stderr.flush()
@@ -112,7 +166,8 @@ class Watchdog(threading.Thread):
             current, last = rec.current, rec.last_done
             client.send({"t": "beat", "progress": progress,
                          "cur": current.to_json() if current is not None else None,
-                         "last": last.to_json() if last is not None else None, "seqs": rec.group_seqs()})
+                         "last": last.to_json() if last is not None else None, "seqs": rec.group_seqs(),
+                         "steps": rec.step_stats()})
             self._sent_progress, self._sent_at = progress, now
 
     def finish(self, code: int, crashed: bool, error: str) -> None:
@@ -172,9 +227,11 @@ def run_script(script: str, args: list[str], rank: int, world_size: int, address
     from ddpdoctor.watch import pitfalls as pitfall_hooks
     from ddpdoctor.watch import recorder as recording
 
+    enable_flight_recorder()
     recorder = recording.install(rank, world_size)
     pitfalls = pitfall_hooks.install(recorder)
     dog = Watchdog(recorder, pitfalls, address, exit_on_lost)
+    recorder.init_hook = dog.on_init
     dog.start()
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
@@ -183,9 +240,38 @@ def run_script(script: str, args: list[str], rank: int, world_size: int, address
     return code
 
 
+FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_ENTRIES = "2000"
+
+
+def enable_flight_recorder() -> None:
+    """Turn PyTorch's Flight Recorder on (2000 entries) unless the user chose a size: torch reads these
+    variables when a process group is created, so setting them before the script runs is enough.
+    TORCH_NCCL_TRACE_BUFFER_SIZE is the older (NCCL-only) name; torch 2.8+ reads TORCH_FR_BUFFER_SIZE and
+    warns that the old name is deprecated, so the old name is set only for older torch."""
+    if any(name in os.environ for name in FR_ENV):
+        return
+    os.environ["TORCH_FR_BUFFER_SIZE"] = FR_ENTRIES
+    try:
+        from importlib.metadata import version
+
+        major, minor = (int(part) for part in version("torch").split(".")[:2])
+    except Exception:  # an odd version string or no metadata: set both names, a warning at worst
+        major, minor = 0, 0
+    if (major, minor) < (2, 8):
+        os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FR_ENTRIES
+
+
 def main() -> None:
     """Entry of a self-launched rank: ``python -m ddpdoctor.watch.rank script.py args...``."""
     script, args = sys.argv[1], sys.argv[2:]
+    if os.environ.get(MODE_ENV) == "spawn":
+        from ddpdoctor.watch.spawned import run_launcher
+
+        code = run_launcher(script, args, os.environ[ADDR_ENV])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(code)
     code = run_script(script, args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                       os.environ[ADDR_ENV], os.environ.get(EXIT_ON_LOST_ENV) == "1")
     sys.stdout.flush()

@@ -10,11 +10,22 @@ recorded; ``backward`` itself is shown as a pseudo-op so a rank blocked there is
 
 Nested calls (``all_gather_object`` calls ``all_gather``) are recorded once, as the outer call: the
 sequence numbers then count what the script wrote, the same on every rank.
+
+``init_process_group`` is recorded with what it was called with (backend, init_method, rank, world_size,
+timeout, the call site: a *claim*) and the claim is handed to ``Recorder.init_hook`` *before* torch runs
+the rendezvous, so two processes claiming the same rank are named before the second one dies of
+``EADDRINUSE`` on the store port (the symptom a user otherwise sees).
+
+Step accounting for straggler detection: the time between optimizer steps (a global
+``register_optimizer_step_post_hook``), or between DDP ``backward()`` calls when no torch optimizer runs, and
+the time spent inside recorded calls in that step. A rank that is chronically late makes the others wait
+in their collectives; comparing the per-step medians of the ranks names it (see ``aggregate.straggler``).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import inspect
 import os
@@ -22,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +67,9 @@ P2P_RECV = ("recv", "irecv")
 SYNC_POINTS = ("init_process_group", "new_group", "batch_isend_irecv")
 
 MAX_WORKS = 256
+# Per-step (step time, time in collectives) pairs kept for the medians: enough that one slow step (a
+# checkpoint, a cold cache) never moves the median, small enough to sort once a second for nothing.
+STEP_WINDOW = 128
 _SKIP_DIRS: tuple[str, ...] = ()
 _site_names: dict[str, str] = {}
 _dtype_names: dict[Any, str] = {}
@@ -82,9 +97,13 @@ class Record:
 
 
 def _skip_dirs() -> tuple[str, ...]:
+    import multiprocessing
+
     import torch
 
-    return (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(ddpdoctor.__file__) + os.sep)
+    # multiprocessing: the bootstrap frames of a process the script started (mp.spawn) are not its code.
+    return (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(ddpdoctor.__file__) + os.sep,
+            os.path.dirname(multiprocessing.__file__) + os.sep)
 
 
 def site_name(filename: str) -> str:
@@ -150,6 +169,48 @@ class Recorder:
         self._local = threading.local()
         self.uses_ddp = False
         self.works: collections.OrderedDict[int, tuple[Any, Record]] = collections.OrderedDict()
+        # Called with this process's init_process_group claim before the rendezvous runs.
+        self.init_hook: Callable[[dict[str, Any]], None] | None = None
+        self.claim: dict[str, Any] | None = None
+        self.pid = os.getpid()
+        # Step accounting (main thread writes, the watchdog reads a snapshot).
+        self.in_calls_s = 0.0
+        self.steps = 0
+        self.step_window: collections.deque[tuple[float, float]] = collections.deque(maxlen=STEP_WINDOW)
+        self._step_start: float | None = None
+        self._boundary: str | None = None
+
+    def reset(self, rank: int, world_size: int) -> None:
+        """A forked child inherits the parent's recorder (its wrappers point at this object): start afresh."""
+        hook = self.init_hook
+        self.__init__(rank, world_size)  # type: ignore[misc]
+        self.init_hook = hook
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    def mark_step(self, kind: str) -> None:
+        """A step boundary: an optimizer step, or (when no torch optimizer ever steps) a DDP backward."""
+        if kind != self._boundary:
+            if self._boundary == "optimizer":
+                return  # once an optimizer steps, backward calls are no longer boundaries
+            self._boundary, self._step_start = kind, None
+        now = time.perf_counter()
+        if self._step_start is not None:
+            self.step_window.append((now - self._step_start, self.in_calls_s))
+            self.steps += 1
+        self._step_start = now
+        self.in_calls_s = 0.0
+
+    def step_stats(self) -> dict[str, Any] | None:
+        """Medians over the last STEP_WINDOW steps: step time and time inside collectives, in us."""
+        window = list(self.step_window)
+        if not window:
+            return None
+        steps = sorted(w[0] for w in window)
+        waits = sorted(w[1] for w in window)
+        mid = len(window) // 2
+        return {"steps": self.steps, "window": len(window), "boundary": self._boundary,
+                "step_us": round(steps[mid] * 1e6, 1), "wait_us": round(waits[mid] * 1e6, 1)}
 
     # -- naming ------------------------------------------------------------------------------------
 
@@ -216,9 +277,11 @@ class Recorder:
             rec = make(args, kwargs, user_site())
             self.start(rec)
             local.depth = 1
+            began = time.perf_counter()
             try:
                 result = original(*args, **kwargs)
             finally:
+                self.in_calls_s += time.perf_counter() - began
                 local.depth = 0
                 self.finish(rec)
             if result is not None and not isinstance(result, (int, bool)):
@@ -281,6 +344,63 @@ def _p2p_maker(rec: Recorder, op: str, original: Callable[..., Any]) -> Callable
     return make
 
 
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def init_claim(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], site: str,
+               ) -> dict[str, Any]:
+    """What this process asked ``init_process_group`` for, resolved as torch resolves it.
+
+    rank/world_size: the argument when given (torch's default is -1), else the ``init_method`` URL's
+    ``?rank=&world_size=`` query (tcp://, file://), else the RANK/WORLD_SIZE variables env:// reads;
+    None where nothing says (torch then fails on its own).
+    """
+    try:
+        bound = inspect.signature(original).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        bound = dict(kwargs)
+    init_method = bound.get("init_method")
+    store = bound.get("store")
+    method = str(init_method) if init_method else ("store" if store is not None else "env://")
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(method).query) if "?" in method else {}
+
+    def resolve(name: str, env: str) -> int | None:
+        value = bound.get(name, -1)
+        if isinstance(value, int) and value != -1:
+            return value
+        if name in query:
+            try:
+                return int(query[name][0])
+            except ValueError:
+                return None
+        return _env_int(env) if method.startswith("env://") else None
+
+    timeout = bound.get("timeout")
+    backend = bound.get("backend")
+    return {"backend": str(backend) if backend else "default", "init_method": method,
+            "rank": resolve("rank", "RANK"), "world_size": resolve("world_size", "WORLD_SIZE"),
+            "timeout_s": timeout.total_seconds() if timeout is not None and hasattr(timeout, "total_seconds") else None,
+            "site": site, "pid": os.getpid()}
+
+
+def _init_maker(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Record]:
+    def make(args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Record:
+        claim = init_claim(original, args, kwargs, site)
+        rec.claim = claim
+        hook = rec.init_hook
+        if hook is not None:
+            # Reporting the claim must never break the user's init_process_group.
+            with contextlib.suppress(Exception):
+                hook(claim)
+        return Record("init_process_group", "", None, None, "", "", site)
+
+    return make
+
+
 def _plain_maker(op: str) -> Callable[..., Record]:
     def make(args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Record:
         return Record(op, "", None, None, "", "", site)
@@ -295,6 +415,8 @@ def install(rank: int, world_size: int) -> Recorder:
     """Patch torch.distributed (once per process) and return the recorder."""
     global _SKIP_DIRS, _installed
     if _installed is not None:
+        if _installed.pid != os.getpid():
+            _installed.reset(rank, world_size)  # a forked child (mp start method "fork")
         return _installed
     import torch.autograd
     import torch.distributed as dist
@@ -310,6 +432,8 @@ def install(rank: int, world_size: int) -> Recorder:
             make = _collective_maker(rec, op, original)
         elif op in P2P_SEND or op in P2P_RECV:
             make = _p2p_maker(rec, op, original)
+        elif op == "init_process_group":
+            make = _init_maker(rec, original)
         else:
             make = _plain_maker(op)
         wrapper = rec.wrap(original, make)
@@ -326,10 +450,15 @@ def install(rank: int, world_size: int) -> Recorder:
     @functools.wraps(backward)
     def watched_backward(*args: Any, **kwargs: Any) -> Any:
         if rec.uses_ddp:
+            rec.mark_step("backward")
             return plain_backward(*args, **kwargs)
         return backward(*args, **kwargs)
 
     torch.autograd.backward = watched_backward
+    # Every torch optimizer's step() ends in the global post hooks: one boundary per training step.
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: rec.mark_step("optimizer"))
 
     # work.wait() of an async collective (async_op=True, isend/irecv): shown, not numbered. Inside a
     # synchronous collective torch waits on its own Work; the depth guard keeps that out.

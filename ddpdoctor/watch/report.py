@@ -52,8 +52,43 @@ def point_name(group: str, seq: int) -> str:
     return f"collective #{seq}" + ("" if group == "WORLD" else f" on {group}")
 
 
+def claim_text(claim: dict[str, Any]) -> str:
+    """'pid 123 at spawn_ddp.py:30: init_process_group(backend=gloo, init_method=env://, rank=0, world_size=2)'."""
+    fields = ", ".join(f"{key}={claim.get(key)}" for key in ("backend", "init_method", "rank", "world_size")
+                       if claim.get(key) is not None)
+    timeout = f", timeout={claim['timeout_s']:g} s" if claim.get("timeout_s") is not None else ""
+    return f"pid {claim.get('pid')} at {claim.get('site')}: init_process_group({fields}{timeout})"
+
+
+def outside_lines(result: dict[str, Any]) -> list[str]:
+    """A hang with someone outside every collective: who is stuck where, while whom waits in what."""
+    outside = result.get("outside") or []
+    if not outside:
+        return []
+    waiting: dict[str, list[int]] = {}
+    for rank in result["ranks"]:
+        if rank["state"] == "waiting" and rank["waiting_in"]:
+            waiting.setdefault(call_text(rank["waiting_in"], with_seq=False), []).append(rank["rank"])
+    waits = "; ".join(f"{rank_phrase(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in {call}"
+                      for call, ranks in waiting.items()) or "nobody waits"
+    lines = []
+    for entry in outside:
+        if entry["rank"] is not None:
+            who = f"rank {entry['rank']}"
+        else:
+            index = f", process index {entry['index']}" if entry.get("index") is not None else ""
+            who = f"a started process (pid {entry['pid']}{index})"
+        before = " (it never reached its first one)" if entry.get("before_init") else ""
+        lines.append(f"  {who} is stuck outside any collective{before}, at {entry['site'] or 'an unknown line'}; "
+                     f"meanwhile {waits}")
+    return lines
+
+
 def headline(result: dict[str, Any]) -> str:
     status, ws = result["status"], result["world_size"]
+    if status == "init_conflict":
+        return (f"ddpdoctor watch: INIT CONFLICT: {result['init_conflict']['summary']}; the job was stopped "
+                "before the rendezvous")
     if status == "hang":
         return (f"ddpdoctor watch: HANG: no rank made collective progress for {result['hang_timeout_s']:g} s "
                 f"({ws} ranks); the job was torn down")
@@ -90,10 +125,17 @@ def ended_text(rank: dict[str, Any]) -> str:
 def render(result: dict[str, Any]) -> str:
     """The report: headline, divergence, per-rank table, stacks, warnings."""
     lines = [headline(result)]
-    if result["status"] != "ok":
+    conflict = result.get("init_conflict")
+    if conflict:
+        lines += ["", "init_process_group was called with:"]
+        lines += [f"  {claim_text(claim)}" for claim in conflict["claims"]]
+        lines += ["", f"fix: {conflict['remedy']}"]
+    elif result["status"] != "ok":
         div = result.get("divergence")
         if div:
             lines += ["", "first divergence:", f"  {divergence_line(div)}"]
+        elif result.get("outside"):
+            lines += ["", "stuck outside the collectives:", *outside_lines(result)]
         rows = []
         for rank in result["ranks"]:
             state = rank["state"]
@@ -105,13 +147,26 @@ def render(result: dict[str, Any]) -> str:
             if rank["stack"]:
                 lines += ["", f"rank {rank['rank']} stack (user code, innermost last):"]
                 lines += [f"  {entry}" for entry in rank["stack"][-12:]]
+        for entry in result.get("outside") or []:
+            if entry["rank"] is None and entry["stack"]:
+                lines += ["", f"pid {entry['pid']} stack (no rank yet; user code, innermost last):"]
+                lines += [f"  {line}" for line in entry["stack"][-12:]]
         if result["status"] == "mismatch":
             lines += ["", "fix: every rank must issue the same collectives in the same order with the same "
                       "shapes and dtypes; look for a rank-dependent branch around the sites above"]
+        elif result["status"] == "hang" and not div and result.get("outside"):
+            lines += ["", "fix: the process named above never reached the collective the others wait in: look at what it "
+                      "does at that line (data loading, a lock, input, a file on a slow filesystem)"]
         elif result["status"] == "hang":
             lines += ["", "fix: a collective inside `if rank == ...` (or skipped by a data-dependent branch) must "
                       "run on every rank; if one rank legitimately works alone for longer, raise --hang-timeout"]
+    straggler = result.get("straggler")
+    if straggler:
+        lines += ["", f"warning: {straggler['summary']}", f"  fix: {straggler['remedy']}"]
     for warning in result.get("warnings", []):
         lines += ["", f"warning: {warning['summary']} (created at {warning['site']}, {rank_phrase(warning['ranks'])})",
                   f"  fix: {warning['remedy']}"]
+    if result.get("evidence"):
+        lines += ["", f"evidence: {result['evidence']} (verdict.json, report.txt, env.json, and per rank "
+                  "stack_rank_N.txt, history_rank_N.json, fr_rank_N.pkl)"]
     return "\n".join(lines)

@@ -13,8 +13,13 @@ Two ways to run:
   when set; else, under torchrun (whose agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT for every
   rank, ``TORCHELASTIC_USE_AGENT_STORE``), any free port, published in that store; else MASTER_PORT+1.
 
+- **the script starts its ranks itself** (``mp.spawn``, a ``Process`` per rank; recognised from its source
+  by :func:`~ddpdoctor.watch.spawned.spawn_sites`): self-launch starts the script *once*, as
+  ``python -m ddpdoctor.watch.rank`` in spawn mode, and every process it starts reports on the channel
+  and becomes the rank its ``init_process_group`` claims (see :mod:`~ddpdoctor.watch.spawned`).
+
 Either way the verdict is one report on stderr (and ``--json``; ``--json -`` prints the JSON on stdout instead),
-then every rank is torn down.
+the evidence bundle is written (:mod:`~ddpdoctor.watch.evidence`), then every rank is torn down.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
+from ddpdoctor.watch import evidence
 from ddpdoctor.watch.aggregate import CRASH, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
 from ddpdoctor.watch.report import render
@@ -55,14 +61,21 @@ def check_script(script: str) -> str:
     return script
 
 
-def write_result(result: dict[str, Any], json_path: str | None) -> None:
-    """The report on stderr, then --json (``--json -``: the JSON on stdout instead of the report). A failed
-    write is one line, not an exception: in rank 0's supervisor thread an exception would skip telling the
-    other ranks to exit, and hang the job."""
+def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator | None = None) -> None:
+    """The evidence bundle (failed runs), the report on stderr, then --json (``--json -``: the JSON on
+    stdout instead of the report). A failed write is one line, not an exception: in rank 0's supervisor
+    thread an exception would skip telling the other ranks to exit, and hang the job."""
     from ddpdoctor.fileio import emit_json, json_to_stdout
 
+    text = render(result)
+    if agg is not None and result.get("evidence"):
+        histories = {r: list(s.history) for r, s in agg.ranks.items()}
+        try:
+            evidence.write(result["evidence"], result, text, histories)
+        except Exception as exc:  # the report on the terminal matters more than the bundle
+            print(f"ddpdoctor watch: cannot write the evidence bundle ({short_error(exc)})", file=sys.stderr, flush=True)
     if not json_to_stdout(json_path):
-        print(render(result), file=sys.stderr, flush=True)
+        print(text, file=sys.stderr, flush=True)
     if json_path:
         try:
             emit_json(json_path, result)
@@ -81,17 +94,29 @@ def _drain(server: Server, agg: Aggregator, timeout: float) -> None:
         timeout = 0.0
 
 
-def collect_stacks(server: Server, agg: Aggregator) -> None:
-    """Ask every connected rank for its main thread's stack; wait a little for the answers."""
+def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -> None:
+    """Ask every connected rank (and spawned process without a rank) for its main thread's stack, and
+    with an evidence folder for its Flight Recorder dump there; wait a little for the answers."""
     asked = [r for r, s in agg.ranks.items() if not s.finished and r in server.ranks]
     for rank in asked:
         agg.ranks[rank].stack = None
-        server.send(rank, {"t": "dump"})
+        server.send(rank, {"t": "dump", **({"fr_path": evidence.fr_path(folder, rank)} if folder else {})})
+    procs = [k for k, p in agg.procs.items() if not p.finished and k in server.ranks]
+    for key in procs:
+        server.send(key, {"t": "dump"})
     deadline = time.monotonic() + STACK_WAIT_S
     while time.monotonic() < deadline:
-        if all(agg.ranks[r].stack is not None or agg.ranks[r].finished for r in asked):
+        if all(agg.ranks[r].stack is not None or agg.ranks[r].finished for r in asked) and \
+                all(agg.procs[k].stack is not None or agg.procs[k].finished for k in procs if k in agg.procs):
             return
         _drain(server, agg, POLL_S)
+
+
+def _notice(agg: Aggregator) -> None:
+    """While the job runs: name a confirmed straggler once (the job goes on)."""
+    line = agg.straggler_notice()
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 # -- self-launch -----------------------------------------------------------------------------------
@@ -164,34 +189,57 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise _Interrupted(signal.Signals(signum).name)
 
 
+def _launcher_env(channel: str, master_port: int | None) -> dict[str, str]:
+    """The environment of a script that starts its own ranks: the user's own, plus the channel."""
+    from ddpdoctor.watch.rank import EXIT_ON_LOST_ENV, MODE_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
+    if master_port is not None:
+        env["MASTER_PORT"] = str(master_port)
+    env.update({ADDR_ENV: channel, EXIT_ON_LOST_ENV: "1", MODE_ENV: "spawn"})
+    return env
+
+
 def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, json_path: str | None,
-              master_port: int | None = None) -> int:
-    """Self-launch ``nproc`` ranks of the script, watch them, report; the exit code.
+              master_port: int | None = None, evidence_dir: str | None = None, spawns: bool = False) -> int:
+    """Self-launch ``nproc`` ranks of the script (or, ``spawns``, the script once: it starts its own
+    ranks), watch them, report; the exit code.
 
     The job's MASTER_PORT is ``master_port``, else $MASTER_PORT, else a free port (as for ``check``).
     """
     from ddpdoctor.runtime.selflaunch import choose_port
 
-    job_port = choose_port(master_port if master_port is not None else port_from_env("MASTER_PORT"))
     server = Server("127.0.0.1", 0)
     channel = f"127.0.0.1:{server.port}"
-    agg = Aggregator(nproc, hang_timeout_s, owns_processes=True)
+    agg = Aggregator(0 if spawns else nproc, hang_timeout_s, owns_processes=not spawns, spawned=spawns)
     procs: list[subprocess.Popen[bytes]] = []
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     status: str | None = None
+    rank_cmd = [sys.executable, "-m", "ddpdoctor.watch.rank", script, *args]
     try:
-        for rank in range(nproc):
-            procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor.watch.rank", script, *args],
-                                          env=_rank_env(rank, nproc, job_port, channel), start_new_session=True))
+        if spawns:
+            procs.append(subprocess.Popen(rank_cmd, env=_launcher_env(channel, master_port), start_new_session=True))
+        else:
+            job_port = choose_port(master_port if master_port is not None else port_from_env("MASTER_PORT"))
+            for rank in range(nproc):
+                procs.append(subprocess.Popen(rank_cmd, env=_rank_env(rank, nproc, job_port, channel),
+                                              start_new_session=True))
         while status is None:
             _drain(server, agg, POLL_S)
-            for rank, proc in enumerate(procs):
-                if agg.ranks[rank].returncode is None and proc.poll() is not None:
+            if spawns:
+                if agg.launcher_code is None and procs[0].poll() is not None:
                     _drain(server, agg, POLL_S)
-                    agg.process_exited(rank, proc.returncode)
+                    agg.launcher_exited(procs[0].returncode)
+            else:
+                for rank, proc in enumerate(procs):
+                    if agg.ranks[rank].returncode is None and proc.poll() is not None:
+                        _drain(server, agg, POLL_S)
+                        agg.process_exited(rank, proc.returncode)
+            _notice(agg)
             status = agg.verdict()
         if status != OK:
-            collect_stacks(server, agg)
+            agg.evidence = evidence.prepare(evidence_dir)
+            collect_stacks(server, agg, agg.evidence)
     except _Interrupted as exc:
         teardown(procs)
         print(f"ddpdoctor watch: interrupted ({exc}); every rank was stopped", file=sys.stderr, flush=True)
@@ -202,7 +250,7 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
         teardown(procs)
         server.close()
     result = agg.result(status)
-    write_result(result, json_path)
+    write_result(result, json_path, agg)
     return int(result["exit_code"])
 
 
@@ -211,11 +259,13 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
 class RankZeroSupervisor(threading.Thread):
     """Rank 0's thread under torchrun/SLURM: the channel server and the verdicts."""
 
-    def __init__(self, server: Server, world_size: int, hang_timeout_s: float, json_path: str | None) -> None:
+    def __init__(self, server: Server, world_size: int, hang_timeout_s: float, json_path: str | None,
+                 evidence_dir: str | None = None) -> None:
         super().__init__(name="ddpdoctor-watch-supervisor", daemon=True)
         self.server = server
         self.agg = Aggregator(world_size, hang_timeout_s)
         self.json_path = json_path
+        self.evidence_dir = evidence_dir
         self.done = threading.Event()
         self.exit_code = 0
 
@@ -236,16 +286,19 @@ class RankZeroSupervisor(threading.Thread):
             _drain(self.server, self.agg, POLL_S)
             if time.monotonic() - started > UNWATCHED_AFTER_S:
                 self._give_up_on_unconnected()
+            _notice(self.agg)
             status = self.agg.verdict()
             if status is None and any(s.crashed for s in self.agg.ranks.values()):
                 # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
                 # once a rank has died: report now, without stacks, or never.
                 status = CRASH
-        if status not in (OK, CRASH):
-            collect_stacks(self.server, self.agg)
+        if status != OK:
+            self.agg.evidence = evidence.prepare(self.evidence_dir)
+            if status != CRASH:
+                collect_stacks(self.server, self.agg, self.agg.evidence)
         result = self.agg.result(status)
         self.exit_code = int(result["exit_code"])
-        write_result(result, self.json_path)
+        write_result(result, self.json_path, self.agg)
         if status != OK:
             # Every other rank ends itself on this message; the launcher then sees the failure.
             for rank in list(self.server.ranks):
@@ -304,7 +357,7 @@ def _published_channel_port(info: LaunchInfo) -> int | None:
 
 
 def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_timeout_s: float,
-                       json_path: str | None) -> int:
+                       json_path: str | None, evidence_dir: str | None = None) -> int:
     """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
     from ddpdoctor.watch.rank import run_script
 
@@ -331,7 +384,7 @@ def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_time
                               f"set {PORT_ENV} to a free port on every rank") from None
         if publish:
             _store_channel_port(info, server.port)
-        supervisor = RankZeroSupervisor(server, info.world_size, hang_timeout_s, json_path)
+        supervisor = RankZeroSupervisor(server, info.world_size, hang_timeout_s, json_path, evidence_dir)
         supervisor.start()
         address = f"127.0.0.1:{server.port}"
     elif publish:

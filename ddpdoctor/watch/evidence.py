@@ -1,0 +1,100 @@
+"""The evidence bundle of a failed watched run: one folder to attach to a bug report.
+
+On a hang, mismatch, crash or init conflict ``watch`` writes (every file atomically):
+
+- ``verdict.json``: the ``--json`` document; ``report.txt``: the text report;
+- ``env.json``: what ``ddpdoctor env`` reports for the supervisor's host;
+- ``stack_rank_<N>.txt``: rank N's main-thread stack (user frames) at the verdict;
+- ``history_rank_<N>.json``: rank N's last recorded calls (op, group, seq, shapes, site), oldest first;
+- ``fr_rank_<N>.pkl``: rank N's PyTorch Flight Recorder dump, written by the rank itself (torch's own
+  pickle format, as ``torch.distributed.flight_recorder`` and ``ddpdoctor fr`` read it) where the rank is
+  alive, joined a process group, and its torch can dump (``_dump_fr_trace``). Ranks on other hosts write
+  theirs into the same path on their own host.
+
+Without ``--evidence DIR`` the folder is a new ``ddpdoctor-watch-*`` directory in the temporary directory,
+named in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import DoctorError
+from ddpdoctor.fileio import atomic_output, write_json_atomic
+
+
+def validate(folder: str | None) -> None:
+    """``--evidence DIR``: refused before any rank starts when it could not be created or written."""
+    if folder is None:
+        return
+    if os.path.exists(folder):
+        if not os.path.isdir(folder):
+            raise DoctorError(f"--evidence {folder!r}: exists and is not a folder")
+        if not os.access(folder, os.W_OK):
+            raise DoctorError(f"--evidence {folder!r}: the folder is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(folder))
+    if not os.path.isdir(parent):
+        raise DoctorError(f"--evidence {folder!r}: the folder {parent!r} does not exist")
+
+
+def prepare(folder: str | None) -> str | None:
+    """The bundle's folder, created now (only failed runs have one); None, said in one line, when it
+    cannot be created (the report still comes)."""
+    try:
+        if folder is None:
+            return tempfile.mkdtemp(prefix="ddpdoctor-watch-")
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        print(f"ddpdoctor watch: cannot create the evidence folder ({exc}); no bundle", file=sys.stderr, flush=True)
+        return None
+    return os.path.abspath(folder)
+
+
+def fr_path(folder: str, rank: int) -> str:
+    """Where rank N writes its Flight Recorder dump (``ddpdoctor fr`` reads these)."""
+    return os.path.join(folder, f"fr_rank_{rank}.pkl")
+
+
+def _write_text(path: str, text: str) -> None:
+    with atomic_output(Path(path)) as handle:
+        handle.write(text.encode("utf-8"))
+
+
+def write(folder: str, result: dict[str, Any], report: str, histories: dict[int, list[dict[str, Any]]]) -> list[str]:
+    """Write the bundle; the names written (a file that cannot be written is named with why, not fatal:
+    the report on the terminal matters more than any one file)."""
+    written: list[str] = []
+
+    def attempt(name: str, action: Any) -> None:
+        try:
+            action(os.path.join(folder, name))
+            written.append(name)
+        except (OSError, DoctorError, TypeError, ValueError) as exc:
+            written.append(f"{name} (not written: {exc})")
+
+    attempt("verdict.json", lambda p: write_json_atomic(p, result))
+    attempt("report.txt", lambda p: _write_text(p, report + "\n"))
+    attempt("env.json", lambda p: write_json_atomic(p, _env_facts()))
+    for rank in result["ranks"]:
+        number = rank["rank"]
+        if rank["stack"]:
+            attempt(f"stack_rank_{number}.txt", lambda p, r=rank: _write_text(p, "\n".join(r["stack"]) + "\n"))
+        history = histories.get(number)
+        if history:
+            attempt(f"history_rank_{number}.json",
+                    lambda p, h=history: _write_text(p, json.dumps(h, indent=1) + "\n"))
+        if rank.get("flight_recorder") and os.path.exists(fr_path(folder, number)):
+            written.append(os.path.basename(fr_path(folder, number)))
+    return written
+
+
+def _env_facts() -> dict[str, Any]:
+    from ddpdoctor.env import collect
+
+    return collect(with_torch=True)
