@@ -43,3 +43,32 @@ def test_real_nvml_sees_the_gpus() -> None:
         assert str(gpu["uuid"]).startswith(("GPU-", "MIG-"))
         assert gpu["memory_total_bytes"] > 0
         assert gpu["pci_bus_id"].count(":") == 2
+
+
+@pytest.mark.requires_cuda
+def test_real_nvml_health_fields_have_real_answers() -> None:
+    """Every health field the gpu check judges is answered (a value) or honestly unsupported (None)."""
+    gpu = collect_host_gpu_facts()["gpus"][0]
+    for key in ("ecc_volatile_uncorrected", "ecc_aggregate_uncorrected", "retired_pages", "clocks_sm_mhz"):
+        assert gpu[key] is None or isinstance(gpu[key], int), (key, gpu[key], gpu.get("query_errors"))
+    assert gpu["pcie_link_gen_max"] >= 1 and gpu["pcie_link_width_max"] >= 1, gpu.get("query_errors")
+    assert 1 <= gpu["pcie_link_width"] <= gpu["pcie_link_width_max"]
+    assert isinstance(gpu["throttle_reasons"], list), gpu.get("query_errors")
+    assert gpu["clocks_max_sm_mhz"] > 0
+    if gpu["nvlink_total"] is not None:  # SXM parts: links counted; PCIe cards: None
+        assert 0 <= gpu["nvlink_up"] <= gpu["nvlink_total"]
+        assert gpu["nvlink_errors"] is None or all(v >= 0 for v in gpu["nvlink_errors"].values())
+
+
+@pytest.mark.requires_cuda
+def test_real_preflight_around_the_gpu() -> None:
+    """Kernel log, NUMA node of the real GPU's PCI device, NICs: read on the GPU host."""
+    import os
+
+    facts = gpu_check.CHECK.run(make_ctx(device="cuda:0", backend="nccl"))[0].details["facts"]
+    pre = facts["preflight"]
+    assert pre["bus_id"] == facts["gpu"]["pci_bus_id"]
+    assert pre["kernel_log_source"] or pre["kernel_log_reason"]
+    assert pre["gpu_numa_node"] is None or pre["gpu_numa_node"] >= 0
+    assert [d["name"] for d in pre["net"]] == sorted(os.listdir("/sys/class/net"))
+    assert all(isinstance(e["xid"], int) for e in pre["xid_events"])
