@@ -21,6 +21,7 @@ and ``rank 3`` in NCCL lines.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal as _signal
@@ -28,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from ddpdoctor.ranks import format_rank_list
 
@@ -46,13 +47,33 @@ TRACEBACK_LOOKBACK_LINES = 60  # a Python traceback: its header sits above every
 ROLE_ORDER = ("cause", "crash", "lagging-rank", "symptom", "warning")
 
 # torchrun (torch >= 2.2) prefixes each worker line with "[rank3]:"; older --tee used "[default3]:";
-# Open MPI's --tag-output writes "[jobid,rank]<stdout>:".
-_LINE_PREFIX_RANK = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:|^\[\d+,(\d+)\]<std(?:out|err)>:")
+# Open MPI's --tag-output writes "[jobid,rank]<stdout>:"; application loggers often write "[RANK 3] ...".
+_LINE_PREFIX_RANK = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:|^\[\d+,(\d+)\]<std(?:out|err)>:|^\[RANK (\d+)\]")
+# What users paste around the real line, stripped before matching (repeatedly, outermost first): "> " quote
+# marks, pasted line numbers ("[80746] ", "1743] ", "12: "), Ray's "(RayWorker pid=7046, ip=...) ", pytest's
+# "E       ", vLLM-style "ERROR 04-15 00:31:11 worker_base.py:574] " and glog "E0325 20:57:27.62 2606 api.py:869] ".
+_PASTE_PREFIX = re.compile(
+    r"^(?:>+ ?"
+    r"|\[?\d{1,7}\][ \t]"
+    r"|\d{1,7}:[ \t]"
+    r"|\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?"
+    r"|E {3,}"
+    r"|[A-Z]{4,8} \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] "
+    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] )")
+# A log that shows no sign of a distributed job: a CUDA OOM or a Python exception in it is not a DDP problem.
+_DIST_CONTEXT = re.compile(
+    rb"torch[./\\]distributed|torchrun|\[rank\d|\[RANK \d|ProcessGroup|NCCL|[Rr]ank \d|local_rank|LOCAL_RANK"
+    rb"|DistributedDataParallel|init_process_group|multiprocessing[./\\]spawn|WORLD_SIZE|deepspeed|accelerate")
+# mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.
+_SPAWN_HEADER = re.compile(r"Process (\d+) terminated with the following error")
 _PG_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 _NCCL_RANK = re.compile(r"\brank (\d+)\b")
 _FILE_RANK = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)(?!\d)", re.IGNORECASE)
 # torchrun --log-dir: {log_dir}/{run_id}_{suffix}/attempt_{n}/{local_rank}/{stdout,stderr}.log
-_LOGDIR_RANK = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stdout|stderr)\.log$")
+_LOGDIR_RANK = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stdout\.log|stderr\.log|error\.json)$")
+# A torchrun worker's error file (TORCHELASTIC_ERROR_FILE, written by @record / ErrorHandler) is one small JSON
+# document; anything larger is not one and is scanned as a log.
+MAX_ERROR_FILE_BYTES = 16 << 20
 # torchrun failure summary, see torch/distributed/elastic/multiprocessing/errors/__init__.py
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
@@ -82,6 +103,10 @@ class Signature:
     # Within its role, a higher precedence comes first whatever the order of the lines: a rank killed by a
     # signal explains the peers that then exit with an error, even when torchrun logs those first.
     precedence: int = 0
+    # Only a finding in a distributed job: a CUDA OOM or an exception in a plain script is not one.
+    needs_distributed: bool = False
+    # detail name -> value -> what it means (e.g. which Xid); shown as notes under the diagnosis.
+    notes: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -129,12 +154,23 @@ class Diagnosis:
             if value and value not in values and len(values) < MAX_DETAIL_VALUES:
                 values.append(value)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the extracted details mean (the signature's ``notes`` table), in the order they were seen."""
+        out: list[str] = []
+        for name, table in self.signature.notes.items():
+            for value in self.details.get(name, ()):
+                note = table.get(value)
+                if note and note not in out:
+                    out.append(note)
+        return out
+
     def to_json(self) -> dict[str, Any]:
         sig = self.signature
         return {"id": sig.id, "title": sig.title, "role": sig.role, "ranks": sorted(self.ranks),
                 "count": self.count, "details": self.details,
                 "evidence": [e.to_json() for e in self.evidence],
-                "cause": sig.cause, "remedy": sig.remedy, "command": sig.command}
+                "cause": sig.cause, "remedy": sig.remedy, "command": sig.command, "notes": self.notes}
 
 
 @dataclass
@@ -164,7 +200,9 @@ def load_kb() -> list[Signature]:
             context=raw.get("context", ""), suppressed_by=tuple(raw.get("suppressed_by", ())),
             followup_lines=int(raw.get("followup", {}).get("lines", 0)),
             followup_ids=tuple(raw.get("followup", {}).get("ids", ())),
-            precedence=int(raw.get("precedence", 0))))
+            precedence=int(raw.get("precedence", 0)),
+            needs_distributed=bool(raw.get("needs_distributed", False)),
+            notes={k: dict(v) for k, v in raw.get("notes", {}).items()}))
     ids = [s.id for s in sigs]
     if len(set(ids)) != len(ids):
         raise ValueError("explain KB: duplicate signature ids")
@@ -292,6 +330,7 @@ class Scanner:
         self._sig_keywords = {s.id: frozenset(s.keywords) for s in self.kb}
         self._pending: tuple[tuple[Signature, ...], int] | None = None  # follow-up lines owed to the next block
         self._found: dict[str, Diagnosis] = {}
+        self._distributed = False  # seen any sign of a distributed job (see _DIST_CONTEXT)
         self.files: list[str] = []
         self.lines_scanned = 0
         self.bytes_scanned = 0
@@ -306,6 +345,8 @@ class Scanner:
         file_index = len(self.files)
         self.files.append(name)
         self._pending = None
+        if file_rank is not None:
+            self._distributed = True
         buf = bytearray(CHUNK_BYTES + MAX_LINE_BYTES)
         view = memoryview(buf)
         readinto = getattr(stream, "readinto", None)
@@ -349,6 +390,9 @@ class Scanner:
         then to the end (counting the whole block again cost as much as a prefilter pass).
         """
         hits: dict[int, int] = {}
+        if not self._distributed and _DIST_CONTEXT.search(block, 0, size):
+            # One extra pass per block, and only until the first sign: a distributed log pays it once.
+            self._distributed = True
         for rx in self._prefilter:
             m = rx.search(block, 0, size)
             while m is not None:
@@ -426,12 +470,14 @@ class Scanner:
         lines = before.decode("utf-8", errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
-        return [ln.rstrip("\r") for ln in reversed(lines[-count:])]
+        return [_strip_paste(ln.rstrip("\r")) for ln in reversed(lines[-count:])]
 
     # -- matching ----------------------------------------------------------------------------------
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
                     line_no: int, file_rank: int | None, lookback: Any) -> Signature | None:
         """Credit the line to the first signature that matches it; return that signature (or None)."""
+        raw = text
+        text = _strip_paste(text)
         present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
         for sig in sigs:
             if gate and self._sig_keywords[sig.id].isdisjoint(present):
@@ -455,15 +501,19 @@ class Scanner:
                     rank = summary_rank
             if sig.context == "python-traceback" and self._ignored_exception(lookback):
                 return None
+            if rank is None:
+                rank = self._line_rank(text, file_rank)
+            if rank is None:
+                rank = self._block_rank(text, lookback)
             groups.pop("local_rank", None)
             if "signal_number" in groups:
                 groups.setdefault("signal", _signal_name(int(groups["signal_number"])))
-            if rank is None:
-                rank = self._line_rank(text, file_rank)
+            if not sig.needs_distributed:
+                self._distributed = True
             diag = self._found.get(sig.id)
             if diag is None:
                 diag = self._found[sig.id] = Diagnosis(sig)
-            ev = Evidence(name, line_no, text.strip()[:MAX_EVIDENCE_CHARS])
+            ev = Evidence(name, line_no, raw.strip()[:MAX_EVIDENCE_CHARS])
             diag.add(ev, rank, index, groups, (file_index, line_no), _timestamp(text))
             return sig
         return None
@@ -510,10 +560,34 @@ class Scanner:
         return False
 
     @staticmethod
+    def _block_rank(text: str, lookback: Any) -> int | None:
+        """The rank of an exception inside a block that names it a few lines above, walking up its traceback.
+
+        * mp.spawn: ``-- Process 3 terminated with the following error:`` then process 3's traceback;
+        * torchrun's failure summary: ``rank : 1 (local_rank: 1)`` ... ``traceback : Traceback ...`` then the
+          worker's traceback, indented (taken from its error file).
+        Only hit lines pay for this walk (at most ``TRACEBACK_LOOKBACK_LINES`` lines, within 8 KiB).
+        """
+        seen_traceback = False
+        for ln in lookback(TRACEBACK_LOOKBACK_LINES):
+            m = _SPAWN_HEADER.search(ln)
+            if m:
+                return int(m.group(1))
+            if "traceback :" in ln:
+                seen_traceback = True
+            elif seen_traceback:
+                m = _SUMMARY_RANK.match(ln)
+                if m:
+                    return int(m.group(1))
+            if _SUMMARY_ENTRY.match(ln) or (ln and not ln[:1].isspace() and not ln.startswith("Traceback")):
+                return None  # left the traceback: whatever names a rank further up is another block
+        return None
+
+    @staticmethod
     def _line_rank(text: str, file_rank: int | None) -> int | None:
         m = _LINE_PREFIX_RANK.match(text)
         if m:
-            return int(m.group(1) or m.group(2))
+            return int(m.group(1) or m.group(2) or m.group(3))
         if file_rank is not None:
             return file_rank
         m = _PG_RANK.search(text)
@@ -528,7 +602,8 @@ class Scanner:
     # -- result ------------------------------------------------------------------------------------
     def result(self) -> ExplainResult:
         found = self._found
-        diags = [d for d in found.values() if not any(s in found for s in d.signature.suppressed_by)]
+        diags = [d for d in found.values() if not any(s in found for s in d.signature.suppressed_by)
+                 and (self._distributed or not d.signature.needs_distributed)]
         ordered: list[Diagnosis] = []
         for role in ROLE_ORDER:
             group = [d for d in diags if d.signature.role == role]
@@ -543,21 +618,87 @@ class Scanner:
         return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned)
 
 
+def error_file_text(data: bytes) -> str | None:
+    """The log lines a torchrun worker error file stands for, or None if ``data`` is not one.
+
+    torchrun gives each worker TORCHELASTIC_ERROR_FILE ({log_dir}/attempt_N/RANK/error.json); a worker whose
+    entry point is decorated with ``torch.distributed.elastic.multiprocessing.errors.record`` writes its
+    exception there as ``{"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack":
+    "Traceback ...", "timestamp": "..."}}}`` (errors/error_handler.py). The traceback is the worker's real
+    failure; torchrun's own summary only says the rank exited with code 1. Parsed with ``json`` (no code runs).
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or "message" not in doc:
+        return None
+    message = doc["message"]
+    lines: list[str] = []
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+        text = message.get("message")
+        if isinstance(stack, str):
+            lines.append(stack.rstrip("\n"))
+        if isinstance(text, str) and not (isinstance(stack, str) and text in stack):
+            lines.append(text)
+    elif isinstance(message, str):
+        lines.append(message)
+    return "\n".join(lines) + "\n" if lines else None
+
+
+class _Prefixed(io.RawIOBase):
+    """``head`` (bytes already read while sniffing the input) followed by the rest of ``stream``."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self._head = memoryview(head)
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head.nbytes:
+            n = min(len(buffer), self._head.nbytes)
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._stream.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
 def explain_streams(streams: Iterable[tuple[str, IO[bytes], int | None]],
                     kb: list[Signature] | None = None) -> ExplainResult:
-    """Scan (name, binary stream, rank-or-None) inputs in order and return the ordered diagnoses."""
+    """Scan (name, binary stream, rank-or-None) inputs in order and return the ordered diagnoses.
+
+    An input named ``*.json`` that is a torchrun worker error file is read as the traceback it holds.
+    """
     scanner = Scanner(kb)
     for name, stream, rank in streams:
+        if name.endswith(".json"):
+            head = stream.read(MAX_ERROR_FILE_BYTES + 1)
+            text = error_file_text(head) if len(head) <= MAX_ERROR_FILE_BYTES else None
+            stream = io.BytesIO(text.encode("utf-8")) if text is not None else cast(IO[bytes], _Prefixed(head, stream))
         scanner.scan(name, stream, rank)
     return scanner.result()
 
 
 def explain_text(text: str | bytes, name: str = "<text>", file_rank: int | None = None) -> ExplainResult:
     """Convenience for tests and the Python API: explain an in-memory log."""
-    import io
-
     data = text.encode("utf-8") if isinstance(text, str) else text
     return explain_streams([(name, io.BytesIO(data), file_rank)])
+
+
+def _strip_paste(text: str) -> str:
+    """The line without what pasting added in front of it (quote marks, line numbers, runner prefixes)."""
+    for _ in range(4):  # "> [12] (Actor pid=1) ..." nests a few; a bound keeps it linear
+        m = _PASTE_PREFIX.match(text)
+        if m is None or not m.end():
+            break
+        text = text[m.end():]
+    return text
 
 
 def render_text(result: ExplainResult) -> str:
@@ -580,6 +721,7 @@ def render_text(result: ExplainResult) -> str:
             out.append(f"     {ev.file}:{ev.line}: {ev.text}")
         if d.count > len(d.evidence):
             out.append(f"     ... and {d.count - len(d.evidence)} more matching line(s)")
+        out.extend(f"   note: {note}" for note in d.notes)
         out.append(f"   why:  {sig.cause}")
         out.append(f"   fix:  {sig.remedy}")
         out.append(f"   next: {sig.command}")

@@ -139,6 +139,8 @@ OOM_NEW = ("[rank2]: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to a
            "23.60 GiB memory in use.\n")
 OOM_OLD = ("RuntimeError: CUDA out of memory. Tried to allocate 2.87 GiB (GPU 0; 14.76 GiB total capacity; 8.77 GiB "
            "already allocated; 19.75 MiB free; 13.71 GiB reserved in total by PyTorch)\n")
+# The same message inside a torchrun job (torchrun's rank prefix): a rank's OOM, not a single-GPU script's.
+OOM_OLD_IN_JOB = "[rank1]: " + OOM_OLD
 
 # pytorch/pytorch#149984
 NCCL_SYSTEM = """\
@@ -217,7 +219,7 @@ GLOO_IFNAME = ("RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/
     (SHM_OLD, "shared-memory"),
     (SHM_DATALOADER, "shared-memory"),
     (OOM_NEW, "cuda-oom"),
-    (OOM_OLD, "cuda-oom"),
+    (OOM_OLD_IN_JOB, "cuda-oom"),
     (NCCL_SYSTEM, "nccl-system-error"),
     (NCCL_REMOTE, "remote-process-exited"),
     (NCCL_TIMEOUT_RANK1, "nccl-timeout"),
@@ -255,7 +257,9 @@ def test_nccl_watchdog_fields_are_extracted() -> None:
     assert d.details["op_type"] == ["ALLREDUCE"]
     assert d.details["timeout_ms"] == ["1800000"]
     assert d.ranks == {1}
-    assert d.count == 3  # watchdog, "Timeout at NCCL work", "Some NCCL operations" lines
+    # watchdog, "Exception (either an error or timeout) detected by watchdog", "Timeout at NCCL work",
+    # "Some NCCL operations" lines
+    assert d.count == 4
 
 
 def test_desync_report_names_the_lagging_rank() -> None:
@@ -521,7 +525,7 @@ def test_huge_line_without_newlines_is_scanned(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(explain, "CHUNK_BYTES", 1024)
     monkeypatch.setattr(explain, "MAX_LINE_BYTES", 2048)
     data = b"\x00\xff" * 5000 + b" RuntimeError: CUDA out of memory. Tried to allocate 1.00 GiB " + b"z" * 9000
-    result = explain_text(data)
+    result = explain_text(data, name="rank0.log", file_rank=0)  # one rank's log: a rank's OOM
     assert "cuda-oom" in ids(result)
 
 
