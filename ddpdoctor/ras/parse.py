@@ -52,6 +52,8 @@ class RasCommunicator:
     missing: list[RasMissingRank] = field(default_factory=list)
     # Text output only: operation -> {operations launched: comm ranks listed with that count}.
     count_groups: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    # Text output only: operation -> {operations launched: how many ranks (NCCL lists only outliers)}.
+    count_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 
@@ -200,6 +202,7 @@ def parse_text(body: str) -> RasStatus:
             elif m := _GROUP.match(line):
                 group_value = int(m.group(2) or 0)
                 comm.count_groups.setdefault(op or "collective", {}).setdefault(group_value, [])
+                comm.count_sizes.setdefault(op or "collective", {})[group_value] = int(m.group(1))
             elif m := _MISSING_LIST.match(line):
                 comm.missing.extend(RasMissingRank(rank=r) for r in _rank_list(m.group(1)))
             elif m := _RANK_LINE.match(line):

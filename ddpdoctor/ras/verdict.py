@@ -117,7 +117,9 @@ def _op_counts(comm: RasCommunicator, to_global: Any) -> dict[str, dict[str, Any
     out: dict[str, dict[str, Any]] = {}
     for op, by in groups.items():
         top = max(by)
+        sizes = comm.count_sizes.get(op, {})
         out[op] = {"max": top, "by_count": {str(n): sorted(set(rs)) for n, rs in sorted(by.items())},
+                   "ranks_at_count": {str(n): sizes.get(n, len(set(rs))) for n, rs in sorted(by.items())},
                    "behind": sorted({r for n, rs in by.items() if n < top for r in rs})}
     return out
 
@@ -126,7 +128,7 @@ def render_text(v: RasVerdict) -> str:
     """The verdict for a terminal; the first line says whether anything is wrong."""
     head = f"NCCL RAS at {v.addr}" + (f" (NCCL {v.nccl_version}, {v.format})" if v.nccl_version else "")
     if v.error:
-        return f"{head}: {v.error}\n"
+        return (v.error if v.error.startswith("NCCL RAS at") else f"{head}: {v.error}") + "\n"
     lines = []
     if v.status == OK:
         lines.append(f"{head}: every rank answered; no dead or unresponsive process")
@@ -142,15 +144,16 @@ def render_text(v: RasVerdict) -> str:
             where = ", ".join(f"pid {p['pid']} on {p['host']}" for p in procs)
             lines.append(f"  {who} {label}" + (f": {where}" if where else ""))
     for c in v.communicators:
-        name = c["label"] or c["hash"]
-        size = f", {c['size']} ranks" if c["size"] else ""
+        name = f"{c['label']} ({c['hash']}" if c["label"] else f"{c['hash']} ("
+        name += f"{', ' if c['label'] else ''}{c['size']} ranks)" if c["size"] else (")" if c["label"] else "")
+        name = name.replace(" ()", "")
         for op, counts in sorted(c["op_counts"].items()):
             if len(counts["by_count"]) > 1:
-                parts = [f"{rank_phrase(rs)} at {n}" for n, rs in sorted(counts["by_count"].items(),
-                                                                        key=lambda kv: -int(kv[0]))]
-                lines.append(f"  communicator {name} ({c['hash']}{size}) {op}: " + "; ".join(parts))
+                parts = [f"{rank_phrase(rs) if rs else str(counts['ranks_at_count'][n]) + ' ranks'} at {n}"
+                         for n, rs in sorted(counts["by_count"].items(), key=lambda kv: -int(kv[0]))]
+                lines.append(f"  communicator {name} {op}: " + "; ".join(parts))
             elif counts["max"]:
-                lines.append(f"  communicator {name}{size} {op}: all at operation {counts['max']}")
+                lines.append(f"  communicator {name} {op}: all at operation {counts['max']}")
     if v.timeouts:
         lines.append(f"  RAS hit {v.timeouts} timeouts while gathering data (a process is slow or gone)")
     if v.status == PROBLEM:

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ddpdoctor.cli import build_app
-from ddpdoctor.ras import judge, parse_addr, parse_json, parse_text, query, to_json
+from ddpdoctor.ras import judge, parse_addr, parse_json, parse_text, query, render_text, to_json
 from tests.ras.server import DATA, RasStandIn
 
 
@@ -55,6 +55,8 @@ def test_mismatched_counts_are_a_warning_naming_the_ranks_behind() -> None:
     assert v.status == "warn"
     counts = v.communicators[0]["op_counts"]["collective"]
     assert counts["max"] == 6650 and counts["behind"] == [1, 6]
+    assert counts["ranks_at_count"] == {"6649": 2, "6650": 30}
+    assert "30 ranks at 6650; ranks 1,6 at 6649" in render_text(v)
 
 
 def test_json_unresponsive_rank_from_nccl_docs() -> None:
