@@ -49,8 +49,10 @@ ROLE_ORDER = ("cause", "crash", "lagging-rank", "symptom", "warning")
 # torchrun (torch >= 2.2) prefixes each worker line with "[rank3]:"; older --tee used "[default3]:";
 # Open MPI's --tag-output writes "[jobid,rank]<stdout>:"; application loggers often write "[RANK 3] ...".
 _LINE_PREFIX_RANK = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:|^\[\d+,(\d+)\]<std(?:out|err)>:|^\[RANK (\d+)\]")
+# SLURM's `srun --label` puts the task id in front of every line: "10: ..."; the task id is the rank.
+_SRUN_LABEL = re.compile(r"^(\d{1,6}): ")
 # What users paste around the real line, stripped before matching (repeatedly, outermost first): "> " quote
-# marks, pasted line numbers ("[80746] ", "1743] ", "12: "), Ray's "(RayWorker pid=7046, ip=...) ", pytest's
+# marks, pasted line numbers ("[80746] ", "1743] "), srun's "10: " label, Ray's "(RayWorker pid=7046, ip=...) ", pytest's
 # "E       ", vLLM-style "ERROR 04-15 00:31:11 worker_base.py:574] " and glog "E0325 20:57:27.62 2606 api.py:869] ".
 _PASTE_PREFIX = re.compile(
     r"^(?:>+ ?"
@@ -477,6 +479,7 @@ class Scanner:
                     line_no: int, file_rank: int | None, lookback: Any) -> Signature | None:
         """Credit the line to the first signature that matches it; return that signature (or None)."""
         raw = text
+        label = _SRUN_LABEL.match(text.lstrip("> "))
         text = _strip_paste(text)
         present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
         for sig in sigs:
@@ -501,6 +504,8 @@ class Scanner:
                     rank = summary_rank
             if sig.context == "python-traceback" and self._ignored_exception(lookback):
                 return None
+            if rank is None and label is not None:
+                rank = int(label.group(1))
             if rank is None:
                 rank = self._line_rank(text, file_rank)
             if rank is None:

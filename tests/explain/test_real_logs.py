@@ -118,7 +118,7 @@ def _first(result: ExplainResult) -> tuple[str, list[int]] | None:
 @pytest.mark.parametrize("transform", [
     pytest.param(lambda b: b.replace(b"\n", b"\r\n"), id="crlf"),
     pytest.param(lambda b: b"".join(b"> " + ln for ln in b.splitlines(keepends=True)), id="quoted"),
-    pytest.param(lambda b: b"".join(b"%d: " % (i + 40) + ln for i, ln in enumerate(b.splitlines(keepends=True))),
+    pytest.param(lambda b: b"".join(b"[%d] " % (i + 40) + ln for i, ln in enumerate(b.splitlines(keepends=True))),
                  id="pasted-line-numbers"),
 ])
 def test_real_logs_survive_how_they_are_pasted(transform: object) -> None:
@@ -145,3 +145,13 @@ def test_xid_lines_say_what_each_xid_means_for_the_job() -> None:
     from ddpdoctor.explain import render_text
 
     assert "   note: Xid 94: contained uncorrectable ECC error" in render_text(_explain(CORPUS / "xid_94_contained_ecc.log"))
+
+
+def test_srun_label_names_the_rank() -> None:
+    """`srun --label` prefixes each line with the task id ("3: "), which is the rank under SLURM."""
+    from ddpdoctor.explain import explain_text
+
+    data = (CORPUS / "ready_twice_checkpoint_focalnet.log").read_bytes()
+    labelled = b"".join(b"3: " + ln for ln in data.splitlines(keepends=True))
+    d = explain_text(labelled).diagnoses[0]
+    assert (d.id, d.ranks) == ("mark-ready-twice", {3})
