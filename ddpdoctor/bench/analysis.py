@@ -341,9 +341,13 @@ class PairResult:
 
     @property
     def self_spread(self) -> float:
-        """How much this link varies against itself in this run: best / worst of its samples (1 if one)."""
-        samples = [s for s in self.samples_gbps if s > 0]
-        return max(samples) / min(samples) if len(samples) > 1 else 1.0
+        """How well this link's figure reproduces against itself: best / second-best sample (1 if one).
+
+        The figure is the best sample, so its uncertainty is how far the next-best fell short of it; the
+        worst sample says only that the rank was once descheduled, which crowded ranks always are.
+        """
+        samples = sorted((s for s in self.samples_gbps if s > 0), reverse=True)
+        return samples[0] / samples[1] if len(samples) > 1 else 1.0
 
 
 @dataclass
@@ -375,7 +379,7 @@ class PairAnalysis:
 
 
 def run_spread(pairs: Sequence[PairResult]) -> float:
-    """The run's own noise: the largest best/worst ratio of a link that does not look slow, measured again.
+    """The run's own noise: the largest best/second-best ratio of a link that does not look slow, measured again.
 
     Links that look slow are left out: a throttled rank's link varies with the throttling, and letting
     that variation raise the bar would hide the very rank it comes from.

@@ -117,8 +117,12 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
     return result + collapse(others)
 
 
-def _crowding_finding(crowded: list[dict[str, Any]], looked_slow: int) -> Finding:
-    """One finding for all crowded hosts: the likely cause of any slowness, with the numbers."""
+def _crowding_finding(crowded: list[dict[str, Any]], looked_slow: int, blamed: bool) -> Finding:
+    """One finding for all crowded hosts: the likely cause of any slowness, with the numbers.
+
+    A warning when something looked slow (the crowding is then the likely cause, or sits beside a real
+    culprit); otherwise a note on the pass: nothing was slow, so there is nothing to warn about.
+    """
     parts = []
     for entry in crowded:
         if entry["cores"] and len(entry["ranks"]) > entry["cores"]:
@@ -129,7 +133,8 @@ def _crowding_finding(crowded: list[dict[str, Any]], looked_slow: int) -> Findin
     noted = (f"; {looked_slow} link{'s' if looked_slow != 1 else ''} that looked slow at first "
              "did not stay slow when measured again, so no link is blamed") if looked_slow else ""
     ranks = sorted({r for e in crowded for r in e["ranks"]})
-    return Finding("bandwidth", WARN, f"{'; '.join(parts)}: the ranks take turns, so timings measure that "
+    status = WARN if looked_slow or blamed else PASS
+    return Finding("bandwidth", status, f"{'; '.join(parts)}: the ranks take turns, so timings measure that "
                    f"contention, not the links{noted}", ranks,
                    "run at most one rank per core (or per GPU): fewer ranks (--nproc / torchrun "
                    "--nproc-per-node), or give each rank its own cores (taskset, numactl, srun --cpu-bind=cores) "
@@ -203,8 +208,9 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
                           - {(p.a, p.b) for p in analysis.slow_links}
                           - {(p.a, p.b) for p in pairs if {p.a, p.b} & set(analysis.slow_ranks)
                              or {p.host_a, p.host_b} & set(analysis.slow_hosts)})
-        result.append(_crowding_finding(crowded, looked_slow))
-    if not result or all(f.status == WARN for f in result):
+        blamed = any(f.status == WARN for f in result)
+        result.append(_crowding_finding(crowded, looked_slow, blamed))
+    if not result or all(f.status in (WARN, PASS) for f in result):
         result.insert(0, Finding("bandwidth", PASS, f"all_reduce busbw {avg:.2f} GB/s over {world} ranks "
                                  f"({table} GB/s)", ranks, details=details))
     return result

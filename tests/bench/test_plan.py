@@ -46,12 +46,12 @@ def test_a_rank_slow_in_every_repeat_is_named_and_noise_is_not() -> None:
                  _pair(1, 3, 0.19, 0.2, 0.17)]
     result = analyse_pairs(throttled)
     assert result.slow_ranks == [3] and result.slow_links == []
-    # Crowded ranks: the same links vary 4x against themselves, and the first look's "slow" link is not
+    # Crowded ranks: the best figures reproduce only within 2.5x, and the first look's "slow" link is not
     # slower than that: nothing is blamed.
     noisy = [_pair(0, 1, 0.3, 1.2, 0.5), _pair(2, 3, 0.25, 0.6, 0.9), _pair(0, 2, 1.0, 0.4, 0.3),
              _pair(1, 3, 0.35, 0.7, 0.5)]
     result = analyse_pairs(noisy)
-    assert result.spread >= 4 and result.slow_ranks == [] and result.slow_links == []
+    assert result.spread >= 2.4 and result.slow_ranks == [] and result.slow_links == []
 
 
 def test_suspects_are_what_a_single_look_would_blame() -> None:

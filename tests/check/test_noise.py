@@ -32,9 +32,11 @@ def test_sixteen_ranks_on_few_cores_blame_no_link_and_name_the_crowding() -> Non
     crowded = [f for f in bandwidth if "CPU core" in f["summary"]]
     assert len(crowded) == 1, summaries
     assert f"16 ranks share {CORES} CPU core" in crowded[0]["summary"]
-    assert crowded[0]["ranks"] == list(range(16)) and crowded[0]["status"] == "warn"
+    # A warning when some pair looked slow at first (it then says it was not blamed), else a note on the pass.
+    assert crowded[0]["ranks"] == list(range(16)) and crowded[0]["status"] in ("warn", "pass")
+    assert report["status"] in ("warn", "pass")
     # The JSON keeps the repeats of every pair that was measured again.
-    measured = next(f for f in bandwidth if f["status"] == "pass")
+    measured = next(f for f in bandwidth if f["status"] == "pass" and "busbw" in f["summary"])
     assert all("samples_gbps" in p for p in measured["details"]["pairs"])
 
 
