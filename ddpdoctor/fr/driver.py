@@ -1,0 +1,52 @@
+"""The ``fr`` command as a function of its options: read, analyse, print, exit code."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
+from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+from ddpdoctor.fr.analyze import analyze
+from ddpdoctor.fr.load import collect_inputs, read_dumps, read_stacks
+from ddpdoctor.fr.model import CallTable, FrReport
+from ddpdoctor.fr.report import render_text, to_json
+
+
+@dataclass(frozen=True)
+class FrOptions:
+    """``ddpdoctor fr PATH... [--prefix P] [--world-size N] [--json PATH]``."""
+
+    paths: Sequence[str]
+    prefix: str | None = None
+    world_size: int | None = None
+    json_path: str | None = None
+
+
+def diagnose(paths: Sequence[str], prefix: str | None = None, world_size: int | None = None) -> FrReport:
+    """The verdict for dump files/directories (and ``stacks --json`` files among them); DoctorError on bad input.
+
+    The entry point for other commands (``watch`` after it has written each rank's dump).
+    """
+    inputs = collect_inputs(paths, prefix)
+    table = CallTable()
+    dumps = list(read_dumps(inputs, table))
+    if world_size is not None and world_size < 1:
+        raise DoctorError("--world-size must be at least 1")
+    if world_size is not None and max(d.rank for d in dumps) >= world_size:
+        raise DoctorError(f"--world-size {world_size} but there is a dump from rank {max(d.rank for d in dumps)}")
+    stacks = read_stacks(inputs.stacks)
+    return analyze(dumps, table, world_size, stacks, inputs.stacks)
+
+
+def run(options: FrOptions) -> int:
+    """Print the report (or the JSON); exit 1 when a rank diverged or left no dump, else 0."""
+    validate_output_path("--json", options.json_path)
+    report = diagnose(options.paths, options.prefix, options.world_size)
+    if not json_to_stdout(options.json_path):
+        sys.stdout.write(render_text(report))
+        sys.stdout.flush()
+    if options.json_path is not None:
+        emit_json(options.json_path, to_json(report))
+    return EXIT_PROBLEM if report.status == "fail" else EXIT_OK

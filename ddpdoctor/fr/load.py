@@ -1,0 +1,347 @@
+"""Reading Flight Recorder dumps without running them, and ``ddpdoctor stacks --json`` files beside them.
+
+PyTorch writes a dump with its own C++ pickler (``FlightRecorder::dump``, torch/csrc/distributed/c10d/
+FlightRecorder.cpp; ``NCCLTraceBuffer::dump`` in NCCLUtils.hpp before 2.6): plain dicts, lists, tuples,
+strings, numbers, booleans and None, never a class. So the unpickler here admits no global at all
+(:class:`PlainDataUnpickler`, Python's documented way to restrict unpickling): a file that names a class or
+function would run code, is refused, and nothing in it runs. ``_dump_fr_trace_json`` writes the same
+document as JSON (without frames; ``pg_status`` numbers as strings).
+
+Field names across dump versions (the ``version`` key), from PyTorch's writer:
+
+- 1.x (torch 2.2-2.3, TraceUtils.h / NCCLUtils.hpp ``dump()``): ``seq_id``, ``pg_id``, ``profiling_name``,
+  ``input_sizes``, ``output_sizes``, ``state``, ``frames``; ``pg_config`` from 1.4.
+- 2.x (torch 2.4 on): ``collective_seq_id`` and ``p2p_seq_id`` replace ``seq_id``; ``is_p2p``, ``op_id``,
+  ``process_group`` (name, desc), ``input_dtypes``/``output_dtypes``, ``timeout_ms``, ``pg_status``
+  (``last_enqueued/started/completed_collective`` per group id); 2.10 (torch 2.13) adds
+  ``comm_lib_version``. ``pg_config`` is ``{name: {name, desc, ranks: "[0, 1]"}}`` on NCCL; on gloo in
+  torch 2.13 it is ``{'': {'name': '', 'desc': '', 'ranks': '[]'}}`` and says nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ddpdoctor
+from ddpdoctor.errors import DoctorError
+from ddpdoctor.fileio import PARTIAL_SUFFIX
+from ddpdoctor.fr.model import Call, CallTable, GroupTrace, P2POp, RankDump, StackNow
+
+_EXTENSIONS = (".json", ".pkl", ".pickle", ".bin")
+_RANK_AT_END = re.compile(r"(\d+)$")
+_TORCH_FILE = re.compile(r"(^|[/\\])torch[/\\]")
+# Python's own library (threading.py, runpy.py): not the user's code either.
+_STDLIB_FILE = re.compile(r"[/\\]lib[/\\]python3[^/\\]*[/\\](?!site-packages|dist-packages)")
+_OWN_DIR = os.path.dirname(os.path.abspath(ddpdoctor.__file__)) + os.sep
+_P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
+
+
+class UnsafeDump(Exception):
+    """The pickle names a Python global: loading it would run code."""
+
+
+class PlainDataUnpickler(pickle.Unpickler):
+    """Admits builtin containers and scalars only: every GLOBAL/STACK_GLOBAL/INST/EXT goes through
+    ``find_class`` and is refused, so REDUCE/NEWOBJ never get anything to call."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafeDump(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeDump("a persistent id (external object)")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The files to read: dumps with their rank, and stacks JSON files."""
+
+    dumps: list[tuple[int, str]]
+    stacks: list[str]
+    skipped: list[str]
+
+
+def rank_from_name(path: str, prefix: str | None) -> int | None:
+    """The rank in ``nccl_trace_rank_3`` / ``fr_rank_3.json`` / ``<prefix>3``; None when the name has none."""
+    name = os.path.basename(path)
+    for ext in _EXTENSIONS:
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+            break
+    if prefix is not None:
+        if not name.startswith(prefix):
+            return None
+        name = name[len(prefix):]
+        return int(name) if name.isdigit() else None
+    match = _RANK_AT_END.search(name)
+    return int(match.group(1)) if match else None
+
+
+def _looks_like_stacks(path: str) -> bool:
+    if not path.endswith(".json"):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return b'"processes"' in head and b'"ddpdoctor"' in head
+
+
+def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
+    """Expand directories; every file given by name must be a dump (with a rank) or a stacks JSON."""
+    dumps: dict[int, str] = {}
+    stacks: list[str] = []
+    skipped: list[str] = []
+
+    def add(path: str, explicit: bool) -> None:
+        if _looks_like_stacks(path):
+            stacks.append(path)
+            return
+        rank = rank_from_name(path, prefix)
+        if rank is None:
+            if explicit:
+                hint = f" starting with {prefix!r}" if prefix else " ending in _rank_<N> (PyTorch's default)"
+                raise DoctorError(f"{path}: cannot tell which rank wrote it: name dump files{hint}, "
+                                  "or pass --prefix")
+            skipped.append(path)
+            return
+        if rank in dumps:
+            raise DoctorError(f"two dumps for rank {rank}: {dumps[rank]} and {path}; pass one run's dumps")
+        dumps[rank] = path
+
+    for path in paths:
+        if os.path.isdir(path):
+            names = sorted(n for n in os.listdir(path) if not n.startswith(".") and not n.endswith(PARTIAL_SUFFIX))
+            files = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
+            for file in files:
+                add(file, explicit=False)
+        elif os.path.isfile(path):
+            add(path, explicit=True)
+        elif os.path.exists(path):
+            raise DoctorError(f"{path}: not a regular file or directory")
+        else:
+            raise DoctorError(f"{path}: no such file or directory")
+    if not dumps:
+        where = ", ".join(paths)
+        raise DoctorError(f"no Flight Recorder dump found in {where} (files named like nccl_trace_rank_<N>; "
+                          "see TORCH_NCCL_DEBUG_INFO_TEMP_FILE)")
+    return Inputs(sorted(dumps.items()), stacks, skipped)
+
+
+def read_document(path: str) -> tuple[str, dict[str, Any]]:
+    """('pickle' | 'json', the dump's top-level dict); DoctorError (exit 2) for anything else."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise DoctorError(f"{path}: cannot read it ({exc.strerror})") from None
+    if not data:
+        raise DoctorError(f"{path}: empty file (the rank was killed while writing its dump?)")
+    if data[:1] == b"\x80":
+        fmt = "pickle"
+        try:
+            import io
+
+            doc = PlainDataUnpickler(io.BytesIO(data)).load()
+        except UnsafeDump as exc:
+            raise DoctorError(f"{path}: refused: the pickle names the Python global {exc}, which would run "
+                              "code when loaded; a Flight Recorder dump holds plain data only") from None
+        except MemoryError:
+            raise DoctorError(f"{path}: corrupt pickle (announces an impossible length)") from None
+        except Exception as exc:  # any failure of a damaged pickle is bad input, not a bug
+            raise DoctorError(f"{path}: truncated or corrupt Flight Recorder dump ({type(exc).__name__}: "
+                              f"{str(exc)[:120]})") from None
+    elif data.lstrip()[:1] == b"{":
+        fmt = "json"
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise DoctorError(f"{path}: truncated or corrupt JSON dump ({str(exc)[:120]})") from None
+    else:
+        raise DoctorError(f"{path}: not a Flight Recorder dump (neither a pickle nor JSON)")
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries", []), list) or \
+            not ({"entries", "pg_status", "pg_config"} & set(doc)):
+        raise DoctorError(f"{path}: not a Flight Recorder dump (no 'entries')")
+    return fmt, doc
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _sizes(value: Any) -> tuple[Any, ...]:
+    if not isinstance(value, (list, tuple)):
+        return ()
+    return tuple(tuple(_int(x) for x in s) if isinstance(s, (list, tuple)) else _int(s) for s in value)
+
+
+def _dtypes(value: Any) -> tuple[str, ...]:
+    return tuple(str(x) for x in value) if isinstance(value, (list, tuple)) else ()
+
+
+def _not_users(filename: str) -> bool:
+    return (not filename or bool(_TORCH_FILE.search(filename)) or filename.startswith((_OWN_DIR, "<"))
+            or bool(_STDLIB_FILE.search(filename)))
+
+
+def user_frame(frames: Any) -> tuple[str | None, int | None, str | None]:
+    """The first frame (innermost first) outside torch, Python's library and ddpdoctor: the user's line."""
+    if not isinstance(frames, list):
+        return None, None, None
+    for frame in frames:
+        if not isinstance(frame, dict):
+            continue
+        filename = str(frame.get("filename", ""))
+        if _not_users(filename):
+            continue
+        return filename, _int(frame.get("line"), 0), str(frame.get("name", "")) or None
+    return None, None, None
+
+
+def _ranks(text: Any) -> tuple[int, ...] | None:
+    if isinstance(text, (list, tuple)):
+        ranks = text
+    else:
+        try:
+            ranks = json.loads(str(text))
+        except ValueError:
+            return None
+    if not isinstance(ranks, list) or not ranks:
+        return None
+    return tuple(sorted(_int(r) for r in ranks))
+
+
+def normalise(rank: int, path: str, fmt: str, doc: dict[str, Any], table: CallTable) -> RankDump:
+    """The dump reduced to per-group call-id arrays; the raw document can be dropped afterwards."""
+    configs: dict[str, tuple[str, tuple[int, ...] | None]] = {}
+    raw_config = doc.get("pg_config")
+    if isinstance(raw_config, dict):
+        for key, cfg in raw_config.items():
+            if isinstance(cfg, dict):
+                name = str(cfg.get("name", key) or key)
+                if name:
+                    configs[name] = (str(cfg.get("desc", "")), _ranks(cfg.get("ranks")))
+    entries = doc.get("entries") or []
+    dump = RankDump(rank=rank, path=path, format=fmt, version=str(doc.get("version", "?")), entries=len(entries),
+                    has_frames=False, oldest_ns=None)
+
+    def group(name: str, desc: str = "") -> GroupTrace:
+        trace = dump.groups.get(name)
+        if trace is None:
+            cfg_desc, ranks = configs.get(name, (desc, None))
+            trace = dump.groups[name] = GroupTrace(name=name, desc=desc or cfg_desc, ranks=ranks)
+        elif desc and not trace.desc:
+            trace.desc = desc
+        return trace
+
+    id_to_name: dict[str, str] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        pg = entry.get("process_group")
+        pg_id = str(entry.get("pg_id", "0"))
+        if isinstance(pg, (list, tuple)) and len(pg) == 2:
+            name, desc = str(pg[0]), str(pg[1])
+        else:  # version 1.x: only the numeric pg_id
+            name, desc = pg_id, ""
+        id_to_name.setdefault(pg_id, name)
+        frames = entry.get("frames")
+        if frames:
+            dump.has_frames = True
+        file, line, function = user_frame(frames)
+        profiling = str(entry.get("profiling_name", "?"))
+        op = profiling.split(":", 1)[-1].strip()  # 'nccl:all_reduce' -> 'all_reduce'
+        created = _int(entry.get("time_created_ns"), 0)
+        if created and (dump.oldest_ns is None or created < dump.oldest_ns):
+            dump.oldest_ns = created
+        trace = group(name, desc)
+        p2p = _P2P_NAME.match(op)
+        if entry.get("is_p2p") or p2p:
+            call = Call(p2p.group(1) if p2p else op, _sizes(entry.get("input_sizes")),
+                        _dtypes(entry.get("input_dtypes")), _sizes(entry.get("output_sizes")),
+                        _dtypes(entry.get("output_dtypes")), file, line, function)
+            peer = None
+            if p2p:
+                # 'send 1->2' (src->dst), 'recv 2<-1' (dst<-src): ranks within the group.
+                peer = int(p2p.group(4))
+            trace.p2p.append(P2POp(send=call.op == "send", peer=peer, call_id=table.intern(call),
+                                   p2p_seq=_int(entry.get("p2p_seq_id"), 0), time_created_ns=created,
+                                   state=str(entry.get("state", ""))))
+            continue
+        seq = _int(entry.get("collective_seq_id", entry.get("seq_id")), 0)
+        if seq <= 0:
+            continue
+        call = Call(op, _sizes(entry.get("input_sizes")), _dtypes(entry.get("input_dtypes")),
+                    _sizes(entry.get("output_sizes")), _dtypes(entry.get("output_dtypes")), file, line, function)
+        trace.put(seq, table.intern(call))
+    status = doc.get("pg_status")
+    if isinstance(status, dict):
+        # Keyed by the numeric pg id (FlightRecorder::getPgStatus); entries carry both pg_id and the name.
+        # A group with no entry left keeps its id as its name (on gloo in torch 2.13 they are the same).
+        for key, values in status.items():
+            if not isinstance(values, dict):
+                continue
+            trace = group(id_to_name.get(str(key), str(key)))
+            trace.last_enqueued = max(trace.last_enqueued, _int(values.get("last_enqueued_collective"), 0))
+            completed = _int(values.get("last_completed_collective"), -1)
+            trace.last_completed = completed if completed >= 0 else None
+    return dump
+
+
+def read_dumps(inputs: Inputs, table: CallTable) -> Iterator[RankDump]:
+    """One dump at a time, so memory holds one raw document, never all of them."""
+    for rank, path in inputs.dumps:
+        fmt, doc = read_document(path)
+        yield normalise(rank, path, fmt, doc, table)
+        del doc
+
+
+def _stack_where(frames: list[dict[str, Any]]) -> tuple[str, str | None]:
+    call = None
+    for frame in frames:
+        file = str(frame.get("file", ""))
+        if _TORCH_FILE.search(file) and "distributed" in file and call is None:
+            function = str(frame.get("function", ""))
+            if function and not function.startswith("_") and function != "wrapper":
+                call = function
+            continue
+        if _not_users(file):
+            continue
+        return f"{os.path.basename(file)}:{frame.get('line')} in {frame.get('function')}", call
+    first = frames[0] if frames else {}
+    return str(first.get("where", "?")), call
+
+
+def read_stacks(paths: Sequence[str]) -> dict[int, StackNow]:
+    """Each rank's main-thread position from ``ddpdoctor stacks --json`` files (docs/stacks.md)."""
+    found: dict[int, StackNow] = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise DoctorError(f"{path}: cannot read this `ddpdoctor stacks --json` file ({exc})") from None
+        processes = doc.get("processes") if isinstance(doc, dict) else None
+        if not isinstance(processes, list):
+            raise DoctorError(f"{path}: not a `ddpdoctor stacks --json` file (no 'processes')")
+        for proc in processes:
+            if not isinstance(proc, dict) or not isinstance(proc.get("rank"), int) or proc["rank"] in found:
+                continue
+            threads = [t for t in proc.get("threads") or [] if isinstance(t, dict)]
+            main = next((t for t in threads if t.get("main")), threads[0] if threads else None)
+            frames = [f for f in (main or {}).get("frames") or [] if isinstance(f, dict)]
+            if not frames:
+                continue
+            where, call = _stack_where(frames)
+            found[proc["rank"]] = StackNow(proc["rank"], str(proc.get("host", "?")), _int(proc.get("pid")),
+                                           where, call, path)
+    return found

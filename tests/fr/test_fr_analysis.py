@@ -1,0 +1,87 @@
+"""The verdict as a pure function of dumps, for what gloo cannot record here.
+
+Test doubles, labelled: gloo in torch 2.13 records no send/recv in the Flight Recorder, and NCCL cannot run
+without a GPU, so the p2p and size-mismatch dumps below are written by hand in the NCCL dump layout of
+FlightRecorder.cpp (version 2.10 keys; profiling names 'nccl:send 0->1' / 'nccl:recv 1<-0' as
+ProcessGroupNCCL builds them; pg_config ranks as the string "[0, 1]"). Everything else is tested on real
+dumps in test_fr_jobs.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.fr import diagnose, render_text, to_json
+
+
+def _entry(seq: int, op: str, sizes: list[list[int]], *, p2p_seq: int = 0, created: int = 0,
+           line: int = 10, state: str = "completed") -> dict[str, Any]:
+    is_p2p = op.startswith(("send", "recv"))
+    return {"record_id": created, "pg_id": 0, "process_group": ["0", "default_pg"],
+            "collective_seq_id": 0 if is_p2p else seq, "p2p_seq_id": p2p_seq, "op_id": seq, "is_p2p": is_p2p,
+            "profiling_name": f"nccl:{op}", "time_created_ns": 1000 + created, "input_sizes": sizes,
+            "input_dtypes": ["Float"] * len(sizes), "output_sizes": sizes, "output_dtypes": ["Float"] * len(sizes),
+            "state": state, "timeout_ms": 600000,
+            "frames": [{"name": "all_reduce", "filename": "/venv/lib/python3.11/site-packages/torch/distributed/"
+                        "distributed_c10d.py", "line": 2500},
+                       {"name": "train_step", "filename": "/job/train.py", "line": line}]}
+
+
+def _write(folder: Path, rank: int, entries: list[dict[str, Any]], world: int = 2) -> None:
+    doc = {"version": "2.10", "comm_lib_version": "2.21.5",
+           "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(world)))}},
+           "pg_status": {"0": {"last_enqueued_collective": max([e["collective_seq_id"] for e in entries] + [0]),
+                               "last_started_collective": -1, "last_completed_collective": -1}},
+           "entries": entries}
+    (folder / f"nccl_trace_rank_{rank}.json").write_text(json.dumps(doc))
+
+
+def test_a_send_without_its_recv_names_the_rank_that_never_posted_it(tmp_path: Path) -> None:
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]]), _entry(0, "send 0->1", [[8]], p2p_seq=1, created=1),
+                         _entry(0, "send 0->1", [[8]], p2p_seq=2, created=2, line=20, state="scheduled")])
+    _write(tmp_path, 1, [_entry(1, "all_reduce", [[4]]), _entry(0, "recv 1<-0", [[8]], p2p_seq=1, created=1)])
+    report = diagnose([str(tmp_path)])
+    found = report.groups[0].divergences[0]
+    assert found.kind == "p2p_unmatched" and found.diverged_ranks == [1]
+    assert found.summary == ("p2p on the default group: rank 0 sent 2 time(s) to rank 1 but rank 1 posted 1 recv(s) "
+                             "from rank 0: the last send (send at train.py:20 (train_step)) has no matching recv")
+
+
+def test_different_shapes_in_one_all_reduce_show_both_shapes(tmp_path: Path) -> None:
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]]), _entry(2, "all_reduce", [[1024, 4]])])
+    _write(tmp_path, 1, [_entry(1, "all_reduce", [[4]]), _entry(2, "all_reduce", [[1024, 8]])])
+    report = diagnose([str(tmp_path)])
+    found = report.groups[0].divergences[0]
+    assert found.kind == "size_mismatch" and found.seq == 2
+    assert found.summary == ("collective #2 (all_reduce) on the default group has different tensors: rank 0 with "
+                             "input [[1024, 4]] Float at train.py:10 (train_step); rank 1 with input [[1024, 8]] "
+                             "Float at train.py:10 (train_step)")
+
+
+def test_groups_are_matched_by_rank_set_and_a_missing_last_rank_is_named(tmp_path: Path) -> None:
+    # world 4 from pg_config's ranks: ranks 2 and 3 left no dump, and the text says so.
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]])], world=4)
+    _write(tmp_path, 1, [_entry(1, "all_reduce", [[4]])], world=4)
+    report = diagnose([str(tmp_path)])
+    assert report.missing == [2, 3] and report.groups[0].ranks_known
+    assert "no dump from ranks 2-3: it died or could not write" in render_text(report)
+    assert to_json(report)["groups"][0]["ranks_from"] == "pg_config"
+
+
+def test_a_diverging_rank_gets_its_current_stack_from_a_stacks_json(tmp_path: Path) -> None:
+    # The stacks document's layout is the one docs/stacks.md shows (written by `ddpdoctor stacks --json`).
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]]), _entry(2, "all_reduce", [[4]])])
+    _write(tmp_path, 1, [_entry(1, "all_reduce", [[4]])])
+    frames = [{"function": "wait", "file": "/usr/lib/python3.11/threading.py", "line": 320, "where": "x"},
+              {"function": "load_batch", "file": "/job/data.py", "line": 77, "where": "data.py:77 in load_batch"}]
+    stacks = {"tool": "ddpdoctor", "version": "0.1.0", "host": "node-b", "source": "py-spy",
+              "processes": [{"pid": 4242, "rank": 1, "host": "node-b", "error": None,
+                             "threads": [{"thread_id": 1, "name": "MainThread", "main": True, "frames": frames}]}]}
+    (tmp_path / "node-b.json").write_text(json.dumps(stacks))
+    report = diagnose([str(tmp_path)])
+    text = render_text(report)
+    assert "rank 1 never issued collective #2" in text
+    assert "rank 1 now at data.py:77 in load_batch (pid 4242 on node-b)" in text  # the stdlib frame skipped
+    assert to_json(report)["groups"][0]["divergences"][0]["stacks"]["1"]["where"] == "data.py:77 in load_batch"

@@ -1,0 +1,81 @@
+"""Bad input never runs code, never hangs, never prints a traceback: one line and exit 2. No torch import."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fr.jobs import make_dumps
+from tests.support import REPO, clean_env, run_cli
+
+
+class _RunsCode:
+    """What a hostile 'dump' carries: unpickling it would call os.system."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dumps(tmp_path_factory.mktemp("fr") / "ok", "healthy", "pickle", nproc=2)
+
+
+def test_a_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    hostile = {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": [{"x": _RunsCode(marker)}]}
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(hostile, protocol=2))
+    out = run_cli(["fr", str(path)], timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
+    assert "refused: the pickle names the Python global posix.system" in out.stderr
+    assert not marker.exists()
+
+
+def test_a_truncated_dump_is_one_line_and_exit_2(real: Path, tmp_path: Path) -> None:
+    data = (real / "nccl_trace_rank_0").read_bytes()
+    cut = tmp_path / "nccl_trace_rank_0"
+    cut.write_bytes(data[: len(data) // 2])
+    out = run_cli(["fr", str(cut), str(real / "nccl_trace_rank_1")], timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith(f"ddpdoctor: error: {cut}: truncated or corrupt Flight Recorder dump")
+    assert (real / "nccl_trace_rank_0").read_bytes() == data  # inputs never changed
+
+
+def test_bad_inputs_each_say_what_is_wrong(tmp_path: Path) -> None:
+    nameless = tmp_path / "trace.json"
+    nameless.write_text(json.dumps({"version": "2.10", "entries": []}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = {
+        str(tmp_path / "nope"): "no such file or directory",
+        str(nameless): "cannot tell which rank wrote it",
+        str(empty): "no Flight Recorder dump found",
+    }
+    text = tmp_path / "nccl_trace_rank_3"
+    text.write_text("hello")
+    cases[str(text)] = "not a Flight Recorder dump"
+    for arg, message in cases.items():
+        out = run_cli(["fr", arg], timeout=60)
+        assert out.returncode == 2, (arg, out.stdout)
+        assert message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_fr_never_imports_torch(real: Path) -> None:
+    probe = ("import sys; from ddpdoctor.cli import main; code = main(['fr', sys.argv[1]]); "
+             "print('torch' in sys.modules); sys.exit(code)")
+    out = subprocess.run([sys.executable, "-c", probe, str(real)], capture_output=True, text=True, timeout=60,
+                         env=clean_env(), cwd=str(REPO))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("False")
