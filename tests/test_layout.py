@@ -22,7 +22,7 @@ PACKAGE = REPO / "ddpdoctor"
 CORE = {"errors", "fileio", "findings", "modelspec", "ports", "ranks", "__init__"}
 # Lower layers never import higher ones: core < runtime < families < checks < the command line.
 LAYER = {"runtime": 1, "check": 2, "bench": 2, "ckpt": 2, "stacks": 2, "watch": 2, "env": 2, "explain": 2,
-         "unused": 2, "checks": 3, "commands": 4, "cli": 4, "__main__": 4}
+         "unused": 2, "ras": 2, "fr": 2, "checks": 3, "commands": 4, "cli": 4, "__main__": 4}
 
 
 def _unit(module: str) -> str:
@@ -71,7 +71,7 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
 def test_every_family_is_a_package_with_a_docstring() -> None:
-    for family in ("check", "checks", "bench", "ckpt", "stacks", "watch", "env", "runtime", "commands"):
+    for family in ("check", "checks", "bench", "ckpt", "stacks", "watch", "env", "ras", "runtime", "commands"):
         init = PACKAGE / family / "__init__.py"
         assert init.is_file(), f"ddpdoctor/{family}/ is a package"
         assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says what the family does"
