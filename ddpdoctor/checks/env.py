@@ -8,10 +8,16 @@ not have; ``/dev/shm`` is Docker's 64 MB. How it shows up: NCCL hangs at the fir
 warning and will stop working.
 Reproduce by hand: ``NCCL_SOCKET_IFNAME=nosuch0 ddpdoctor check --only env``, or under torchrun give one
 rank a different value of any ``NCCL_*`` variable.
+
+On NCCL it also warns when an NCCL timeout would leave no Flight Recorder dump (``ddpdoctor fr`` has
+nothing to read then): the recorder off (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` 0, or
+unset before torch 2.7) or no dump on timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT`` 0, or unset before 2.7).
+Reproduce: ``TORCH_NCCL_DUMP_ON_TIMEOUT=0 ddpdoctor check --only env`` on a GPU machine.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from ddpdoctor.check import Check, CheckContext, all_findings, collapse
@@ -56,6 +62,12 @@ def _run(ctx: CheckContext) -> list[Finding]:
     for old, new in envinfo.DEPRECATED_VARS.items():
         if old in variables:
             findings.append(ctx.finding(WARN, f"{old} is deprecated", f"use {new}={variables[old]} instead"))
+    if ctx.backend == "nccl":
+        import torch
+
+        problem = flight_recorder_problem(os.environ, str(torch.__version__))
+        if problem is not None:
+            findings.append(ctx.finding(WARN, problem, FR_REMEDY))
     shm = envinfo.shm_bytes()
     if shm is not None and shm < envinfo.MIN_SHM_BYTES and ctx.backend == "nccl" and ctx.local_world_size > 1:
         findings.append(ctx.finding(
@@ -63,6 +75,42 @@ def _run(ctx: CheckContext) -> list[Finding]:
             "NCCL needs shared memory between local ranks: run the container with --shm-size=8g "
             "(or --ipc=host), or mount a larger /dev/shm", shm_bytes=shm))
     return findings
+
+
+# Both on by default since torch 2.7 (pytorch/pytorch#143446: dumps on timeout or exception without opt-in,
+# buffer 2000 entries); before that the buffer defaulted to 0 and TORCH_NCCL_DUMP_ON_TIMEOUT to false.
+FR_DEFAULT_ON_SINCE = (2, 7)
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # FlightRecorder.hpp reads both
+FR_REMEDY = ("export TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 on every rank (and "
+             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/shared/fr/nccl_trace_rank_ to collect the dumps in one folder); "
+             "after a timeout, `ddpdoctor fr /shared/fr` names the rank that diverged")
+
+
+def _torch_at_least(version: str, wanted: tuple[int, int]) -> bool:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts) >= wanted
+
+
+def flight_recorder_problem(env: Mapping[str, str], torch_version: str) -> str | None:
+    """Why an NCCL timeout would leave no Flight Recorder dump, or None when it would leave one."""
+    default_on = _torch_at_least(torch_version, FR_DEFAULT_ON_SINCE)
+    buffer_var = next((v for v in FR_BUFFER_VARS if env.get(v, "").strip()), None)
+    if buffer_var is not None:
+        text = env[buffer_var].strip()
+        if not text.isdigit() or int(text) <= 0:
+            return f"Flight Recorder off ({buffer_var}={text}): an NCCL timeout leaves no record of the collectives"
+    elif not default_on:
+        return (f"Flight Recorder off (TORCH_FR_BUFFER_SIZE unset; torch {torch_version} defaults to 0): an NCCL "
+                "timeout leaves no record of the collectives")
+    dump = env.get("TORCH_NCCL_DUMP_ON_TIMEOUT", "").strip().lower()
+    if dump in ("0", "false", "no", "off") or (not dump and not default_on):
+        shown = f"TORCH_NCCL_DUMP_ON_TIMEOUT={env['TORCH_NCCL_DUMP_ON_TIMEOUT']}" if dump else \
+            f"TORCH_NCCL_DUMP_ON_TIMEOUT unset; torch {torch_version} defaults to off"
+        return f"no Flight Recorder dump on an NCCL timeout ({shown})"
+    return None
 
 
 def _holders(values_by_rank: Mapping[int, object]) -> dict[str, list[int]]:

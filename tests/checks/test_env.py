@@ -65,3 +65,21 @@ def test_mixed_nccl_builds_across_hosts_fail_once() -> None:
     fails = [f for f in out if f.status == "fail"]
     assert len(fails) == 1 and fails[0].ranks == [2, 3]
     assert "nccl version" in fails[0].summary and "2.19.3" in fails[0].summary and "2.21.5" in fails[0].summary
+
+
+def test_flight_recorder_warning_names_what_is_off_and_the_remedy_sets_it() -> None:
+    from ddpdoctor.checks.env import FR_REMEDY, flight_recorder_problem
+
+    # torch 2.7 turned both on by default (pytorch/pytorch#143446): nothing to say unless switched off.
+    assert flight_recorder_problem({}, "2.13.0+cu128") is None
+    assert flight_recorder_problem({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}, "2.13.0") == \
+        "no Flight Recorder dump on an NCCL timeout (TORCH_NCCL_DUMP_ON_TIMEOUT=0)"
+    assert flight_recorder_problem({"TORCH_FR_BUFFER_SIZE": "0"}, "2.13.0") == \
+        "Flight Recorder off (TORCH_FR_BUFFER_SIZE=0): an NCCL timeout leaves no record of the collectives"
+    # Before 2.7 both had to be set; the older spelling of the buffer variable counts.
+    assert "TORCH_FR_BUFFER_SIZE unset; torch 2.5.1 defaults to 0" in str(flight_recorder_problem({}, "2.5.1"))
+    assert flight_recorder_problem({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}, "2.5.1") == \
+        "no Flight Recorder dump on an NCCL timeout (TORCH_NCCL_DUMP_ON_TIMEOUT unset; torch 2.5.1 defaults to off)"
+    assert flight_recorder_problem({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"},
+                                   "2.5.1") is None
+    assert "TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1" in FR_REMEDY and "ddpdoctor fr" in FR_REMEDY
