@@ -21,7 +21,6 @@ import signal
 import sys
 import time
 
-
 THROTTLER = """
 import os, signal, sys, time
 pid, run_s, period_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
