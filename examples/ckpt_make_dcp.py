@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -26,7 +28,9 @@ from examples.ckpt_models import make_mlp
 
 
 def _rank(rank: int, world: int, rendezvous: str, outdir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    # A deadline on every collective: a rank that dies makes the other fail instead of waiting forever.
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
     try:
         ddp = DDP(make_mlp())
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
@@ -39,11 +43,18 @@ def _rank(rank: int, world: int, rendezvous: str, outdir: str) -> None:
         dist.destroy_process_group()
 
 
-def make_dcp(outdir: Path, world: int = 2) -> None:
+def make_dcp(outdir: Path, world: int = 2, deadline_s: float = 240) -> None:
     """Write the DCP example directories into ``outdir`` with a real ``world``-rank gloo job."""
     outdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank, args=(world, f"{tmp}/pg", str(outdir)), nprocs=world, join=True)
+        ctx = mp.start_processes(_rank, args=(world, f"{tmp}/pg", str(outdir)), nprocs=world, join=False,
+                                 start_method="spawn")
+        end = time.monotonic() + deadline_s
+        while not ctx.join(timeout=1):  # raises if a rank failed
+            if time.monotonic() > end:
+                for proc in ctx.processes:
+                    proc.kill()
+                raise SystemExit(f"the {world}-rank DCP save did not finish within {deadline_s:.0f} s")
 
 
 if __name__ == "__main__":

@@ -92,3 +92,28 @@ def test_check_command_with_checkpoint_and_model_runs_the_state_dict_check_only(
     assert by_check["state_dict"]["status"] == "fail"
     assert "remove 'module.'" in by_check["state_dict"]["summary"]
     assert by_check["unused_params"]["status"] == "skip"
+
+
+def test_directories_dcp_and_shard_sets_are_checked(tmp_path: Path) -> None:
+    """--checkpoint takes a torch.distributed.checkpoint directory and a shard set, as `ckpt` does."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from examples.ckpt_make_shards import make_shards
+
+    sd = {f"module.{k}": v for k, v in make_mlp().state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no process group: dcp.save saves as a single process
+        dcp.save({"model": sd}, checkpoint_id=tmp_path / "dcp")
+    [f] = _run(str(tmp_path / "dcp"), MODEL)
+    assert f.status == "fail" and "loads with strict=True after: remove 'module.'" in f.summary
+    assert f.remedy.startswith(f"ddpdoctor ckpt strip {tmp_path / 'dcp'} -o")
+    [f] = _run(str(tmp_path / "dcp"))
+    assert f.status == "warn" and "'module.'" in f.summary
+    make_shards(tmp_path / "shards")
+    [f] = _run(str(tmp_path / "shards" / "st"), "examples.ckpt_models:make_stack")
+    assert f.status == "fail" and f.details["fix"]["strip_prefixes"] == ["module."]
+    (tmp_path / "shards" / "st" / "model-00001-of-00003.safetensors").unlink()
+    findings = _run(str(tmp_path / "shards" / "st"))
+    assert any(f.status == "fail" and "model-00001-of-00003.safetensors" in f.summary for f in findings)

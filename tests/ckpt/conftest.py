@@ -46,3 +46,26 @@ def cli_fixture(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPa
 def sha(path: Path) -> str:
     """The file's SHA-256: inputs are compared before and after to prove they were never written."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def dcp_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DCP directories written by a real 2-rank gloo DDP job (examples/ckpt_make_dcp.py, via mp.spawn)."""
+    out = tmp_path_factory.mktemp("dcp")
+    subprocess.run([sys.executable, "-m", "examples.ckpt_make_dcp", str(out)], cwd=REPO, env=clean_env(),
+                   check=True, timeout=300, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def shard_sets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shard sets written by safetensors.torch.save_file and torch.save (examples/ckpt_make_shards.py)."""
+    out = tmp_path_factory.mktemp("shards")
+    subprocess.run([sys.executable, "-m", "examples.ckpt_make_shards", str(out)], cwd=REPO, env=clean_env(),
+                   check=True, timeout=300, capture_output=True)
+    return out
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    """Name -> SHA-256 of every file in a directory: a directory input is proved unchanged with it."""
+    return {p.name: sha(p) for p in sorted(path.iterdir()) if p.is_file()}

@@ -1,0 +1,173 @@
+"""`ckpt inspect/strip/diff` on torch.distributed.checkpoint directories written by a real 2-rank gloo job.
+
+The layout (``.metadata`` + ``__<rank>_<n>.distcp``) is torch's own (torch/distributed/checkpoint/filesystem.py);
+the hostile ``.metadata`` is a real pickle that would run ``os.system`` under ``pickle.load``, which is what
+``FileSystemReader.read_metadata`` does with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from examples.ckpt_models import make_mlp
+from tests.ckpt.conftest import tree_digest
+
+MODEL = "examples.ckpt_models:make_mlp"
+
+
+def _reference(src: Path, tmp_path: Path) -> dict[str, Any]:
+    """The plain PyTorch way: dcp_to_torch_save, then torch.load."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process"
+        dcp_to_torch_save(src, tmp_path / "ref.pt")
+    return torch.load(tmp_path / "ref.pt", weights_only=True)  # type: ignore[no-any-return]
+
+
+def test_inspect_lists_keys_files_ranks_and_the_prefix(dcp_dirs: Path, cli: Any) -> None:
+    res = cli(["ckpt", "inspect", str(dcp_dirs / "dcp_ddp"), "--json", "-"])
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(res.stdout)
+    assert rep["format"] == "dcp" and rep["status"] == "warn"
+    lay = rep["layout"]
+    assert lay["ranks"] == [0, 1] and [f["file"] for f in lay["files"]] == ["__0_0.distcp", "__1_0.distcp"]
+    entries = {e["key"]: e for e in lay["entries"]}
+    assert entries["model.module.fc2.weight"] == {"key": "model.module.fc2.weight", "kind": "tensor", "shape": [4, 8],
+                                                   "dtype": "float32", "size_bytes": 128, "chunks": 1,
+                                                   "files": entries["model.module.fc2.weight"]["files"]}
+    assert entries["epoch"]["kind"] == "object"
+    (sd,) = rep["state_dicts"]
+    assert sd["location"] == "model" and sd["prefixes"][0]["prefix"] == "module." and sd["keys"] == 9
+    assert {e["key"] for e in rep["other_entries"]} == {"optim", "epoch"}
+
+
+def test_inspect_text_names_files_and_ranks(dcp_dirs: Path, cli: Any) -> None:
+    res = cli(["ckpt", "inspect", str(dcp_dirs / "dcp_flat")])
+    assert res.returncode == 0
+    assert "torch.distributed.checkpoint directory" in res.stdout
+    assert "from rank(s) 0-1" in res.stdout and "__1_0.distcp" in res.stdout
+    assert "'module.' on 9/9 keys" in res.stdout
+
+
+def test_strip_to_one_torch_file_matches_dcp_to_torch_save(dcp_dirs: Path, tmp_path: Path, cli: Any) -> None:
+    src = dcp_dirs / "dcp_ddp"
+    before = tree_digest(src)
+    out = tmp_path / "model.pt"
+    res = cli(["ckpt", "strip", str(src), "-o", str(out)])
+    assert res.returncode == 0, res.stderr
+    assert tree_digest(src) == before
+    got = torch.load(out, weights_only=True)
+    ref = _reference(src, tmp_path)
+    assert got["epoch"] == ref["epoch"] == 3
+    assert got["optim"]["param_groups"] == ref["optim"]["param_groups"]
+    assert list(got["model"]) == [k.removeprefix("module.") for k in ref["model"]]
+    for key, value in ref["model"].items():
+        assert torch.equal(got["model"][key.removeprefix("module.")], value)
+    for pid, state in ref["optim"]["state"].items():
+        assert torch.equal(got["optim"]["state"][pid]["momentum_buffer"], state["momentum_buffer"])
+    make_mlp().load_state_dict(got["model"], strict=True)
+    # tensors are where torch's offset arithmetic expects them: mmap and meta loading work
+    assert torch.load(out, weights_only=True, mmap=True)["model"]["fc1.weight"].shape == (8, 8)
+
+
+def test_strip_to_a_dcp_directory_loads_with_dcp_load(dcp_dirs: Path, tmp_path: Path, cli: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    src, out = dcp_dirs / "dcp_ddp", tmp_path / "stripped"
+    res = cli(["ckpt", "strip", str(src), "-o", str(out), "--json", "-"])
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["renamed_keys"] == 9
+    assert sorted(os.listdir(out)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert (out / "__1_0.distcp").read_bytes() == (src / "__1_0.distcp").read_bytes()
+    model = make_mlp()
+    state = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, checkpoint_id=out)
+    ref = _reference(src, tmp_path)
+    for key, value in ref["model"].items():
+        assert torch.equal(state["model"][key.removeprefix("module.")], value), key
+    assert cli(["ckpt", "diff", str(out), "--model", MODEL]).returncode == 0
+
+
+def test_diff_on_a_dcp_directory_names_the_rename(dcp_dirs: Path, cli: Any) -> None:
+    res = cli(["ckpt", "diff", str(dcp_dirs / "dcp_flat"), "--model", MODEL, "--json", "-"])
+    assert res.returncode == 1
+    rep = json.loads(res.stdout)
+    assert rep["format"] == "dcp" and rep["fix"]["strip_prefixes"] == ["module."]
+    assert "ddpdoctor ckpt strip" in rep["findings"][0]["remedy"]
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_truncated_metadata_is_one_line_exit_2(dcp_dirs: Path, tmp_path: Path, cli: Any) -> None:
+    d = _copy(dcp_dirs / "dcp_ddp", tmp_path / "cut")
+    md = d / ".metadata"
+    md.write_bytes(md.read_bytes()[: md.stat().st_size // 2])
+    for args in (["ckpt", "inspect", str(d)], ["ckpt", "strip", str(d), "-o", str(tmp_path / "o.pt")]):
+        res = cli(args)
+        assert res.returncode == 2
+        assert "damaged or truncated" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.pt").exists()
+
+
+class _Evil:
+    """Pickles as os.system(...): what a hostile .metadata would hold."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_hostile_metadata_is_refused_and_never_runs(dcp_dirs: Path, tmp_path: Path, cli: Any) -> None:
+    d = _copy(dcp_dirs / "dcp_flat", tmp_path / "evil")
+    marker = tmp_path / "pwned"
+    (d / ".metadata").write_bytes(pickle.dumps(_Evil(marker)))
+    for args in (["ckpt", "inspect", str(d)], ["ckpt", "strip", str(d), "-o", str(tmp_path / "o")],
+                 ["ckpt", "diff", str(d), "--model", MODEL]):
+        res = cli(args)
+        assert res.returncode == 2, res
+        assert "posix.system" in res.stderr and "not part of a torch.distributed.checkpoint metadata" in res.stderr
+    assert not marker.exists() and not (tmp_path / "o").exists()
+
+
+def test_missing_rank_file_is_named(dcp_dirs: Path, tmp_path: Path, cli: Any) -> None:
+    d = _copy(dcp_dirs / "dcp_ddp", tmp_path / "partial")
+    (d / "__1_0.distcp").unlink()
+    res = cli(["ckpt", "inspect", str(d)])
+    assert res.returncode == 1
+    assert "FAIL  data file(s) named by .metadata are missing: __1_0.distcp" in res.stdout
+    res = cli(["ckpt", "strip", str(d), "-o", str(tmp_path / "o.pt")])
+    assert res.returncode == 2 and "__1_0.distcp named by .metadata is missing" in res.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_existing_output_directory_is_refused(dcp_dirs: Path, tmp_path: Path, cli: Any) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    res = cli(["ckpt", "strip", str(dcp_dirs / "dcp_flat"), "-o", str(out)])
+    assert res.returncode == 2 and "already exists" in res.stderr
+    assert os.listdir(out) == ["keep.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".ddpdoctor-partial")]
+
+
+@pytest.mark.parametrize("flag", ["--in-place"])
+def test_in_place_is_for_single_files(dcp_dirs: Path, cli: Any, flag: str) -> None:
+    res = cli(["ckpt", "strip", str(dcp_dirs / "dcp_flat"), flag])
+    assert res.returncode == 2 and "give a new output with -o" in res.stderr

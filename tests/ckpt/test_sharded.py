@@ -1,0 +1,132 @@
+"""`ckpt inspect/strip/diff` on Hugging Face style shard sets written by safetensors and torch.save.
+
+The layout (``model-0000N-of-0000M.safetensors`` + ``model.safetensors.index.json`` with ``metadata`` and
+``weight_map``; ``pytorch_model-*.bin`` + ``pytorch_model.bin.index.json``) is what ``transformers``'
+``save_pretrained`` writes; the example writes it with ``safetensors.torch.save_file`` and ``torch.save``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from examples.ckpt_models import make_stack
+from tests.ckpt.conftest import tree_digest
+
+STACK = "examples.ckpt_models:make_stack"
+
+
+def _load_through_index(d: Path, index: str) -> dict[str, torch.Tensor]:
+    """What transformers does: read the index, then every shard it names."""
+    weight_map = json.loads((d / index).read_text())["weight_map"]
+    sd: dict[str, torch.Tensor] = {}
+    for name in sorted(set(weight_map.values())):
+        part = load_file(d / name) if name.endswith(".safetensors") else torch.load(d / name, weights_only=True)
+        sd.update(part)
+    assert set(sd) == set(weight_map)
+    return sd
+
+
+def test_inspect_covers_every_shard(shard_sets: Path, cli: Any) -> None:
+    res = cli(["ckpt", "inspect", str(shard_sets / "st"), "--json", "-"])
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(res.stdout)
+    assert rep["format"] == "sharded" and rep["tensor_count"] == 14
+    lay = rep["layout"]
+    assert lay["index"] == "model.safetensors.index.json"
+    assert [s["file"] for s in lay["shards"]] == [f"model-0000{n}-of-00003.safetensors" for n in (1, 2, 3)]
+    assert sum(s["keys"] for s in lay["shards"]) == 14
+    assert lay["missing_shards"] == [] and lay["index_missing_tensors"] == []
+    assert rep["state_dicts"][0]["prefixes"][0] == {"prefix": "module.", "keys": 14,
+                                                    "examples": rep["state_dicts"][0]["prefixes"][0]["examples"]}
+
+
+def test_strip_keeps_the_sharding_and_loads(shard_sets: Path, tmp_path: Path, cli: Any) -> None:
+    src, out = shard_sets / "st", tmp_path / "plain"
+    before = tree_digest(src)
+    res = cli(["ckpt", "strip", str(src), "-o", str(out)])
+    assert res.returncode == 0, res.stderr
+    assert tree_digest(src) == before
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)  # same shards, index, config.json
+    old_map = json.loads((src / "model.safetensors.index.json").read_text())
+    new_map = json.loads((out / "model.safetensors.index.json").read_text())
+    assert new_map["metadata"] == old_map["metadata"]
+    assert new_map["weight_map"] == {k.removeprefix("module."): v for k, v in old_map["weight_map"].items()}
+    sd = _load_through_index(out, "model.safetensors.index.json")
+    make_stack().load_state_dict(sd, strict=True)
+    old = _load_through_index(src, "model.safetensors.index.json")
+    assert all(torch.equal(sd[k.removeprefix("module.")], v) for k, v in old.items())
+    assert cli(["ckpt", "diff", str(out), "--model", STACK]).returncode == 0
+
+
+def test_strip_torch_bin_shards_given_the_index_file(shard_sets: Path, tmp_path: Path, cli: Any) -> None:
+    out = tmp_path / "plain_bin"
+    res = cli(["ckpt", "strip", str(shard_sets / "bin" / "pytorch_model.bin.index.json"), "-o", str(out)])
+    assert res.returncode == 0, res.stderr
+    make_stack().load_state_dict(_load_through_index(out, "pytorch_model.bin.index.json"), strict=True)
+
+
+def test_shards_without_an_index(shard_sets: Path, tmp_path: Path, cli: Any) -> None:
+    out = tmp_path / "plain_noindex"
+    assert cli(["ckpt", "strip", str(shard_sets / "noindex"), "-o", str(out)]).returncode == 0
+    sd: dict[str, torch.Tensor] = {}
+    for p in sorted(out.iterdir()):
+        sd.update(load_file(p))
+    make_stack().load_state_dict(sd, strict=True)
+
+
+def test_diff_names_the_rename(shard_sets: Path, cli: Any) -> None:
+    res = cli(["ckpt", "diff", str(shard_sets / "bin"), "--model", STACK, "--json", "-"])
+    assert res.returncode == 1
+    assert json.loads(res.stdout)["fix"]["strip_prefixes"] == ["module."]
+
+
+def test_missing_shard_is_named_and_strip_refuses(shard_sets: Path, tmp_path: Path, cli: Any) -> None:
+    d = tmp_path / "gap"
+    shutil.copytree(shard_sets / "st", d)
+    (d / "model-00002-of-00003.safetensors").unlink()
+    res = cli(["ckpt", "inspect", str(d)])
+    assert res.returncode == 1
+    assert "FAIL  shard file(s) missing: model-00002-of-00003.safetensors" in res.stdout
+    res = cli(["ckpt", "strip", str(d), "-o", str(tmp_path / "out")])
+    assert res.returncode == 2 and "shard model-00002-of-00003.safetensors is missing" in res.stderr
+    assert not (tmp_path / "out").exists()
+    # without an index the -of-00003 names say a shard is missing too
+    d2 = tmp_path / "gap_noindex"
+    shutil.copytree(shard_sets / "noindex", d2)
+    (d2 / "model-00003-of-00003.safetensors").unlink()
+    res = cli(["ckpt", "inspect", str(d2)])
+    assert res.returncode == 1 and "model-00003-of-00003.safetensors" in res.stdout
+
+
+def test_index_entries_pointing_at_absent_tensors_and_extra_shards(shard_sets: Path, tmp_path: Path,
+                                                                   cli: Any) -> None:
+    d = tmp_path / "stale"
+    shutil.copytree(shard_sets / "st", d)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    index["weight_map"]["module.layers.3.attn.weight"] = "model-00001-of-00003.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(d / "model-00001-of-00003.safetensors", d / "model-00004-of-00004.safetensors")
+    res = cli(["ckpt", "inspect", str(d), "--json", "-"])
+    assert res.returncode == 1
+    lay = json.loads(res.stdout)["layout"]
+    assert lay["index_missing_tensors"] == [{"key": "module.layers.3.attn.weight",
+                                             "file": "model-00001-of-00003.safetensors"}]
+    assert lay["extra_shards"] == ["model-00004-of-00004.safetensors"]
+    text = cli(["ckpt", "inspect", str(d)]).stdout
+    assert "1 index entry points at tensors the shard does not hold: module.layers.3.attn.weight" in text
+    assert "WARN  shard file(s) not in the index: model-00004-of-00004.safetensors" in text
+
+
+def test_corrupt_index_is_one_line_exit_2(shard_sets: Path, tmp_path: Path, cli: Any) -> None:
+    d = tmp_path / "badindex"
+    shutil.copytree(shard_sets / "st", d)
+    (d / "model.safetensors.index.json").write_text('{"weight_map": ')
+    res = cli(["ckpt", "inspect", str(d)])
+    assert res.returncode == 2 and "not a valid shard index" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
