@@ -22,7 +22,7 @@ from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, EXIT_USAGE, DoctorError
 # not pay); `ddpdoctor --help` imports them all to list them.
 COMMANDS = {"check": "check", "env": "env", "bench": "bench", "ckpt": "ckpt", "stacks": "stacks",
             "watch": "watch", "explain": "explain", "unused": "unused",
-            "ras": "ras"}
+            "ras": "ras", "fr": "fr"}
 
 
 def _version_callback(value: bool) -> None:
