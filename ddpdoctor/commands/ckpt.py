@@ -17,7 +17,8 @@ _TRUST_HELP = ("Allow classes outside torch.load(weights_only=True)'s allowlist.
 
 
 def inspect_cmd(
-    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file (.pt/.pth torch zip or legacy, or .safetensors)."),
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint: a file (.pt/.pth torch zip or legacy, .safetensors), "
+                               "a torch.distributed.checkpoint directory, or a shard set (directory or *.index.json)."),
     json_out: JsonOption = None,
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
 ) -> None:
@@ -38,10 +39,14 @@ def inspect_cmd(
 
 
 def strip_cmd(
-    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file to read (never modified without --in-place)."),
-    output: str = typer.Option(None, "-o", "--output", metavar="OUT", help="Where to write the stripped checkpoint."),
-    prefix: list[str] = typer.Option(None, "--prefix", metavar="P", help="Prefix to remove (repeatable); default: the "
-                                     "detected module. and _orig_mod."),
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file, DCP directory or shard set to read (never "
+                               "modified without --in-place)."),
+    output: str = typer.Option(None, "-o", "--output", metavar="OUT", help="Where to write the stripped checkpoint: a "
+                               "file; for a DCP directory a new directory, or one torch.save file if OUT ends in "
+                               ".pt/.pth/.bin; for a shard set a new directory."),
+    prefix: list[str] = typer.Option(None, "--prefix", metavar="P", help="Wrapper to remove (repeatable); default: all of "
+                                     "module. (at the start of keys), _orig_mod., _fsdp_wrapped_module., _fpw_module., "
+                                     "_checkpoint_wrapped_module. (at any depth)."),
     key: str = typer.Option(None, "--key", metavar="K", help="Only the state_dict at this entry (nested: a/b)."),
     in_place: bool = typer.Option(False, "--in-place", help="Replace PATH itself (still atomic)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
@@ -49,7 +54,7 @@ def strip_cmd(
 ) -> None:
     """Remove wrapper prefixes from the state_dict keys; everything else is kept byte for byte.
 
-    Tensor data is copied by the kernel, never loaded; OUT is written to a temp file and renamed.
+    Tensor data is copied by the kernel, never loaded; OUT is written to a temp file (or directory) and renamed.
     """
     fileio.validate_output_path("--json", json_out)
     from ddpdoctor.ckpt import strip_file
@@ -70,7 +75,7 @@ def strip_cmd(
 
 
 def diff_cmd(
-    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file."),
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file, DCP directory or shard set."),
     model: str = typer.Option(..., "--model", metavar="MODULE:FACTORY", help="MODULE:FACTORY building the model, e.g. mypkg.net:build "
                               "(or path/to/file.py:build)."),
     key: str = typer.Option(None, "--key", metavar="K", help="Compare the state_dict at this entry (nested: a/b)."),
@@ -99,7 +104,8 @@ def register(app: typer.Typer) -> None:
     """Add `ddpdoctor ckpt inspect|strip|diff` to the app."""
     sub = typer.Typer(
         name="ckpt",
-        help="Find and remove module./_orig_mod. prefixes in checkpoints; explain key mismatches against a model.",
+        help="Find and remove wrapper prefixes (DDP, torch.compile, FSDP, activation checkpointing) in checkpoints, DCP "
+             "directories and shard sets; explain key mismatches against a model.",
         no_args_is_help=True,
         add_completion=False,
         rich_markup_mode=None,
