@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
 from ddpdoctor.fr.analyze import analyze
-from ddpdoctor.fr.load import collect_inputs, read_dumps, read_stacks
+from ddpdoctor.fr.load import collect_inputs, read_all, read_stacks
 from ddpdoctor.fr.model import CallTable, FrReport
 from ddpdoctor.fr.report import render_text, to_json
 
@@ -31,7 +31,7 @@ def diagnose(paths: Sequence[str], prefix: str | None = None, world_size: int | 
     """
     inputs = collect_inputs(paths, prefix)
     table = CallTable()
-    dumps = list(read_dumps(inputs, table))
+    dumps = read_all(inputs, table)
     if world_size is not None and world_size < 1:
         raise DoctorError("--world-size must be at least 1")
     if world_size is not None and max(d.rank for d in dumps) >= world_size:

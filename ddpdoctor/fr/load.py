@@ -20,10 +20,12 @@ Field names across dump versions (the ``version`` key), from PyTorch's writer:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
 import re
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +33,7 @@ from typing import Any
 import ddpdoctor
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.fileio import PARTIAL_SUFFIX
-from ddpdoctor.fr.model import Call, CallTable, GroupTrace, P2POp, RankDump, StackNow
+from ddpdoctor.fr.model import NO_CALL, Call, CallTable, GroupTrace, P2POp, RankDump, StackNow
 
 _EXTENSIONS = (".json", ".pkl", ".pickle", ".bin")
 _RANK_AT_END = re.compile(r"(\d+)$")
@@ -181,13 +183,22 @@ def _int(value: Any, default: int = 0) -> int:
 def _sizes(value: Any) -> tuple[Any, ...]:
     if not isinstance(value, (list, tuple)):
         return ()
+    try:  # the usual case, fast: a list of lists of ints
+        sizes = tuple(map(tuple, value))
+        if all(type(x) is int for s in sizes for x in s):
+            return sizes
+    except TypeError:
+        pass
     return tuple(tuple(_int(x) for x in s) if isinstance(s, (list, tuple)) else _int(s) for s in value)
 
 
 def _dtypes(value: Any) -> tuple[str, ...]:
-    return tuple(str(x) for x in value) if isinstance(value, (list, tuple)) else ()
+    if isinstance(value, (list, tuple)):
+        return tuple(x if type(x) is str else str(x) for x in value)
+    return ()
 
 
+@functools.lru_cache(maxsize=65536)
 def _not_users(filename: str) -> bool:
     return (not filename or bool(_TORCH_FILE.search(filename)) or filename.startswith((_OWN_DIR, "<"))
             or bool(_STDLIB_FILE.search(filename)))
@@ -244,6 +255,8 @@ def normalise(rank: int, path: str, fmt: str, doc: dict[str, Any], table: CallTa
         return trace
 
     id_to_name: dict[str, str] = {}
+    # Within one document a list object shared by several entries (the pickle memoised it) is read once.
+    frame_cache: dict[int, tuple[str | None, int | None, str | None]] = {}
     for entry in entries:
         if not isinstance(entry, dict):
             continue
@@ -257,7 +270,12 @@ def normalise(rank: int, path: str, fmt: str, doc: dict[str, Any], table: CallTa
         frames = entry.get("frames")
         if frames:
             dump.has_frames = True
-        file, line, function = user_frame(frames)
+            where = frame_cache.get(id(frames))
+            if where is None:
+                where = frame_cache[id(frames)] = user_frame(frames)
+            file, line, function = where
+        else:
+            file, line, function = None, None, None
         profiling = str(entry.get("profiling_name", "?"))
         op = profiling.split(":", 1)[-1].strip()  # 'nccl:all_reduce' -> 'all_reduce'
         created = _int(entry.get("time_created_ns"), 0)
@@ -280,9 +298,9 @@ def normalise(rank: int, path: str, fmt: str, doc: dict[str, Any], table: CallTa
         seq = _int(entry.get("collective_seq_id", entry.get("seq_id")), 0)
         if seq <= 0:
             continue
-        call = Call(op, _sizes(entry.get("input_sizes")), _dtypes(entry.get("input_dtypes")),
-                    _sizes(entry.get("output_sizes")), _dtypes(entry.get("output_dtypes")), file, line, function)
-        trace.put(seq, table.intern(call))
+        trace.put(seq, table.intern_fields(op, _sizes(entry.get("input_sizes")), _dtypes(entry.get("input_dtypes")),
+                                           _sizes(entry.get("output_sizes")), _dtypes(entry.get("output_dtypes")),
+                                           file, line, function))
     status = doc.get("pg_status")
     if isinstance(status, dict):
         # Keyed by the numeric pg id (FlightRecorder::getPgStatus); entries carry both pg_id and the name.
@@ -303,6 +321,41 @@ def read_dumps(inputs: Inputs, table: CallTable) -> Iterator[RankDump]:
         fmt, doc = read_document(path)
         yield normalise(rank, path, fmt, doc, table)
         del doc
+
+
+# Below this many dumps, starting worker processes costs more than it saves.
+PARALLEL_FROM = 32
+
+
+def _read_chunk(chunk: list[tuple[int, str]]) -> tuple[list[RankDump], list[Call]]:
+    table = CallTable()
+    dumps = list(read_dumps(Inputs(chunk, [], []), table))
+    return dumps, table.calls
+
+
+def read_all(inputs: Inputs, table: CallTable, workers: int | None = None) -> list[RankDump]:
+    """Every dump reduced, in worker processes when there are many (each holds one raw dump at a time).
+
+    Each worker interns its own calls; their ids are mapped into ``table`` here.
+    """
+    workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    if workers <= 1 or len(inputs.dumps) < PARALLEL_FROM:
+        return list(read_dumps(inputs, table))
+    from concurrent.futures import ProcessPoolExecutor
+
+    size = max(1, -(-len(inputs.dumps) // (workers * 4)))
+    chunks = [inputs.dumps[i:i + size] for i in range(0, len(inputs.dumps), size)]
+    result: list[RankDump] = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for dumps, calls in pool.map(_read_chunk, chunks):
+            remap = array("i", (table.intern(call) for call in calls))
+            for dump in dumps:
+                for trace in dump.groups.values():
+                    trace.calls = array("i", (c if c == NO_CALL else remap[c] for c in trace.calls))
+                    for op in trace.p2p:
+                        op.call_id = remap[op.call_id]
+                result.append(dump)
+    return result
 
 
 def _stack_where(frames: list[dict[str, Any]]) -> tuple[str, str | None]:

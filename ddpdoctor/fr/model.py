@@ -58,12 +58,20 @@ class CallTable:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self._ids: dict[Call, int] = {}
+        self._by_fields: dict[tuple[Any, ...], int] = {}
 
     def intern(self, call: Call) -> int:
         found = self._ids.get(call)
         if found is None:
             found = self._ids[call] = len(self.calls)
             self.calls.append(call)
+        return found
+
+    def intern_fields(self, *fields: Any) -> int:
+        """:meth:`intern` for ``Call(*fields)``, without building the Call when it is known (the hot path)."""
+        found = self._by_fields.get(fields)
+        if found is None:
+            found = self._by_fields[fields] = self.intern(Call(*fields))
         return found
 
     def __getitem__(self, call_id: int) -> Call:

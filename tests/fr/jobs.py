@@ -16,12 +16,25 @@ from tests.support import REPO, clean_env, torchrun_cmd
 EXAMPLE = REPO / "examples" / "fr_hang.py"
 
 
-def make_dumps(out: Path, mode: str, fmt: str = "pickle", nproc: int = 3, buffer: int = 2000) -> Path:
-    """Run the job (it hangs, every rank dumps after 3 s, the job ends) and return the folder of dumps."""
+def start_job(out: Path, mode: str, fmt: str = "pickle", nproc: int = 3) -> subprocess.Popen[str]:
+    """Start the job (it hangs, every rank dumps after 5 s, the job ends); :func:`finish` waits for it."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [*torchrun_cmd(), "--standalone", "--nproc-per-node", str(nproc), str(EXAMPLE), "--mode", mode,
-           "--format", fmt, "--out", str(out), "--hang", "3", "--grace", "2"]
-    env = clean_env({"TORCH_FR_BUFFER_SIZE": str(buffer), "OMP_NUM_THREADS": "1"})
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=str(REPO))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return out
+           "--format", fmt, "--out", str(out), "--hang", "5", "--grace", "2"]
+    env = clean_env({"TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=str(REPO), start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
+    """Wait for a job with a deadline; a job that overruns is killed (its whole process group) and fails."""
+    import os
+    import signal
+
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"fr_hang.py job still running after {timeout} s:\n{output[-3000:]}") from None
+    assert proc.returncode == 0, output[-4000:]

@@ -6,41 +6,25 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
-from tests.fr.jobs import make_dumps
 from tests.support import run_cli
 
 
-@pytest.fixture(scope="module")
-def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each job once per module: mode -> folder of dumps (torchrun start-up dominates, so few jobs)."""
-    base = tmp_path_factory.mktemp("fr")
-    return {
-        "healthy": make_dumps(base / "healthy", "healthy", "json", nproc=2),
-        "mismatch": make_dumps(base / "mismatch", "mismatch", "pickle"),
-        "stall": make_dumps(base / "stall", "stall", "pickle"),
-        "skip": make_dumps(base / "skip", "skip", "json"),
-        "crash": make_dumps(base / "crash", "crash", "pickle"),
-    }
-
-
-def test_a_healthy_run_passes(dumps: dict[str, Path]) -> None:
-    out = run_cli(["fr", str(dumps["healthy"])], timeout=60)
+def test_a_healthy_run_passes(fr_dumps: dict[str, Path]) -> None:
+    out = run_cli(["fr", str(fr_dumps["healthy"])], timeout=60)
     assert out.returncode == 0, out.stderr
     assert "Result: PASS" in out.stdout and "all 2 ranks agree" in out.stdout
 
 
-def test_ranks_calling_different_ops_are_named_with_the_users_lines(dumps: dict[str, Path]) -> None:
-    out = run_cli(["fr", str(dumps["mismatch"])], timeout=60)
+def test_ranks_calling_different_ops_are_named_with_the_users_lines(fr_dumps: dict[str, Path]) -> None:
+    out = run_cli(["fr", str(fr_dumps["mismatch"])], timeout=60)
     assert out.returncode == 1, out.stderr
     assert ("collective #4 on the default group: ranks 0,2 in all_reduce at fr_hang.py:"
             in out.stdout), out.stdout
     assert "(train_step); rank 1 in barrier at fr_hang.py:" in out.stdout and "(sync_odd_path)" in out.stdout
 
 
-def test_a_rank_stalled_before_a_collective_is_the_one_that_never_issued_it(dumps: dict[str, Path]) -> None:
-    out = run_cli(["fr", str(dumps["stall"]), "--json", "-"], timeout=60)
+def test_a_rank_stalled_before_a_collective_is_the_one_that_never_issued_it(fr_dumps: dict[str, Path]) -> None:
+    out = run_cli(["fr", str(fr_dumps["stall"]), "--json", "-"], timeout=60)
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
     first = doc["groups"][0]["divergences"][0]
@@ -49,32 +33,32 @@ def test_a_rank_stalled_before_a_collective_is_the_one_that_never_issued_it(dump
     assert "its last was #3 (all_reduce at fr_hang.py:" in first["summary"]
 
 
-def test_a_skipped_collective_from_json_dumps_without_frames(dumps: dict[str, Path]) -> None:
+def test_a_skipped_collective_from_json_dumps_without_frames(fr_dumps: dict[str, Path]) -> None:
     # Rank 1 skipped step 3's all_reduce: it runs one collective ahead, and its final barrier meets the
     # others' last all_reduce (#6). JSON dumps carry no frames: ops only.
-    out = run_cli(["fr", str(dumps["skip"])], timeout=60)
+    out = run_cli(["fr", str(fr_dumps["skip"])], timeout=60)
     assert out.returncode == 1, out.stderr
     assert "collective #6 on the default group: ranks 0,2 in all_reduce; rank 1 in barrier" in out.stdout
     assert "no Python frames in these dumps" in out.stdout
 
 
-def test_a_rank_that_died_is_named_and_the_others_still_judged(dumps: dict[str, Path], tmp_path: Path) -> None:
-    out = run_cli(["fr", str(dumps["crash"]), "--world-size", "3"], timeout=60)
+def test_a_rank_that_died_is_named_and_the_others_still_judged(fr_dumps: dict[str, Path], tmp_path: Path) -> None:
+    out = run_cli(["fr", str(fr_dumps["crash"]), "--world-size", "3"], timeout=60)
     assert out.returncode == 1, out.stderr
     assert "no dump from rank 1: it died or could not write" in out.stdout
     assert "all 2 ranks agree on collectives #1-#4 (last: #4 all_reduce at fr_hang.py:" in out.stdout
     # Partial evidence of a hang: the stall job without rank 0's dump still names rank 1.
     partial = tmp_path / "partial"
-    shutil.copytree(dumps["stall"], partial)
+    shutil.copytree(fr_dumps["stall"], partial)
     (partial / "nccl_trace_rank_0").unlink()
     out = run_cli(["fr", str(partial), "--world-size", "3"], timeout=60)
     assert out.returncode == 1
     assert "no dump from rank 0" in out.stdout and "rank 1 never issued collective #4" in out.stdout
 
 
-def test_json_written_atomically_and_text_still_printed(dumps: dict[str, Path], tmp_path: Path) -> None:
+def test_json_written_atomically_and_text_still_printed(fr_dumps: dict[str, Path], tmp_path: Path) -> None:
     target = tmp_path / "fr.json"
-    out = run_cli(["fr", str(dumps["mismatch"]), "--json", str(target)], timeout=60)
+    out = run_cli(["fr", str(fr_dumps["mismatch"]), "--json", str(target)], timeout=60)
     assert out.returncode == 1 and "Result: FAIL" in out.stdout
     doc = json.loads(target.read_text())
     assert doc["status"] == "fail" and doc["ranks"] == [0, 1, 2] and doc["missing_ranks"] == []
@@ -83,11 +67,11 @@ def test_json_written_atomically_and_text_still_printed(dumps: dict[str, Path], 
     assert [p.name for p in tmp_path.iterdir()] == ["fr.json"]
 
 
-def test_old_entries_overwritten_on_one_rank_are_not_a_divergence(dumps: dict[str, Path], tmp_path: Path) -> None:
+def test_old_entries_overwritten_on_one_rank_are_not_a_divergence(fr_dumps: dict[str, Path], tmp_path: Path) -> None:
     # A ring buffer that wrapped further on one rank (more traffic on another group) holds fewer old
     # entries: rank 0's first three entries dropped from its real dump, the rest untouched.
     folder = tmp_path / "wrapped"
-    shutil.copytree(dumps["healthy"], folder)
+    shutil.copytree(fr_dumps["healthy"], folder)
     path = folder / "nccl_trace_rank_0.json"
     doc = json.loads(path.read_text())
     doc["entries"] = doc["entries"][3:]

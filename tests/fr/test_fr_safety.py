@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.fr.jobs import make_dumps
 from tests.support import REPO, clean_env, run_cli
 
 
@@ -26,9 +25,9 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dumps(tmp_path_factory.mktemp("fr") / "ok", "healthy", "pickle", nproc=2)
+@pytest.fixture()
+def real(fr_dumps: dict[str, Path]) -> Path:
+    return fr_dumps["mismatch"]  # real pickle dumps of a 3-rank gloo job
 
 
 def test_a_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_path: Path) -> None:
@@ -47,7 +46,7 @@ def test_a_truncated_dump_is_one_line_and_exit_2(real: Path, tmp_path: Path) -> 
     data = (real / "nccl_trace_rank_0").read_bytes()
     cut = tmp_path / "nccl_trace_rank_0"
     cut.write_bytes(data[: len(data) // 2])
-    out = run_cli(["fr", str(cut), str(real / "nccl_trace_rank_1")], timeout=60)
+    out = run_cli(["fr", str(cut), str(real / "nccl_trace_rank_1"), str(real / "nccl_trace_rank_2")], timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith(f"ddpdoctor: error: {cut}: truncated or corrupt Flight Recorder dump")
     assert (real / "nccl_trace_rank_0").read_bytes() == data  # inputs never changed
@@ -77,5 +76,5 @@ def test_fr_never_imports_torch(real: Path) -> None:
              "print('torch' in sys.modules); sys.exit(code)")
     out = subprocess.run([sys.executable, "-c", probe, str(real)], capture_output=True, text=True, timeout=60,
                          env=clean_env(), cwd=str(REPO))
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # the mismatch job: a divergence found
     assert out.stdout.strip().endswith("False")
