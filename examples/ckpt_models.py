@@ -22,6 +22,34 @@ class MLP(nn.Module):
         return self.fc2(torch.relu(self.bn(self.fc1(x))))
 
 
+def make_mlp() -> nn.Module:
+    """The model the test checkpoints were saved from."""
+    torch.manual_seed(0)
+    return MLP()
+
+
+def make_wide_mlp() -> nn.Module:
+    """Same layers, other sizes: a checkpoint of make_mlp does not fit it (shape mismatches)."""
+    return MLP(width=16, classes=4)
+
+
+def make_broken() -> nn.Module:
+    """A factory that fails, to show how a user's exception is reported."""
+    raise ValueError("num_classes must be set in the config")
+
+
+def make_not_a_model() -> dict[str, int]:
+    """Returns something that is not an nn.Module."""
+    return {"width": 8}
+
+
+def make_mlp_numpy_init() -> nn.Module:
+    """Initialises through numpy, which a meta-device build cannot do: diff falls back to a real build."""
+    model = MLP()
+    model.fc1.weight.data.numpy()[:] = 0.5
+    return model
+
+
 class Block(nn.Module):
     """One layer of a small transformer-like stack: what FSDP and activation checkpointing wrap one by one."""
 
@@ -52,31 +80,3 @@ def make_stack() -> nn.Module:
     """The layered model the FSDP / activation-checkpointing / sharded examples were saved from."""
     torch.manual_seed(0)
     return Stack()
-
-
-def make_mlp() -> nn.Module:
-    """The model the test checkpoints were saved from."""
-    torch.manual_seed(0)
-    return MLP()
-
-
-def make_wide_mlp() -> nn.Module:
-    """Same layers, other sizes: a checkpoint of make_mlp does not fit it (shape mismatches)."""
-    return MLP(width=16, classes=4)
-
-
-def make_broken() -> nn.Module:
-    """A factory that fails, to show how a user's exception is reported."""
-    raise ValueError("num_classes must be set in the config")
-
-
-def make_not_a_model() -> dict[str, int]:
-    """Returns something that is not an nn.Module."""
-    return {"width": 8}
-
-
-def make_mlp_numpy_init() -> nn.Module:
-    """Initialises through numpy, which a meta-device build cannot do: diff falls back to a real build."""
-    model = MLP()
-    model.fc1.weight.data.numpy()[:] = 0.5
-    return model

@@ -200,17 +200,17 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
                     "key(s)",
                     fix if directory else
                     f"{fix}   (or in Python: ddpdoctor.load_checkpoint_into(model, {str(ckpt.path)!r}))")
-        for wrap in rep["wrappers"]:
-            if not wrap["inner_positions"]:
-                continue  # only where the key starts: said above
-            where = ", ".join(str(p) for p in wrap["inner_positions"])
-            example = next((k for k in wrap["examples"] if any(
-                s == wrap["segment"] and not lead for s, _, lead in wrapper_segments(k))), wrap["examples"][0])
+        inner = [w for w in rep["wrappers"] if w["inner_positions"]]
+        if inner:
+            # One finding for every wrapper around inner layers: they come together (FSDP + checkpointing).
+            parts = ", ".join(f"{w['segment']!r} on {w['keys']} (segment "
+                              f"{', '.join(str(p) for p in w['inner_positions'])})" for w in inner)
+            origins = " and ".join(dict.fromkeys(w["origin"] for w in inner))
             finding(WARN,
-                    f"{wrap['keys']} of {rep['keys']} keys of {rep['location']} carry {wrap['segment']!r} inside "
-                    f"the key (segment {where}, e.g. {example}), added by {wrap['origin']} around inner layers; "
-                    "load_state_dict on the plain model fails with Missing/Unexpected key(s)",
-                    f"{fix}   (removes it at any depth)")
+                    f"keys of {rep['location']} carry wrappers inside them: {parts}, e.g. {inner[0]['examples'][0]}; "
+                    f"added by {origins} around inner layers; load_state_dict on the plain model fails with "
+                    "Missing/Unexpected key(s)",
+                    f"{fix}   (removes them at any depth)")
         if not rep["prefixes"] and not rep["wrappers"]:
             finding(PASS, f"{rep['location']}: {rep['keys']} keys, no wrapper prefixes")
     if not locs and isinstance(ckpt.root, Reduced) and top is None:

@@ -42,8 +42,8 @@ def test_inspect_names_each_wrapper_segment_where_it_sits(ex: Path, cli: Any) ->
     assert wrappers["_checkpoint_wrapped_module."]["keys"] == 12  # the head is not checkpointed
     assert wrappers["_checkpoint_wrapped_module."]["inner_positions"] == [4]
     summaries = [f["summary"] for f in rep["findings"]]
-    assert any("'_checkpoint_wrapped_module.' inside the key (segment 4" in s and "activation checkpointing" in s
-               for s in summaries), summaries
+    assert any("'_fsdp_wrapped_module.' on 14 (segment 3), '_checkpoint_wrapped_module.' on 12 (segment 4)" in s
+               and "activation checkpointing" in s for s in summaries), summaries
     assert rep["status"] == "warn"
 
 
