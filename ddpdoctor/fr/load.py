@@ -140,11 +140,15 @@ def read_document(path: str) -> tuple[str, dict[str, Any]]:
     """('pickle' | 'json', the dump's top-level dict); DoctorError (exit 2) for anything else."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            head = fh.read(64)
+            # Sniffed before reading the rest: a checkpoint or log passed by mistake is not read whole.
+            if head[:1] != b"\x80" and head.lstrip()[:1] != b"{":
+                if not head:
+                    raise DoctorError(f"{path}: empty file (the rank was killed while writing its dump?)")
+                raise DoctorError(f"{path}: not a Flight Recorder dump (neither a pickle nor JSON)")
+            data = head + fh.read()
     except OSError as exc:
         raise DoctorError(f"{path}: cannot read it ({exc.strerror})") from None
-    if not data:
-        raise DoctorError(f"{path}: empty file (the rank was killed while writing its dump?)")
     if data[:1] == b"\x80":
         fmt = "pickle"
         try:
