@@ -8,6 +8,9 @@ save together with ``torch.distributed.checkpoint.save`` (the layout torch write
 
 - ``dcp_ddp/``      ``{"model": ddp.state_dict(), "optim": opt.state_dict(), "epoch": 3}`` (keys ``module.``)
 - ``dcp_flat/``     ``ddp.state_dict()`` itself, saved at the top level
+- ``dcp_fsdp2/``    ``{"model": model.state_dict()}`` of ``examples.ckpt_models:make_stack`` sharded with FSDP2
+                    (``fully_shard`` on each layer and the root, on a CPU device mesh): every tensor is stored
+                    as two row blocks, one per rank (``Shard(0)``)
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from examples.ckpt_models import make_mlp
+from examples.ckpt_models import make_mlp, make_stack
 
 
 def _rank(rank: int, world: int, rendezvous: str, outdir: str) -> None:
@@ -39,6 +42,15 @@ def _rank(rank: int, world: int, rendezvous: str, outdir: str) -> None:
         dcp.save({"model": ddp.state_dict(), "optim": opt.state_dict(), "epoch": 3},
                  checkpoint_id=f"{outdir}/dcp_ddp")
         dcp.save(ddp.state_dict(), checkpoint_id=f"{outdir}/dcp_flat")
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        stack = make_stack()
+        for layer in stack.layers:  # type: ignore[union-attr]
+            fully_shard(layer, mesh=mesh)
+        fully_shard(stack, mesh=mesh)
+        dcp.save({"model": stack.state_dict()}, checkpoint_id=f"{outdir}/dcp_fsdp2")
     finally:
         dist.destroy_process_group()
 

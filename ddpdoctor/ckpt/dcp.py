@@ -333,9 +333,12 @@ def write_dcp_dir(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple[An
         raise write_error(out, exc) from None
 
 
-def _item_graph(d: DcpDir, chunk: Chunk, what: str, allowed: Callable[[str], bool] | None,
-                storages: list[tuple[str, zip_rewrite.Piece]], first: list[zip_rewrite.TorchZip]) -> Any:
-    """The shadow object stored in one ``torch.save`` range, its storages re-keyed into ``storages``."""
+Storages = list[tuple[str, "zip_rewrite.Piece | list[zip_rewrite.Piece]"]]
+
+
+def _open_item(d: DcpDir, chunk: Chunk, what: str, allowed: Callable[[str], bool] | None,
+               first: list[zip_rewrite.TorchZip]) -> tuple[zip_rewrite.TorchZip, Any]:
+    """The ``torch.save`` archive in one stored range, and its shadow object."""
     if chunk.transforms:
         raise DoctorError(f"{what} is stored through {', '.join(chunk.transforms)} (a DCP storage extension); "
                           "writing one file from it needs torch: use dcp_to_torch_save, or strip to a directory")
@@ -351,6 +354,13 @@ def _item_graph(d: DcpDir, chunk: Chunk, what: str, allowed: Callable[[str], boo
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
             struct.error, RecursionError) as exc:
         raise DoctorError(f"{what} is damaged ({type(exc).__name__}: {exc})") from None
+    return zf, node
+
+
+def _item_graph(d: DcpDir, chunk: Chunk, what: str, allowed: Callable[[str], bool] | None,
+                storages: Storages, first: list[zip_rewrite.TorchZip]) -> Any:
+    """The shadow object stored in one ``torch.save`` range, its storages re-keyed into ``storages``."""
+    zf, node = _open_item(d, chunk, what, allowed, first)
     refs: list[PidRef] = []
 
     def visit(n: Any) -> bool:
@@ -376,16 +386,75 @@ def _item_graph(d: DcpDir, chunk: Chunk, what: str, allowed: Callable[[str], boo
     return node
 
 
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for dim in reversed(shape):
+        stride.append(acc)
+        acc *= max(dim, 1)
+    return tuple(reversed(stride))
+
+
+def _assemble_rows(d: DcpDir, e: Entry, what: str, allowed: Callable[[str], bool] | None,
+                   storages: Storages, first: list[zip_rewrite.TorchZip]) -> Any:
+    """A tensor saved as row blocks (FSDP2's ``Shard(0)``, a dim-0 tensor-parallel split) as one storage.
+
+    Row blocks of a contiguous tensor are contiguous ranges of it, in row order: the output storage is
+    their bytes one after the other, copied by the kernel; nothing is held in memory. Any other split
+    (columns, several dims) would need a real gather and is refused with the way to do it.
+    """
+    refuse = DoctorError(f"{what} is split over {len(e.chunks)} chunks in a way that needs assembling in memory "
+                         "(not row blocks); use torch.distributed.checkpoint.format_utils.dcp_to_torch_save, "
+                         "or strip to a directory (-o DIR)")
+    shape = e.shape
+    if not shape or e.dtype not in DTYPE_BYTES:
+        raise refuse
+    chunks = sorted((c for c in e.chunks if c.sizes and c.sizes[0] > 0), key=lambda c: c.offsets or ())
+    row = 0
+    pieces: list[zip_rewrite.Piece] = []
+    node: Any = None
+    for c in chunks:
+        if c.offsets is None or c.sizes is None or c.offsets[0] != row or any(c.offsets[1:]) \
+                or c.sizes[1:] != shape[1:]:
+            raise refuse
+        zf, item = _open_item(d, c, what, allowed, first)
+        args = item.args if isinstance(item, Reduced) and item.func_name == "torch._utils._rebuild_tensor_v2" \
+            else None
+        if not (isinstance(args, tuple) and len(args) >= 6 and isinstance(args[0], PidRef)
+                and args[1] == 0 and tuple(args[2]) == c.sizes and tuple(args[3]) == _contiguous(c.sizes)):
+            raise refuse
+        pid = args[0].pid
+        key = pid[2].decode("ascii", "replace") if isinstance(pid[2], bytes) else str(pid[2])
+        rec = zf.record(f"data/{key}")
+        nbytes = DTYPE_BYTES[e.dtype]
+        for dim in c.sizes:
+            nbytes *= dim
+        if rec is None or rec.size < nbytes:
+            raise DoctorError(f"{what} is damaged: a chunk's storage is missing or too short")
+        pieces.append(zip_rewrite.Piece(path=zf.path, offset=rec.data_offset, size=nbytes))
+        node = node or item
+        row += c.sizes[0]
+    if node is None or row != shape[0]:
+        raise refuse
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    pid = node.args[0].pid
+    new_key = str(len(storages))
+    storages.append((f"data/{new_key}", pieces))
+    ref = PidRef((*pid[:2], new_key, pid[3], numel, *pid[5:]))
+    return Reduced(node.func, (ref, 0, tuple(shape), _contiguous(shape), *node.args[4:]))
+
+
 def write_torch_file(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple[Any, ...]], *,
                      trust: bool = False) -> None:
     """One ``torch.save``-format file of the nested state, keys renamed; loads with ``weights_only=True``.
 
-    Tensors whose data is one stored chunk (what DDP jobs save: every rank holds the whole tensor) are
-    copied by the kernel from the ``.distcp`` files; a tensor sharded over several chunks (FSDP, tensor
-    parallel) would have to be assembled in memory, so it is refused with the way to do it.
+    Tensors are copied by the kernel from the ``.distcp`` files: whole when stored in one chunk (DDP
+    saves), row block after row block when sharded by rows (FSDP2, dim-0 tensor parallel); other splits
+    would have to be assembled in memory, so they are refused with the way to do it.
     """
     check_complete(d)
-    storages: list[tuple[str, zip_rewrite.Piece]] = []
+    storages: Storages = []
     first: list[zip_rewrite.TorchZip] = []
     allowed = None if trust else unpickler.is_allowed
     leaves = []
@@ -394,10 +463,10 @@ def write_torch_file(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple
         if not e.chunks:
             raise DoctorError(f"{what} has no stored data in .metadata (damaged metadata)")
         if e.tensor and (len(e.chunks) > 1 or e.chunks[0].sizes != e.shape):
-            raise DoctorError(f"{what} is sharded over {len(e.chunks)} chunks (FSDP or tensor parallel); one file "
-                              "needs it assembled in memory: use torch.distributed.checkpoint.format_utils."
-                              "dcp_to_torch_save, or strip to a directory (-o DIR)")
-        leaves.append((path_map.get(e.path, e.path), _item_graph(d, e.chunks[0], what, allowed, storages, first)))
+            leaf = _assemble_rows(d, e, what, allowed, storages, first)
+        else:
+            leaf = _item_graph(d, e.chunks[0], what, allowed, storages, first)
+        leaves.append((path_map.get(e.path, e.path), leaf))
     root = _nest(leaves, d.path)
     pickled = unpickler.dumps(root)
     meta = first[0] if first else None

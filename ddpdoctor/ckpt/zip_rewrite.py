@@ -395,8 +395,7 @@ class Piece:
         return len(self.data) if self.data is not None else self.size
 
 
-def _crc_of_range(path: Path, offset: int, size: int) -> int:
-    crc = 0
+def _crc_of_range(path: Path, offset: int, size: int, crc: int = 0) -> int:
     with path.open("rb") as fh:
         fh.seek(offset)
         left = size
@@ -409,35 +408,43 @@ def _crc_of_range(path: Path, offset: int, size: int) -> int:
     return crc
 
 
-def write_archive(out: BinaryIO, prefix: str, records: list[tuple[str, Piece]],
+def write_archive(out: BinaryIO, prefix: str, records: list[tuple[str, Piece | list[Piece]]],
                   align: int = _DEFAULT_ALIGN) -> None:
     """Write a new torch zip (``prefix/name`` records in the given order) as ``torch.save`` lays it out.
 
     Every payload starts on an ``align`` boundary, each non-empty one is followed by a data descriptor,
     and the end is a zip64 end record, so the file loads with ``torch.load(weights_only=True)`` and
-    ``mmap=True``. File ranges are copied by the kernel.
+    ``mmap=True``. File ranges are copied by the kernel. A record given as several pieces is their
+    concatenation (a tensor assembled from DCP chunks); its CRC is computed over the pieces in turn.
     """
     central: list[bytes] = []
     cursor = 0
     handles: dict[Path, BinaryIO] = {}
     try:
-        for short, piece in records:
+        for short, given in records:
+            pieces = given if isinstance(given, list) else [given]
             name = f"{prefix}/{short}".encode()
-            size = piece.length
-            if piece.data is not None:
-                crc = zlib.crc32(piece.data)
+            size = sum(piece.length for piece in pieces)
+            if len(pieces) == 1 and pieces[0].crc is not None:
+                crc = pieces[0].crc
             else:
-                assert piece.path is not None
-                crc = piece.crc if piece.crc is not None else _crc_of_range(piece.path, piece.offset, size)
+                crc = 0
+                for piece in pieces:
+                    if piece.data is not None:
+                        crc = zlib.crc32(piece.data, crc)
+                    else:
+                        assert piece.path is not None
+                        crc = _crc_of_range(piece.path, piece.offset, piece.size, crc)
             header = _local_header(name, size, cursor, None, align)
             out.write(header)
-            if piece.data is not None:
-                out.write(piece.data)
-            else:
-                assert piece.path is not None
-                if piece.path not in handles:
-                    handles[piece.path] = piece.path.open("rb")
-                copy_range(handles[piece.path], out, piece.offset, size)
+            for piece in pieces:
+                if piece.data is not None:
+                    out.write(piece.data)
+                else:
+                    assert piece.path is not None
+                    if piece.path not in handles:
+                        handles[piece.path] = piece.path.open("rb")
+                    copy_range(handles[piece.path], out, piece.offset, piece.size)
             descriptor = _descriptor(crc, size, cursor)
             out.write(descriptor)
             central.append(_central_entry(name, crc, size, cursor))

@@ -171,3 +171,22 @@ def test_existing_output_directory_is_refused(dcp_dirs: Path, tmp_path: Path, cl
 def test_in_place_is_for_single_files(dcp_dirs: Path, cli: Any, flag: str) -> None:
     res = cli(["ckpt", "strip", str(dcp_dirs / "dcp_flat"), flag])
     assert res.returncode == 2 and "give a new output with -o" in res.stderr
+
+
+def test_fsdp2_row_shards_become_one_file_equal_to_dcp_to_torch_save(dcp_dirs: Path, tmp_path: Path,
+                                                                      cli: Any) -> None:
+    """FSDP2 (fully_shard, real, on a CPU mesh) stores each tensor as one row block per rank."""
+    from examples.ckpt_models import make_stack
+
+    src = dcp_dirs / "dcp_fsdp2"
+    rep = json.loads(cli(["ckpt", "inspect", str(src), "--json", "-"]).stdout)
+    assert rep["layout"]["sharded_tensors"] == 14
+    weight = next(e for e in rep["layout"]["entries"] if e["key"] == "model.layers.0.attn.weight")
+    assert weight["chunks"] == 2 and weight["files"] == ["__0_0.distcp", "__1_0.distcp"]
+    out = tmp_path / "full.pt"
+    res = cli(["ckpt", "strip", str(src), "-o", str(out)])
+    assert res.returncode == 0, res.stderr
+    got = torch.load(out, weights_only=True)["model"]
+    ref = _reference(src, tmp_path)["model"]
+    assert list(got) == list(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
+    make_stack().load_state_dict(got, strict=True)
