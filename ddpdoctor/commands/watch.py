@@ -24,6 +24,9 @@ def watch(
                                      "write the evidence bundle here (stacks, collective histories, Flight "
                                      "Recorder dumps, env, verdict.json); default: a new folder in the "
                                      "temporary directory, named in the report."),
+    launch: str = typer.Option("auto", "--launch", help="auto: recognise a script that starts its own ranks "
+                               "(mp.spawn, a Process per rank) from its source; ranks: start --nproc copies of "
+                               "it (the torchrun way); script: run it once and watch every process it starts."),
 ) -> None:
     """Run SCRIPT watched: on a hang or a collective mismatch, say which rank diverged, where."""
     from ddpdoctor.runtime import launcher
@@ -36,6 +39,8 @@ def watch(
     check_script(script)
     validate_output_path("--json", json_path)
     validate_evidence(evidence_dir)
+    if launch not in ("auto", "ranks", "script"):
+        raise DoctorError(f"--launch must be auto, ranks or script, got: {launch!r}")
     args = list(ctx.args)
     info = launcher.detect()
     if info.is_launched:
@@ -45,7 +50,7 @@ def watch(
         raise typer.Exit(run_under_launcher(info, script, args, hang_timeout, json_path, evidence_dir))
     from ddpdoctor.runtime.selflaunch import default_nproc
 
-    sites = spawn_sites(script)
+    sites = spawn_sites(script) if launch == "auto" else (["--launch script"] if launch == "script" else [])
     if sites:
         # Started N times, such a script would start N x N ranks fighting over one MASTER_PORT.
         print(f"ddpdoctor watch: the script starts its own ranks ({sites[0]}): running it once and watching "

@@ -10,7 +10,7 @@
 - :mod:`~ddpdoctor.watch.spawned`: scripts that start their own ranks (mp.spawn): recognised, run once, every
   process watched.
 - :mod:`~ddpdoctor.watch.evidence`: the evidence bundle of a failed run (stacks, histories, Flight Recorder
-  dumps ``fr_rank_<N>.pkl``, env, verdict).
+  dumps ``flight_recorder/fr_rank_<N>``, env, verdict).
 """
 
 from __future__ import annotations

@@ -6,10 +6,12 @@ On a hang, mismatch, crash or init conflict ``watch`` writes (every file atomica
 - ``env.json``: what ``ddpdoctor env`` reports for the supervisor's host;
 - ``stack_rank_<N>.txt``: rank N's main-thread stack (user frames) at the verdict;
 - ``history_rank_<N>.json``: rank N's last recorded calls (op, group, seq, shapes, site), oldest first;
-- ``fr_rank_<N>.pkl``: rank N's PyTorch Flight Recorder dump, written by the rank itself (torch's own
-  pickle format, as ``torch.distributed.flight_recorder`` and ``ddpdoctor fr`` read it) where the rank is
-  alive, joined a process group, and its torch can dump (``_dump_fr_trace``). Ranks on other hosts write
-  theirs into the same path on their own host.
+- ``flight_recorder/fr_rank_<N>``: rank N's PyTorch Flight Recorder dump, written by the rank itself where
+  it is alive, joined a process group, and its torch can dump (``_dump_fr_trace``). Torch's own pickle
+  format and file naming (``TORCH_FR_DUMP_TEMP_FILE`` writes ``<prefix><rank>``, no extension), in a folder
+  of their own: torch's ``fr_trace.py`` infers the prefix only when every file in the folder ends in a
+  rank, and ``ddpdoctor fr`` takes the folder as it is. Ranks on other hosts write theirs into the same
+  path on their own host.
 
 Without ``--evidence DIR`` the folder is a new ``ddpdoctor-watch-*`` directory in the temporary directory,
 named in the report.
@@ -26,6 +28,8 @@ from typing import Any
 
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.fileio import atomic_output, write_json_atomic
+
+FR_FOLDER = "flight_recorder"
 
 
 def validate(folder: str | None) -> None:
@@ -48,8 +52,8 @@ def prepare(folder: str | None) -> str | None:
     cannot be created (the report still comes)."""
     try:
         if folder is None:
-            return tempfile.mkdtemp(prefix="ddpdoctor-watch-")
-        os.makedirs(folder, exist_ok=True)
+            folder = tempfile.mkdtemp(prefix="ddpdoctor-watch-")
+        os.makedirs(os.path.join(folder, FR_FOLDER), exist_ok=True)
     except OSError as exc:
         print(f"ddpdoctor watch: cannot create the evidence folder ({exc}); no bundle", file=sys.stderr, flush=True)
         return None
@@ -57,8 +61,8 @@ def prepare(folder: str | None) -> str | None:
 
 
 def fr_path(folder: str, rank: int) -> str:
-    """Where rank N writes its Flight Recorder dump (``ddpdoctor fr`` reads these)."""
-    return os.path.join(folder, f"fr_rank_{rank}.pkl")
+    """Where rank N writes its Flight Recorder dump (``ddpdoctor fr FOLDER/flight_recorder`` reads them)."""
+    return os.path.join(folder, FR_FOLDER, f"fr_rank_{rank}")
 
 
 def _write_text(path: str, text: str) -> None:
@@ -90,7 +94,7 @@ def write(folder: str, result: dict[str, Any], report: str, histories: dict[int,
             attempt(f"history_rank_{number}.json",
                     lambda p, h=history: _write_text(p, json.dumps(h, indent=1) + "\n"))
         if rank.get("flight_recorder") and os.path.exists(fr_path(folder, number)):
-            written.append(os.path.basename(fr_path(folder, number)))
+            written.append(os.path.relpath(fr_path(folder, number), folder))
     return written
 
 

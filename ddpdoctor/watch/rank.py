@@ -57,6 +57,8 @@ def dump_flight_recorder(path: str) -> str:
     from ddpdoctor.fileio import atomic_output
 
     try:
+        # On another host than rank 0's (torchrun, several nodes) the bundle's folder is created here.
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with atomic_output(Path(path)) as handle:
             handle.write(bytes(data))
     except OSError as exc:

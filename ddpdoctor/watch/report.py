@@ -168,5 +168,5 @@ def render(result: dict[str, Any]) -> str:
                   f"  fix: {warning['remedy']}"]
     if result.get("evidence"):
         lines += ["", f"evidence: {result['evidence']} (verdict.json, report.txt, env.json, and per rank "
-                  "stack_rank_N.txt, history_rank_N.json, fr_rank_N.pkl)"]
+                  "stack_rank_N.txt, history_rank_N.json, flight_recorder/fr_rank_N)"]
     return "\n".join(lines)

@@ -117,3 +117,22 @@ def test_scripts_that_start_their_own_ranks_are_recognised(tmp_path: Path, sourc
     script.write_text(source)
     found = spawn_sites(str(script))
     assert [entry.split(" ", 1)[0].rsplit("/", 1)[-1] + " " + entry.split(" ", 1)[1] for entry in found] == expected
+
+
+def test_one_slow_step_moves_no_median_so_it_makes_no_straggler() -> None:
+    """The rank-side window: 40 steps of 100 ms with 5 ms in collectives on rank 1, one of them a 3 s spike
+    in its own code (a checkpoint) during which rank 0 waited 3 s: the medians do not move."""
+    from ddpdoctor.watch.recorder import Recorder
+
+    ranks = {}
+    for rank in (0, 1):
+        recorder = Recorder(rank, 2)
+        for step in range(40):
+            spike = step == 20
+            step_s = 3.1 if spike else 0.1
+            wait_s = (3.0 if spike and rank == 0 else 0.006) if rank == 0 else 0.005
+            recorder.step_window.append((step_s, wait_s))
+        recorder.steps = 40
+        ranks[rank] = recorder.step_stats()
+    assert ranks[0] is not None and ranks[0]["step_us"] == pytest.approx(100_000) and ranks[0]["wait_us"] == pytest.approx(6000)
+    assert straggler(ranks) is None

@@ -66,7 +66,7 @@ def test_mp_spawn_rank_skipping_a_collective_is_named_with_both_lines_and_its_ev
     assert data["evidence"] == str(bundle) and f"evidence: {bundle}" in proc.stderr
     for rank in (0, 1):
         # Each live rank's Flight Recorder dump, written by the rank: torch's pickle, with its collectives.
-        strings = pickle_strings(bundle / f"fr_rank_{rank}.pkl")
+        strings = pickle_strings(bundle / "flight_recorder" / f"fr_rank_{rank}")
         assert {"entries", "gloo:all_reduce"} <= strings
         history = json.loads((bundle / f"history_rank_{rank}.json").read_text())
         assert history[-1]["site"] == (reduce_site if rank == 0 else barrier_site)

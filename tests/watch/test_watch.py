@@ -50,6 +50,7 @@ def watch(tmp_path: Path, example: str, nproc: int, *script_args: str,
     report = tmp_path / "watch.json"
     started = time.monotonic()
     proc = run_cli(["watch", "--nproc", str(nproc), "--hang-timeout", str(hang_timeout), "--json", str(report),
+                    "--evidence", str(tmp_path / "evidence"),
                     str(EXAMPLES / example), *script_args], timeout=240, cwd=EXAMPLES)
     elapsed = time.monotonic() - started
     assert report.exists(), f"no report after {elapsed:.0f} s; stderr:\n{proc.stderr[-3000:]}"
@@ -62,7 +63,8 @@ def watch_inline(tmp_path: Path, name: str, source: str) -> tuple[subprocess.Com
     script = tmp_path / name
     script.write_text(source)
     report = tmp_path / "watch.json"
-    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report), str(script)],
+    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", "3", "--json", str(report),
+                    "--evidence", str(tmp_path / "evidence"), str(script)],
                    timeout=240, cwd=tmp_path)
     assert report.exists(), f"no report; stderr:\n{proc.stderr[-3000:]}"
     return proc, json.loads(report.read_text())
@@ -129,7 +131,7 @@ def test_healthy_script_passes_through_output_and_exit_code(tmp_path: Path) -> N
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "TRAIN_OK steps=6" in proc.stdout
     assert data["status"] == "ok" and data["exit_code"] == 3
-    assert data["warnings"] == []
+    assert data["warnings"] == [] and data["straggler"] is None and data["evidence"] is None
     assert all(r["state"] == "exited" and r["exit_code"] == 3 for r in data["ranks"])
     assert "HANG" not in proc.stderr and "MISMATCH" not in proc.stderr
 
@@ -183,7 +185,7 @@ def test_under_torchrun_rank0_reports_the_hang_and_the_job_ends(tmp_path: Path) 
     port, blocker = _port_with_next_one_taken()
     cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
            "-m", "ddpdoctor", "watch", "--hang-timeout", "3", "--json", str(report),
-           str(EXAMPLES / "hang_eval_barrier.py")]
+           "--evidence", str(tmp_path / "evidence"), str(EXAMPLES / "hang_eval_barrier.py")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=clean_env(), cwd=str(EXAMPLES))
     finally:
@@ -194,6 +196,11 @@ def test_under_torchrun_rank0_reports_the_hang_and_the_job_ends(tmp_path: Path) 
     assert data["status"] == "hang"
     assert groups_by_rank(data["divergence"])[0]["site"] == site("hang_eval_barrier.py", "dist.barrier()  # BUG")
     assert "HANG" in proc.stderr
+    # Rank 0 writes the bundle; every live rank writes its own Flight Recorder dump into it.
+    bundle = tmp_path / "evidence"
+    assert data["evidence"] == str(bundle)
+    assert sorted(p.name for p in (bundle / "flight_recorder").iterdir()) == ["fr_rank_0", "fr_rank_1"]
+    assert (bundle / "stack_rank_1.txt").read_text().strip().endswith("loss.backward()")
     assert leftovers("hang_eval_barrier.py") == []
 
 
@@ -206,6 +213,13 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
     # Refused before any rank starts, not after the whole run.
     no_dir = run_cli(["watch", "--json", str(tmp_path / "absent" / "r.json"), str(EXAMPLES / "train_ok.py")])
     assert no_dir.returncode == 2 and "does not exist" in no_dir.stderr
+    (tmp_path / "a_file").write_text("")
+    for flags, needle in ((["--evidence", str(tmp_path / "a_file")], "is not a folder"),
+                          (["--evidence", str(tmp_path / "absent" / "ev")], "does not exist"),
+                          (["--launch", "twice"], "--launch must be auto, ranks or script")):
+        bad_flag = run_cli(["watch", *flags, str(EXAMPLES / "train_ok.py")])
+        assert bad_flag.returncode == 2 and needle in bad_flag.stderr, bad_flag.stderr
+        assert len(bad_flag.stderr.strip().splitlines()) == 1
 
 
 def test_json_dash_and_master_port_reach_the_job(tmp_path: Path) -> None:
@@ -270,7 +284,7 @@ def test_under_torchrun_a_crashed_rank_is_reported_by_rank0(tmp_path: Path) -> N
     report = tmp_path / "watch.json"
     cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            "-m", "ddpdoctor", "watch", "--hang-timeout", "3", "--json", str(report),
-           str(EXAMPLES / "crash_rank.py"), "--mode", "raise"]
+           "--evidence", str(tmp_path / "evidence"), str(EXAMPLES / "crash_rank.py"), "--mode", "raise"]
     env = clean_env({"DDPDOCTOR_WATCH_PORT": str(free_port())})
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(EXAMPLES))
     assert proc.returncode != 0
