@@ -1,8 +1,10 @@
 """``ddpdoctor ckpt inspect/strip/diff``: find and remove wrapper prefixes, explain key mismatches.
 
 A state_dict saved from ``DistributedDataParallel`` or ``torch.compile`` carries ``module.`` /
-``_orig_mod.`` in every key and fails to load into the plain model. This family finds the state_dicts in
-a checkpoint and their prefixes (:mod:`~ddpdoctor.ckpt.inspect`), removes them without loading the
+``_orig_mod.`` in every key, and FSDP or activation checkpointing put their wrapper attributes inside
+keys; such a checkpoint fails to load into the plain model. This family finds the state_dicts in a
+checkpoint file, a ``torch.distributed.checkpoint`` directory (:mod:`~ddpdoctor.ckpt.dcp`) or a Hugging
+Face style shard set (:mod:`~ddpdoctor.ckpt.sharded`) and their prefixes (:mod:`~ddpdoctor.ckpt.inspect`), removes them without loading the
 tensors (:mod:`~ddpdoctor.ckpt.strip`), and names the rename that makes a checkpoint fit a model
 (:mod:`~ddpdoctor.ckpt.diff`, :mod:`~ddpdoctor.ckpt.load`). Nothing from a checkpoint is unpickled in a
 way that can run code: see :mod:`~ddpdoctor.ckpt.formats` and :mod:`~ddpdoctor.ckpt.unpickler`.

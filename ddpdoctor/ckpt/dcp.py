@@ -181,7 +181,8 @@ def read_metadata(d: Path) -> Reduced:
                           "metadata: refusing to read it (unpickling it could run code)") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
             struct.error, RecursionError, MemoryError, OverflowError) as exc:
-        raise DoctorError(f"{md_path} is damaged or truncated ({type(exc).__name__}: {exc}); "
+        raise DoctorError(f"{md_path}: the torch.distributed.checkpoint metadata is damaged or truncated "
+                          f"({type(exc).__name__}: {exc}); "
                           "the save may have been interrupted: use an earlier checkpoint") from None
     if not (isinstance(root, Reduced) and root.func_name == _MD + "Metadata"):
         raise _bad(d, "it does not hold a Metadata object")

@@ -48,7 +48,7 @@ def check_input(path: str | os.PathLike[str]) -> Path:
     if p.is_dir():
         if (p / ".metadata").exists():
             raise DoctorError(f"{p} is a torch.distributed.checkpoint directory, not a single-file checkpoint; "
-                              "convert it with torch.distributed.checkpoint.format_utils.dcp_to_torch_save first")
+                              f"write one with: ddpdoctor ckpt strip {p} -o {p.name}.pt")
         raise DoctorError(f"{p} is a directory; give the checkpoint file inside it")
     if not p.is_file():
         # Opening a FIFO blocks until something writes to it: never open what is not a regular file.

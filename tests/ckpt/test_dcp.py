@@ -190,3 +190,21 @@ def test_fsdp2_row_shards_become_one_file_equal_to_dcp_to_torch_save(dcp_dirs: P
     ref = _reference(src, tmp_path)["model"]
     assert list(got) == list(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
     make_stack().load_state_dict(got, strict=True)
+
+
+def test_stored_objects_follow_the_weights_only_rule(tmp_path: Path, cli: Any) -> None:
+    """A DCP object entry is a torch.save pickle of its own: one naming argparse.Namespace is refused."""
+    import argparse
+
+    import torch.distributed.checkpoint as dcp
+
+    src = tmp_path / "with_args"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no process group: a single-process save
+        dcp.save({"model": {"module.w": torch.ones(2)}, "args": argparse.Namespace(lr=0.1)}, checkpoint_id=src)
+    assert cli(["ckpt", "inspect", str(src)]).returncode == 0  # inspect never reads stored objects
+    res = cli(["ckpt", "strip", str(src), "-o", str(tmp_path / "out.pt")])
+    assert res.returncode == 2 and "needs argparse.Namespace to load" in res.stderr and "--trust" in res.stderr
+    assert not (tmp_path / "out.pt").exists()
+    res = cli(["ckpt", "strip", str(src), "-o", str(tmp_path / "out_dir")])
+    assert res.returncode == 0  # a DCP directory output copies the object's bytes as they are
