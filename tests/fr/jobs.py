@@ -16,11 +16,11 @@ from tests.support import REPO, clean_env, torchrun_cmd
 EXAMPLE = REPO / "examples" / "fr_hang.py"
 
 
-def start_job(out: Path, mode: str, fmt: str = "pickle", nproc: int = 3) -> subprocess.Popen[str]:
-    """Start the job (it hangs, every rank dumps after 5 s, the job ends); :func:`finish` waits for it."""
+def start_job(out: Path, mode: str, fmt: str = "pickle", nproc: int = 3, hang: float = 5) -> subprocess.Popen[str]:
+    """Start the job (it hangs, every rank dumps after ``hang`` s, the job ends); :func:`finish` waits for it."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [*torchrun_cmd(), "--standalone", "--nproc-per-node", str(nproc), str(EXAMPLE), "--mode", mode,
-           "--format", fmt, "--out", str(out), "--hang", "5", "--grace", "2"]
+           "--format", fmt, "--out", str(out), "--hang", str(hang), "--grace", "2"]
     env = clean_env({"TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"})
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=str(REPO), start_new_session=True)
