@@ -19,8 +19,9 @@ Reproduce by hand::
     ddpdoctor check --checkpoint ddp.pt --model mypkg.models:build
 
 Without ``--model`` the check only reports wrapper prefixes (a warning); with it, it compares keys and
-shapes and names the prefix change that makes ``load_state_dict(strict=True)`` work. Nothing in the
-checkpoint is executed and no tensor data is read.
+shapes and names the prefix change that makes ``load_state_dict(strict=True)`` work. ``--checkpoint`` may
+be a file, a ``torch.distributed.checkpoint`` directory or a shard set (a data file or shard that is
+missing is a failure too). Nothing in the checkpoint is executed and no tensor data is read.
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ def _run(ctx: CheckContext) -> list[Finding]:
         except DoctorError as exc:
             return [ctx.finding(FAIL, str(exc), "fix --model or the checkpoint", checkpoint=path,
                                 model=ctx.options.model)]
-        return [dataclasses.replace(rep.finding, ranks=[ctx.rank])]
+        found = [dataclasses.replace(rep.finding, ranks=[ctx.rank])]
+        if checkpoint.dcp is not None or checkpoint.shards is not None:
+            # A missing rank file or shard fails the resume even when the keys fit: say so too.
+            found += [dataclasses.replace(f, ranks=[ctx.rank], summary=f"{path}: {f.summary}")
+                      for f in inspect_checkpoint(checkpoint).findings if f.status == FAIL]
+        return found
     # Without a model the findings are `ckpt inspect`'s; in a report of many checks they name the file.
     return [dataclasses.replace(f, ranks=[ctx.rank], summary=f"{path}: {f.summary}")
             for f in inspect_checkpoint(checkpoint).findings]

@@ -115,5 +115,7 @@ def test_directories_dcp_and_shard_sets_are_checked(tmp_path: Path) -> None:
     [f] = _run(str(tmp_path / "shards" / "st"), "examples.ckpt_models:make_stack")
     assert f.status == "fail" and f.details["fix"]["strip_prefixes"] == ["module."]
     (tmp_path / "shards" / "st" / "model-00001-of-00003.safetensors").unlink()
-    findings = _run(str(tmp_path / "shards" / "st"))
-    assert any(f.status == "fail" and "model-00001-of-00003.safetensors" in f.summary for f in findings)
+    for model in (None, "examples.ckpt_models:make_stack"):
+        findings = _run(str(tmp_path / "shards" / "st"), model)
+        assert any(f.status == "fail" and "shard file(s) missing: model-00001-of-00003.safetensors" in f.summary
+                   for f in findings), findings
