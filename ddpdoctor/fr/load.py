@@ -9,9 +9,9 @@ document as JSON (without frames; ``pg_status`` numbers as strings).
 
 Field names across dump versions (the ``version`` key), from PyTorch's writer:
 
-- 1.x (torch 2.2-2.3, TraceUtils.h / NCCLUtils.hpp ``dump()``): ``seq_id``, ``pg_id``, ``profiling_name``,
-  ``input_sizes``, ``output_sizes``, ``state``, ``frames``; ``pg_config`` from 1.4.
-- 2.x (torch 2.4 on): ``collective_seq_id`` and ``p2p_seq_id`` replace ``seq_id``; ``is_p2p``, ``op_id``,
+- 1.x (the first releases with the recorder; NCCLUtils.hpp ``NCCLTraceBuffer::dump()``): ``seq_id``, ``pg_id``,
+  ``profiling_name``, ``input_sizes``, ``output_sizes``, ``state``, ``frames``; ``pg_config`` from 1.4.
+- 2.x: ``collective_seq_id`` and ``p2p_seq_id`` replace ``seq_id``; ``is_p2p``, ``op_id``,
   ``process_group`` (name, desc), ``input_dtypes``/``output_dtypes``, ``timeout_ms``, ``pg_status``
   (``last_enqueued/started/completed_collective`` per group id); 2.10 (torch 2.13) adds
   ``comm_lib_version``. ``pg_config`` is ``{name: {name, desc, ranks: "[0, 1]"}}`` on NCCL; on gloo in

@@ -10,6 +10,7 @@ dumps in test_fr_jobs.py.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,18 @@ def test_a_diverging_rank_gets_its_current_stack_from_a_stacks_json(tmp_path: Pa
     assert "rank 1 never issued collective #2" in text
     assert "rank 1 now at data.py:77 in load_batch (pid 4242 on node-b)" in text  # the stdlib frame skipped
     assert to_json(report)["groups"][0]["divergences"][0]["stacks"]["1"]["where"] == "data.py:77 in load_batch"
+
+
+def test_an_old_version_1_dump_is_read_by_its_own_field_names(tmp_path: Path) -> None:
+    # Dump version 1.x (NCCLUtils.hpp dump() before collective_seq_id existed): 'seq_id', 'pg_id', no
+    # process_group, no dtypes, no pg_status. Written by hand in that layout (no such torch here).
+    for rank, ops in ((0, ["all_reduce", "all_reduce"]), (1, ["all_reduce", "broadcast"])):
+        entries = [{"pg_id": 0, "seq_id": i + 1, "profiling_name": f"nccl:{op}", "input_sizes": [[4]],
+                    "output_sizes": [[4]], "state": "scheduled", "time_created_ns": 1000 + i,
+                    "frames": [{"name": "step", "filename": "/job/train.py", "line": 30 + i}]}
+                   for i, op in enumerate(ops)]
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(
+            pickle.dumps({"version": "1.4", "pg_config": {}, "entries": entries}, protocol=2))
+    report = diagnose([str(tmp_path)])
+    assert report.summary() == ("collective #2 on the default group: rank 0 in all_reduce at train.py:31 (step); "
+                                "rank 1 in broadcast at train.py:31 (step)")
