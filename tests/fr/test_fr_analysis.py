@@ -101,3 +101,17 @@ def test_an_old_version_1_dump_is_read_by_its_own_field_names(tmp_path: Path) ->
     report = diagnose([str(tmp_path)])
     assert report.summary() == ("collective #2 on the default group: rank 0 in all_reduce at train.py:31 (step); "
                                 "rank 1 in broadcast at train.py:31 (step)")
+
+
+def test_file_names_give_the_rank_with_or_without_a_prefix(tmp_path: Path) -> None:
+    # watch's bundle names dumps fr_rank_<N>; other writers pick their own prefix (--prefix).
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]])])
+    _write(tmp_path, 1, [_entry(1, "all_reduce", [[4]])])
+    (tmp_path / "nccl_trace_rank_1.json").rename(tmp_path / "fr_rank_1")
+    (tmp_path / "README.txt").write_text("notes, not a dump")
+    report = diagnose([str(tmp_path)])
+    assert [d.rank for d in report.dumps] == [0, 1] and report.status == "pass"
+    other = tmp_path / "other"
+    other.mkdir()
+    (tmp_path / "nccl_trace_rank_0.json").rename(other / "job7-trace-12.json")
+    assert [d.rank for d in diagnose([str(other)], prefix="job7-trace-").dumps] == [12]
