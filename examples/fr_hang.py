@@ -11,6 +11,7 @@ Modes (the faulty rank is --rank, default 1):
   stall     the faulty rank sleeps before the all_reduce of step 3 (busy elsewhere: a data loader, a hung I/O)
   mismatch  the faulty rank calls barrier where the others call all_reduce (rank-dependent code path)
   crash     the faulty rank exits at step 3 without writing a dump (a rank that died)
+  subgroup  ranks 0-1 also all_reduce on their own group each step; the faulty rank (1) skips that at step 3
 
 On NCCL, PyTorch writes these dumps itself when the watchdog times out (TORCH_NCCL_DUMP_ON_TIMEOUT=1, files
 TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>). Gloo has no such watchdog, so every rank here writes its own dump
@@ -57,7 +58,7 @@ def sync_odd_path() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["healthy", "skip", "stall", "mismatch", "crash"], default="healthy")
+    parser.add_argument("--mode", choices=["healthy", "skip", "stall", "mismatch", "crash", "subgroup"], default="healthy")
     parser.add_argument("--rank", type=int, default=1, help="the faulty rank")
     parser.add_argument("--out", required=True)
     parser.add_argument("--format", choices=["pickle", "json"], default="pickle")
@@ -80,6 +81,7 @@ def main() -> None:
     timer.daemon = True
     timer.start()
     grad = torch.ones(1024)
+    pair = dist.new_group([0, 1]) if args.mode == "subgroup" else None  # every rank must call new_group
     try:
         for step in range(args.steps):
             if faulty and step == 3:
@@ -94,6 +96,8 @@ def main() -> None:
                 if args.mode == "mismatch":
                     sync_odd_path()
                     continue
+            if pair is not None and rank in (0, 1) and not (faulty and step == 3):
+                dist.all_reduce(grad, group=pair)
             train_step(grad)
         dist.barrier()
     except RuntimeError:  # a peer went away (it crashed, or exited after its dump): wait for the dump

@@ -75,10 +75,47 @@ def analyze(dumps: Sequence[RankDump], table: CallTable, world_size: int | None 
         for trace in dump.groups.values():
             keyed.setdefault(_key(trace), {})[dump.rank] = trace
     verdicts = [_group_verdict(traces, by_rank, world, table, stacks or {}) for traces in keyed.values()]
-    verdicts.sort(key=lambda v: (v.status != "fail", v.label != "the default group", v.name))
+    _link_causes(verdicts, list(keyed.values()), by_rank)
+    verdicts.sort(key=lambda v: (v.status != "fail", v.caused_by is not None, v.label != "the default group", v.name))
     missing = sorted(set(range(world)) - set(by_rank))
     return FrReport(dumps=sorted(dumps, key=lambda d: d.rank), missing=missing, world_size=world,
                     groups=verdicts, stacks_files=list(stacks_files))
+
+
+def _link_causes(verdicts: Sequence[GroupVerdict], traces: Sequence[dict[int, GroupTrace]],
+                 dumps: Mapping[int, RankDump]) -> None:
+    """A rank behind on one group because it waits in another group's diverged collective: say so.
+
+    Its newest entry (the collective it is blocked in) names that other group; that group's divergence is
+    the cause, and is listed first. Two groups each waiting on the other are a deadlock between ranks that
+    issue collectives on the groups in different orders: said as such, neither listed as the cause.
+    """
+    owner: dict[tuple[int, str], GroupVerdict] = {}
+    for verdict, members in zip(verdicts, traces, strict=True):
+        for rank, trace in members.items():
+            owner[(rank, trace.name)] = verdict
+    links: dict[int, tuple[Divergence, GroupVerdict, GroupVerdict, int, int]] = {}
+    for verdict in verdicts:
+        for divergence in verdict.divergences:
+            if divergence.kind != "not_issued":
+                continue
+            behind = [r for side in divergence.sides if side.diverged for r in side.ranks]
+            for rank in behind:
+                newest = dumps[rank].newest if rank in dumps else None
+                other = owner.get((rank, newest[0])) if newest else None
+                if newest is not None and other is not None and other is not verdict and other.divergences:
+                    links[id(verdict)] = (divergence, verdict, other, rank, newest[1])
+                    break
+    for divergence, verdict, other, rank, seq in links.values():
+        back = links.get(id(other))
+        if back is not None and back[2] is verdict:
+            divergence.summary += (f"; rank {rank} is waiting in collective #{seq} on {other.label}, which rank "
+                                   f"{back[3]} never issued because it is waiting here: a deadlock (the ranks "
+                                   "issue collectives on these groups in different orders)")
+        else:
+            verdict.caused_by = other.label
+            divergence.summary += (f"; rank {rank} is waiting in collective #{seq} on {other.label}, which "
+                                   "diverged (see there)")
 
 
 def _group_verdict(traces: dict[int, GroupTrace], dumps: Mapping[int, RankDump], world: int, table: CallTable,

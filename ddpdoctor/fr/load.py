@@ -261,6 +261,7 @@ def normalise(rank: int, path: str, fmt: str, doc: dict[str, Any], table: CallTa
     id_to_name: dict[str, str] = {}
     # Within one document a list object shared by several entries (the pickle memoised it) is read once.
     frame_cache: dict[int, tuple[str | None, int | None, str | None]] = {}
+    newest: tuple[int, str, int] | None = None  # (time_created_ns, group, seq) of the newest collective
     for entry in entries:
         if not isinstance(entry, dict):
             continue
@@ -302,9 +303,14 @@ def normalise(rank: int, path: str, fmt: str, doc: dict[str, Any], table: CallTa
         seq = _int(entry.get("collective_seq_id", entry.get("seq_id")), 0)
         if seq <= 0:
             continue
+        newest_seen = (created, name, seq)
+        if newest is None or newest_seen[0] >= newest[0]:
+            newest = newest_seen
         trace.put(seq, table.intern_fields(op, _sizes(entry.get("input_sizes")), _dtypes(entry.get("input_dtypes")),
                                            _sizes(entry.get("output_sizes")), _dtypes(entry.get("output_dtypes")),
                                            file, line, function))
+    if newest is not None:
+        dump.newest = (newest[1], newest[2])
     status = doc.get("pg_status")
     if isinstance(status, dict):
         # Keyed by the numeric pg id (FlightRecorder::getPgStatus); entries carry both pg_id and the name.

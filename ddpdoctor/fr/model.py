@@ -142,6 +142,7 @@ class RankDump:
     has_frames: bool
     oldest_ns: int | None
     groups: dict[str, GroupTrace] = field(default_factory=dict)
+    newest: tuple[str, int] | None = None   # (group name, seq) of the newest collective entry: where it waits
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "path": self.path, "format": self.format, "version": self.version,
@@ -215,6 +216,7 @@ class GroupVerdict:
     window: tuple[int, int] | None
     divergences: list[Divergence]
     note: str = ""
+    caused_by: str | None = None   # the label of the group whose divergence holds this one's ranks
 
     @property
     def status(self) -> str:
@@ -224,7 +226,8 @@ class GroupVerdict:
         return {"label": self.label, "name": self.name, "desc": self.desc, "ranks": self.ranks,
                 "ranks_from": "pg_config" if self.ranks_known else "dumps", "missing_ranks": self.missing,
                 "window": list(self.window) if self.window else None, "status": self.status,
-                "note": self.note, "divergences": [d.to_dict() for d in self.divergences]}
+                "note": self.note, "caused_by": self.caused_by,
+                "divergences": [d.to_dict() for d in self.divergences]}
 
 
 @dataclass
@@ -242,7 +245,7 @@ class FrReport:
         return "fail" if self.missing or any(g.status == "fail" for g in self.groups) else "pass"
 
     def summary(self) -> str:
-        failing = [g for g in self.groups if g.divergences]
+        failing = sorted((g for g in self.groups if g.divergences), key=lambda g: g.caused_by is not None)
         if failing:
             return failing[0].divergences[0].summary
         if self.missing:

@@ -79,3 +79,17 @@ def test_old_entries_overwritten_on_one_rank_are_not_a_divergence(fr_dumps: dict
     out = run_cli(["fr", str(folder)], timeout=60)
     assert out.returncode == 0, out.stdout
     assert "buffer holds from #4" in out.stdout
+
+
+def test_two_groups_waiting_on_each_other_are_a_deadlock_named_per_group(fr_dumps: dict[str, Path]) -> None:
+    # Ranks 0-1 also all_reduce on new_group([0, 1]); rank 1 skips that once: rank 0 waits in the pair's #4,
+    # rank 1 in the default group's #4. gloo writes no rank lists: the pair's members come from the dumps.
+    out = run_cli(["fr", str(fr_dumps["subgroup"]), "--json", "-"], timeout=60)
+    assert out.returncode == 1, out.stderr
+    groups = {g["label"]: g for g in json.loads(out.stdout)["groups"]}
+    assert set(groups) == {"the default group", "group 1 (ranks 0-1)"}
+    pair = groups["group 1 (ranks 0-1)"]["divergences"][0]
+    assert (pair["kind"], pair["seq"], pair["diverged_ranks"]) == ("not_issued", 4, [1])
+    assert "a deadlock (the ranks issue collectives on these groups in different orders)" in pair["summary"]
+    world = groups["the default group"]["divergences"][0]
+    assert world["diverged_ranks"] == [0] and "rank 0 is waiting in collective #4 on group 1" in world["summary"]
