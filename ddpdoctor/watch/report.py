@@ -104,6 +104,9 @@ def headline(result: dict[str, Any]) -> str:
         if any(r["state"] in ("waiting", "running") for r in result["ranks"]):
             text += "; the rest were torn down"
         return text
+    if result.get("launch") == "script" and not ws:
+        return (f"ddpdoctor watch: the script ended (exit code {result['exit_code']}) before any process it started "
+                "joined a process group: nothing was watched")
     return f"ddpdoctor watch: ok: {ws} ranks finished (exit code {result['exit_code']})"
 
 

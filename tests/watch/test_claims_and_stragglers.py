@@ -65,6 +65,14 @@ def test_a_spawned_job_is_over_when_its_launcher_exits_and_keeps_its_exit_code()
     assert agg.verdict(0.7) == OK and agg.result(OK)["exit_code"] == 4
 
 
+def test_a_script_that_never_started_a_rank_says_nothing_was_watched() -> None:
+    agg = Aggregator(0, hang_timeout_s=600, spawned=True)
+    agg.launcher_exited(1, 0.5)
+    assert agg.verdict(0.5) == OK
+    assert render(agg.result(OK)).startswith("ddpdoctor watch: the script ended (exit code 1) before any process "
+                                             "it started joined a process group")
+
+
 def stats(step_ms: float, wait_ms: float, window: int = 30) -> dict[str, Any]:
     return {"steps": window, "window": window, "boundary": "optimizer", "step_us": step_ms * 1000,
             "wait_us": wait_ms * 1000}
