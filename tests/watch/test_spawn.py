@@ -74,7 +74,8 @@ def test_mp_spawn_rank_skipping_a_collective_is_named_with_both_lines_and_its_ev
 
 def test_every_process_claiming_rank_0_is_named_as_such_not_as_a_busy_port(tmp_path: Path) -> None:
     report = tmp_path / "w.json"
-    proc, data = watch(EXAMPLES, "spawn_ddp.py", "--bug", "same-rank", options=("--json", str(report)))
+    proc, data = watch(EXAMPLES, "spawn_ddp.py", "--bug", "same-rank",
+                       options=("--json", str(report), "--evidence", str(tmp_path / "evidence")))
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert data["status"] == "init_conflict"
     conflict = data["init_conflict"]
