@@ -71,7 +71,7 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
 def test_every_family_is_a_package_with_a_docstring() -> None:
-    for family in ("check", "checks", "bench", "ckpt", "stacks", "watch", "env", "ras", "runtime", "commands"):
+    for family in ("check", "checks", "bench", "ckpt", "stacks", "watch", "env", "fr", "ras", "runtime", "commands"):
         init = PACKAGE / family / "__init__.py"
         assert init.is_file(), f"ddpdoctor/{family}/ is a package"
         assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says what the family does"
