@@ -169,6 +169,15 @@ def render(result: dict[str, Any]) -> str:
     for warning in result.get("warnings", []):
         lines += ["", f"warning: {warning['summary']} (created at {warning['site']}, {rank_phrase(warning['ranks'])})",
                   f"  fix: {warning['remedy']}"]
+    fr = result.get("fr")
+    if fr:
+        lines += ["", f"Flight Recorder (ddpdoctor fr {fr['path']}): {fr['summary']}"]
+    ras = result.get("ras")
+    if ras:
+        dead, silent = ras.get("dead_ranks") or [], ras.get("unresponsive_ranks") or []
+        said = [f"{rank_phrase(dead)} dead"] * bool(dead) + [f"{rank_phrase(silent)} not answering"] * bool(silent)
+        lines += ["", f"NCCL RAS ({ras.get('addr')}): "
+                  + (ras.get("error") or "; ".join(said) or "every rank NCCL knows is alive")]
     if result.get("evidence"):
         lines += ["", f"evidence: {result['evidence']} (verdict.json, report.txt, env.json, and per rank "
                   "stack_rank_N.txt, history_rank_N.json, flight_recorder/fr_rank_N)"]

@@ -67,6 +67,8 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
     thread an exception would skip telling the other ranks to exit, and hang the job."""
     from ddpdoctor.fileio import emit_json, json_to_stdout
 
+    if result.get("status") != OK:
+        join_other_evidence(result)
     text = render(result)
     if agg is not None and result.get("evidence"):
         histories = {r: list(s.history) for r, s in agg.ranks.items()}
@@ -81,6 +83,37 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
             emit_json(json_path, result)
         except (OSError, DoctorError) as exc:
             print(f"ddpdoctor watch: cannot write --json {json_path}: {exc}", file=sys.stderr, flush=True)
+
+
+def join_other_evidence(result: dict[str, Any]) -> None:
+    """What PyTorch and NCCL themselves recorded, next to watch's own verdict on a failed run.
+
+    - ``fr``: the verdict of ``ddpdoctor fr`` over the Flight Recorder dumps the ranks just wrote into the
+      evidence bundle (its own account of which rank diverged, from PyTorch's ring buffer rather than from
+      our recorder; the two agreeing is strong evidence, disagreeing is worth a look).
+    - ``ras``: NCCL's RAS service (NCCL >= 2.24), asked once with a 1 s deadline when ``NCCL_RAS_ADDR`` is set
+      or its default port answers: which ranks NCCL itself sees as dead or unresponsive.
+
+    Neither may cost the report: a failure becomes a line in the result, never an exception.
+    """
+    from ddpdoctor.fr import diagnose
+    from ddpdoctor.fr import to_json as fr_json
+    from ddpdoctor.ras import probe
+    from ddpdoctor.ras import to_json as ras_json
+
+    folder = result.get("evidence")
+    dumps = os.path.join(folder, evidence.FR_FOLDER) if folder else None
+    if dumps and os.path.isdir(dumps) and os.listdir(dumps):
+        try:
+            verdict = fr_json(diagnose([dumps], world_size=result.get("world_size") or None))
+            result["fr"] = {"status": verdict["status"], "summary": verdict["summary"],
+                            "missing_ranks": verdict["missing_ranks"], "path": dumps}
+        except Exception as exc:  # a dump cut short by the teardown, a format we do not know
+            result["fr"] = {"status": "error", "summary": f"could not read the dumps: {short_error(exc)}",
+                            "missing_ranks": [], "path": dumps}
+    ras = probe(deadline_s=1.0)
+    if ras is not None:
+        result["ras"] = ras_json(ras)
 
 
 def _drain(server: Server, agg: Aggregator, timeout: float) -> None:

@@ -70,6 +70,10 @@ def test_mp_spawn_rank_skipping_a_collective_is_named_with_both_lines_and_its_ev
         assert {"entries", "gloo:all_reduce"} <= strings
         history = json.loads((bundle / f"history_rank_{rank}.json").read_text())
         assert history[-1]["site"] == (reduce_site if rank == 0 else barrier_site)
+    # PyTorch's own record of the same hang, read by `ddpdoctor fr`, is in the report beside watch's verdict.
+    assert data["fr"]["status"] == "fail" and data["fr"]["path"] == str(bundle / "flight_recorder")
+    assert "rank 1 in barrier" in data["fr"]["summary"] and "all_reduce" in data["fr"]["summary"]
+    assert "Flight Recorder (ddpdoctor fr " in proc.stderr
 
 
 def test_every_process_claiming_rank_0_is_named_as_such_not_as_a_busy_port(tmp_path: Path) -> None:
