@@ -92,7 +92,16 @@ def test_every_documented_command_line_exists(doc: Path) -> None:
             continue
         command, rest = found
         known = _options(command)
-        for word in rest:
+        takes_value = {name for param in command.params if param.param_type_name == "option"
+                       and not param.is_flag for name in param.opts}
+        words = iter(rest)
+        for word in words:
+            if word in takes_value:
+                next(words, None)
+                continue
+            if not word.startswith(("-", "[")) and not command.context_settings.get(
+                    "allow_interspersed_args", command.allow_interspersed_args):
+                break  # `watch SCRIPT ARGS...`: what follows the script is the script's
             # Synopsis lines too: "[--json PATH|-]", "[--pid PID]...", "--only/--skip".
             for flag in word.split("=", 1)[0].strip("[]().,").split("/"):
                 if re.fullmatch(r"--[a-z][a-z0-9-]*", flag) and flag not in known:
