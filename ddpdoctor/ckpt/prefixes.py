@@ -8,8 +8,9 @@ key: FSDP (``FullyShardedDataParallel._fsdp_wrapped_module``, torch/distributed/
 activation checkpointing (``CheckpointWrapper._checkpoint_wrapped_module``,
 torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py) and ``torch.compile`` of a submodule
 (``layers.3._orig_mod.attn.weight``). Those four underscore names are removed wherever they appear as a
-whole segment; ``module.`` and any other prefix only where it starts the key, because ``module`` is also a
-common attribute name (EMA wrappers, ``self.module = ...``) that a model may really have. Renaming follows
+whole segment; ``module.`` only where it starts the key by default, because ``module`` is also a common
+attribute name (EMA wrappers, ``self.module = ...``) that a model may really have; named explicitly
+(``--prefix module.``, a DataParallel around an inner layer) it goes at any depth too. Renaming follows
 ``torch.nn.modules.utils.consume_prefix_in_state_dict_if_present`` (torch/nn/modules/utils.py), keys and
 ``_metadata`` module paths alike, but refuses to merge two keys into one, and works on shadow nodes as on
 real dicts so ``strip`` never has to load the tensors.
@@ -52,7 +53,8 @@ def normalize_prefixes(prefixes: Iterable[str] | None) -> tuple[str, ...]:
 def strip_one(key: str, prefixes: tuple[str, ...], *, keep_last: bool = True,
               anywhere: bool = True) -> tuple[str, list[str]]:
     """Remove the prefixes from the start of ``key`` as often as they appear, in any order, then the
-    :data:`ANYWHERE` wrapper segments among ``prefixes`` at any depth.
+    :data:`ANYWHERE` wrapper segments among ``prefixes`` at any depth (every named prefix when ``prefixes``
+    is not the default :data:`KNOWN_PREFIXES`).
 
     ``keep_last``: the last segment is the parameter's own name and is never removed (a key is never
     emptied); module paths (``_metadata`` keys) have no such segment.
@@ -66,7 +68,10 @@ def strip_one(key: str, prefixes: tuple[str, ...], *, keep_last: bool = True,
                 key = key[len(p):]
                 removed.append(p)
                 changed = True
-    inner = [p for p in prefixes if p in ANYWHERE] if anywhere else []
+    # By default only the wrappers no model uses as a real attribute go at any depth; a prefix the user
+    # names (``--prefix module.``) is removed at any depth: they said that segment is a wrapper.
+    named = prefixes != KNOWN_PREFIXES
+    inner = [p for p in prefixes if p in ANYWHERE or named] if anywhere else []
     if inner and any(f".{p}" in f".{key}." for p in inner):
         parts = key.split(".")
         kept = []

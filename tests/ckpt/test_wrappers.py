@@ -110,3 +110,14 @@ def test_metadata_module_paths_lose_inner_wrappers(ex: Path, tmp_path: Path) -> 
     strip_file(ex / "compiled_layer.pt", out)
     meta = torch.load(out, weights_only=True)["model"]._metadata
     assert "layers.1" in meta and not any("_orig_mod" in k for k in meta)
+
+
+def test_module_inside_a_key_goes_only_when_named() -> None:
+    """`module.` deep in a key is an EMA's or a user's attribute by default, a wrapper when the user says so."""
+    import torch
+
+    from ddpdoctor.ckpt import strip_prefix
+
+    sd = {"module.encoder.module.weight": torch.zeros(1), "ema.module.bias": torch.zeros(1)}
+    assert list(strip_prefix(sd)) == ["encoder.module.weight", "ema.module.bias"]
+    assert list(strip_prefix(sd, ["module."])) == ["encoder.weight", "ema.bias"]
