@@ -634,7 +634,7 @@ def error_file_text(data: bytes) -> str | None:
     """
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: not an error file either
         return None
     if not isinstance(doc, dict) or "message" not in doc:
         return None

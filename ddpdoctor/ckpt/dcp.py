@@ -169,11 +169,14 @@ def read_metadata(d: Path) -> Reduced:
     md_path = d / METADATA
     if not md_path.is_file():
         raise DoctorError(f"{md_path} is not a regular file; a torch.distributed.checkpoint directory needs one")
-    size = md_path.stat().st_size
+    try:
+        size = md_path.stat().st_size
+        data = md_path.read_bytes() if size else b""
+    except OSError as exc:
+        raise DoctorError(f"cannot read {md_path}: {exc.strerror or exc}") from None
     if size == 0:
         raise DoctorError(f"{md_path} is empty (0 bytes): the save was interrupted before it finished; "
                           "use an earlier checkpoint")
-    data = md_path.read_bytes()
     try:
         root = unpickler.ShadowUnpickler(data, _allowed).load()
     except unpickler.UnsafeGlobalError as exc:
@@ -353,7 +356,7 @@ def _open_item(d: DcpDir, chunk: Chunk, what: str, allowed: Callable[[str], bool
                           "unpickling it can run arbitrary code. If you trust where the file came from, "
                           "pass --trust") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
-            struct.error, RecursionError) as exc:
+            struct.error, RecursionError, MemoryError, OverflowError) as exc:
         raise DoctorError(f"{what} is damaged ({type(exc).__name__}: {exc})") from None
     return zf, node
 
@@ -421,7 +424,9 @@ def _assemble_rows(d: DcpDir, e: Entry, what: str, allowed: Callable[[str], bool
         args = item.args if isinstance(item, Reduced) and item.func_name == "torch._utils._rebuild_tensor_v2" \
             else None
         if not (isinstance(args, tuple) and len(args) >= 6 and isinstance(args[0], PidRef)
-                and args[1] == 0 and tuple(args[2]) == c.sizes and tuple(args[3]) == _contiguous(c.sizes)):
+                and args[1] == 0 and isinstance(args[2], (tuple, list)) and isinstance(args[3], (tuple, list))
+                and tuple(args[2]) == c.sizes and tuple(args[3]) == _contiguous(c.sizes)
+                and isinstance(args[0].pid, tuple) and len(args[0].pid) >= 5):
             raise refuse
         pid = args[0].pid
         key = pid[2].decode("ascii", "replace") if isinstance(pid[2], bytes) else str(pid[2])

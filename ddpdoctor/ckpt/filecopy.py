@@ -148,9 +148,11 @@ def atomic_dir(out: Path, mode_from: Path | None = None) -> Iterator[Path]:
         raise DoctorError(f"output directory {out.parent} is not writable")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".ddpdoctor-partial", dir=out.parent))
     try:
+        yield tmp
+        # Only once everything is written: a read-only input folder (0555, a protected checkpoint) must not
+        # make the temporary folder unwritable before its files are in it.
         if mode_from is not None:
             os.chmod(tmp, mode_from.stat().st_mode & 0o7777)
-        yield tmp
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

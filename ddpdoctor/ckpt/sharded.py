@@ -39,7 +39,7 @@ def is_shard_set(path: Path) -> bool:
         return path.name.endswith(INDEX_SUFFIX)
     if not path.is_dir():
         return False
-    return any(c.name.endswith(INDEX_SUFFIX) or _SHARD.match(c.name) for c in path.iterdir() if c.is_file())
+    return any(c.name.endswith(INDEX_SUFFIX) or _SHARD.match(c.name) for c in _files(path))
 
 
 @dataclass
@@ -78,13 +78,25 @@ class ShardSet:
                 "duplicate_keys": self.duplicates, "other_index_files": self.other_indexes}
 
 
-def _read_index(path: Path) -> dict[str, Any]:
-    if path.stat().st_size > _MAX_INDEX:
-        raise DoctorError(f"{path} is too large for a shard index ({path.stat().st_size} bytes)")
+def _files(directory: Path) -> list[Path]:
+    """The regular files in a checkpoint folder; one line (exit 2) when the folder cannot be read."""
     try:
+        return [c for c in directory.iterdir() if c.is_file()]
+    except OSError as exc:
+        raise DoctorError(f"cannot read the folder {directory}: {exc.strerror or exc}") from None
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+        if size > _MAX_INDEX:
+            raise DoctorError(f"{path} is too large for a shard index ({size} bytes)")
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DoctorError(f"{path} is not a valid shard index: the JSON does not parse ({exc})") from None
+    except OSError as exc:
+        raise DoctorError(f"cannot read the shard index {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise DoctorError(f"{path} is not a valid shard index: the JSON does not parse "
+                          f"({type(exc).__name__}: {str(exc)[:200]})") from None
     wmap = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wmap, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wmap.items()):
         raise DoctorError(f"{path} is not a valid shard index: no \"weight_map\" of tensor names to shard files")
@@ -95,7 +107,7 @@ def _read_index(path: Path) -> dict[str, Any]:
 
 
 def _pick_index(directory: Path) -> tuple[Path | None, list[str]]:
-    indexes = sorted(c.name for c in directory.iterdir() if c.is_file() and c.name.endswith(INDEX_SUFFIX))
+    indexes = sorted(c.name for c in _files(directory) if c.name.endswith(INDEX_SUFFIX))
     if not indexes:
         return None, []
     chosen = next((n for n in _PREFERRED_INDEXES if n in indexes), indexes[0])
@@ -120,7 +132,7 @@ def open_shards(path: Path, *, trust: bool = False) -> ShardSet:
         directory = path
         index_path, others = _pick_index(directory)
     index = _read_index(index_path) if index_path is not None else None
-    present = {c.name for c in directory.iterdir() if c.is_file()}
+    present = {c.name for c in _files(directory)}
     pattern_files = [m for n in sorted(present) if (m := _SHARD.match(n))]
     missing: list[str] = []
     extra: list[str] = []

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ddpdoctor.errors import DoctorError
 from ddpdoctor.fr.model import (
+    MAX_RANK,
     NO_CALL,
     Call,
     CallTable,
@@ -70,6 +72,9 @@ def analyze(dumps: Sequence[RankDump], table: CallTable, world_size: int | None 
     by_rank = {d.rank: d for d in dumps}
     world = max([world_size or 0, max(by_rank) + 1,
                  *(max(t.ranks) + 1 for d in dumps for t in d.groups.values() if t.ranks)])
+    if world > MAX_RANK:
+        raise DoctorError(f"a dump names rank {world - 1}: more ranks than any job has; the dump or its name is "
+                          "damaged (or pass --prefix)")
     keyed: dict[GroupKey, dict[int, GroupTrace]] = {}
     for dump in dumps:
         for trace in dump.groups.values():

@@ -95,6 +95,20 @@ def _looks_like_stacks(path: str) -> bool:
     return b'"processes"' in head and b'"ddpdoctor"' in head
 
 
+def _looks_like_dump(path: str) -> bool:
+    """A pickle (protocol 2+ starts with 0x80) or a JSON object: what a Flight Recorder dump can be.
+
+    In a folder (``ddpdoctor fr /tmp``, where PyTorch writes its dumps by default) other files whose names
+    end in a number (``tmpab3k9``, ``core.12345``) are skipped instead of failing the run.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64).lstrip()
+    except OSError:
+        return False
+    return head[:1] in (b"\x80", b"{")
+
+
 def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
     """Expand directories; every file given by name must be a dump (with a rank) or a stacks JSON."""
     dumps: dict[int, str] = {}
@@ -106,6 +120,8 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
             stacks.append(path)
             return
         rank = rank_from_name(path, prefix)
+        if rank is not None and not explicit and not _looks_like_dump(path):
+            rank = None
         if rank is None:
             if explicit:
                 hint = f" starting with {prefix!r}" if prefix else " ending in _rank_<N> (PyTorch's default)"
@@ -391,17 +407,20 @@ def read_stacks(paths: Sequence[str]) -> dict[int, StackNow]:
         try:
             with open(path, encoding="utf-8") as fh:
                 doc = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise DoctorError(f"{path}: cannot read this `ddpdoctor stacks --json` file ({exc})") from None
+        except (OSError, ValueError, RecursionError) as exc:
+            raise DoctorError(f"{path}: cannot read this `ddpdoctor stacks --json` file "
+                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
         processes = doc.get("processes") if isinstance(doc, dict) else None
         if not isinstance(processes, list):
             raise DoctorError(f"{path}: not a `ddpdoctor stacks --json` file (no 'processes')")
         for proc in processes:
             if not isinstance(proc, dict) or not isinstance(proc.get("rank"), int) or proc["rank"] in found:
                 continue
-            threads = [t for t in proc.get("threads") or [] if isinstance(t, dict)]
+            listed = proc.get("threads")
+            threads = [t for t in listed if isinstance(t, dict)] if isinstance(listed, list) else []
             main = next((t for t in threads if t.get("main")), threads[0] if threads else None)
-            frames = [f for f in (main or {}).get("frames") or [] if isinstance(f, dict)]
+            frame_list = (main or {}).get("frames")
+            frames = [f for f in frame_list if isinstance(f, dict)] if isinstance(frame_list, list) else []
             if not frames:
                 continue
             where, call = _stack_where(frames)

@@ -13,7 +13,13 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpdoctor.errors import DoctorError
 from ddpdoctor.ranks import format_rank_list
+
+# Bounds on what a (damaged or hostile) dump can make us allocate: a sequence-number jump within one group
+# (a ring buffer holds a few thousand entries), and a rank number (no job has a million ranks).
+MAX_SEQ_GAP = 1_000_000
+MAX_RANK = 1 << 20
 
 NO_CALL = -1  # a sequence number whose entry the ring buffer no longer holds
 
@@ -123,6 +129,9 @@ class GroupTrace:
         if seq < self.first_seq:  # entries are in record order; a lower seq only after a wrap: keep the newest run
             return
         index = seq - self.first_seq
+        if index - len(self.calls) > MAX_SEQ_GAP:
+            raise DoctorError(f"collective #{seq} follows #{self.first_seq + len(self.calls) - 1} in one group: "
+                              "a jump no ring buffer makes; the dump is damaged")
         while len(self.calls) < index:
             self.calls.append(NO_CALL)
         if index == len(self.calls):

@@ -103,6 +103,9 @@ class _Conn:
                 sent = self.sock.send(data)
             except TimeoutError:
                 raise RasTimeout(f"NCCL RAS at {self.addr} did not take {line!r} in time") from None
+            except OSError as exc:  # EPIPE/ECONNRESET: the serving process died between commands
+                raise RasError(f"NCCL RAS at {self.addr} dropped the connection ({exc.strerror or exc}) while "
+                               f"sending {line!r}") from None
             data = data[sent:]
 
     def _recv(self, doing: str) -> bytes:

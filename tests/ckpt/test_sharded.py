@@ -130,3 +130,15 @@ def test_corrupt_index_is_one_line_exit_2(shard_sets: Path, tmp_path: Path, cli:
     res = cli(["ckpt", "inspect", str(d)])
     assert res.returncode == 2 and "not a valid shard index" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_deeply_nested_or_unreadable_index_is_one_line_exit_2(tmp_path: Path) -> None:
+    """The index is user JSON: nesting past the recursion limit, or a folder we may not list, is bad input."""
+    from tests.support import run_cli
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "model.safetensors.index.json").write_text("[" * 100_000 + "]" * 100_000)
+    done = run_cli(["ckpt", "inspect", str(folder / "model.safetensors.index.json")], timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().count("\n") == 0 and "shard index" in done.stderr

@@ -193,3 +193,12 @@ def test_json_into_a_missing_folder_is_exit_2_before_reading_the_logs(tmp_path: 
     proc = run_cli(["explain", "--json", str(tmp_path / "absent" / "e.json"), str(tmp_path / "no-such.log")])
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "no-such.log" not in proc.stderr
+
+
+def test_a_deeply_nested_json_input_is_no_crash(tmp_path: Path) -> None:
+    """A .json input is tried as a torchrun error file; one nested past Python's recursion limit is a log."""
+    deep = tmp_path / "error.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    done = run_cli(["explain", str(deep)], timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

@@ -115,3 +115,29 @@ def test_file_names_give_the_rank_with_or_without_a_prefix(tmp_path: Path) -> No
     other.mkdir()
     (tmp_path / "nccl_trace_rank_0.json").rename(other / "job7-trace-12.json")
     assert [d.rank for d in diagnose([str(other)], prefix="job7-trace-").dumps] == [12]
+
+
+def test_other_files_in_a_dumps_folder_are_skipped_not_fatal(tmp_path: Path) -> None:
+    """`ddpdoctor fr /tmp` (PyTorch's default dump folder) meets files like tmpab3k9 and core.12345."""
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]])])
+    _write(tmp_path, 1, [_entry(1, "all_reduce", [[4]])])
+    (tmp_path / "tmpab3k9").write_bytes(b"some other program's scratch file")
+    (tmp_path / "core.12345").write_bytes(b"\x7fELF core dump")
+    report = diagnose([str(tmp_path)])
+    assert report.status == "pass" and [d.rank for d in report.dumps] == [0, 1]
+
+
+def test_a_damaged_sequence_jump_or_rank_is_refused_not_allocated(tmp_path: Path) -> None:
+    """A dump whose numbers would make us allocate billions of slots is one clear error (exit 2)."""
+    import pytest
+
+    from ddpdoctor.errors import DoctorError
+
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]]), _entry(10**10, "all_reduce", [[4]])])
+    with pytest.raises(DoctorError, match="damaged"):
+        diagnose([str(tmp_path / "nccl_trace_rank_0.json")])
+    (tmp_path / "nccl_trace_rank_0.json").unlink()
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]])])
+    (tmp_path / "nccl_trace_rank_0.json").rename(tmp_path / "nccl_trace_rank_999999999999.json")
+    with pytest.raises(DoctorError, match="more ranks than any job"):
+        diagnose([str(tmp_path)])
