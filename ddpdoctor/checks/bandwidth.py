@@ -130,8 +130,8 @@ def _crowding_finding(crowded: list[dict[str, Any]], looked_slow: int, blamed: b
                          f"{'s' if entry['cores'] != 1 else ''} on {entry['host']} (affinity {entry['affinity']})")
         for device, on in entry["shared_gpus"].items():
             parts.append(f"ranks {format_rank_list(on)} share {device} on {entry['host']}")
-    noted = (f"; {looked_slow} link{'s' if looked_slow != 1 else ''} that looked slow at first "
-             "did not stay slow when measured again, so no link is blamed") if looked_slow else ""
+    noted = (f"; {looked_slow} link{'s' if looked_slow != 1 else ''} looked slow, which on crowded cores "
+             "measures the turn-taking, so no link is blamed") if looked_slow else ""
     ranks = sorted({r for e in crowded for r in e["ranks"]})
     status = WARN if looked_slow or blamed else PASS
     return Finding("bandwidth", status, f"{'; '.join(parts)}: the ranks take turns, so timings measure that "
@@ -186,7 +186,13 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
                               "(top, nvidia-smi), its CPU quota and affinity (taskset -p PID), its clocks; "
                               "with GPUs, whether it sits behind another PCIe switch/NUMA node "
                               "(`nvidia-smi topo -m`)", {"rank": rank, **analysis.to_json()}))
+    # Within a crowded host a link's time is the scheduler's turn-taking, never a cable or a PCIe switch: such
+    # a link is counted under the crowding finding, not blamed. (A rank slow on all its links is still named.)
+    crowded_hosts = {str(e["host"]) for e in crowded if e["cores"] and len(e["ranks"]) > e["cores"]}
+    not_judged = [p for p in analysis.slow_links if p.host_a == p.host_b and p.host_a in crowded_hosts]
     for p in analysis.slow_links:
+        if p in not_judged:
+            continue
         where = f"within host {p.host_a}" if p.host_a == p.host_b else f"between {p.host_a} and {p.host_b}"
         result.append(Finding("bandwidth", WARN, f"link rank {p.a} <-> rank {p.b} ({where}) is slow: "
                               f"{p.busbw_gbps:.2f} GB/s{repeated}", [p.a, p.b],
@@ -205,7 +211,7 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
                               "(nvidia-smi, top) and its clocks", {"rank": rank}))
     if crowded:
         looked_slow = len({(p.a, p.b) for p in pairs if p.suspect}
-                          - {(p.a, p.b) for p in analysis.slow_links}
+                          - {(p.a, p.b) for p in analysis.slow_links if p not in not_judged}
                           - {(p.a, p.b) for p in pairs if {p.a, p.b} & set(analysis.slow_ranks)
                              or {p.host_a, p.host_b} & set(analysis.slow_hosts)})
         blamed = any(f.status == WARN for f in result)
