@@ -59,14 +59,19 @@ def parse_ib_state(text: str | None) -> str | None:
     return text.split(":", 1)[-1].strip() or None
 
 
+def _entries(folder: Path) -> list[str]:
+    """The names in a sysfs class folder, sorted; none when it is absent or unreadable (a container)."""
+    try:
+        return sorted(p.name for p in folder.iterdir())
+    except OSError:
+        return []
+
+
 def net_devices(root: str | os.PathLike[str] = "/sys") -> list[dict[str, Any]]:
     """Network interfaces: name, NUMA node of the backing device (None for virtual ones), operstate."""
     base = Path(root) / "class" / "net"
     out = []
-    try:
-        names = sorted(p.name for p in base.iterdir())
-    except OSError:
-        return []
+    names = _entries(base)
     for name in names:
         dev = base / name / "device"
         out.append({"name": name, "numa_node": parse_numa_node(_read(dev / "numa_node")),
@@ -78,10 +83,7 @@ def ib_devices(root: str | os.PathLike[str] = "/sys") -> list[dict[str, Any]]:
     """InfiniBand/RoCE HCAs: name, NUMA node, port number -> state (ACTIVE, DOWN, INIT, ...)."""
     base = Path(root) / "class" / "infiniband"
     out = []
-    try:
-        names = sorted(p.name for p in base.iterdir())
-    except OSError:
-        return []
+    names = _entries(base)
     for name in names:
         ports: dict[int, str | None] = {}
         try:

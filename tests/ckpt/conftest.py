@@ -13,13 +13,17 @@ import pytest
 from tests.support import REPO, clean_env
 
 
+def _made_by(module: str, out: Path) -> Path:
+    """Run an example that writes real checkpoints into ``out`` (bounded: a stuck save fails the test)."""
+    subprocess.run([sys.executable, "-m", module, str(out)], cwd=REPO, env=clean_env(),
+                   check=True, timeout=300, capture_output=True)
+    return out
+
+
 @pytest.fixture(scope="session")
 def ex(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example checkpoints, saved once from real wrappers (a one-process gloo group)."""
-    out = tmp_path_factory.mktemp("ckpts")
-    subprocess.run([sys.executable, "-m", "examples.ckpt_make", str(out)], cwd=REPO, env=clean_env(),
-                   check=True, timeout=300, capture_output=True)
-    return out
+    return _made_by("examples.ckpt_make", tmp_path_factory.mktemp("ckpts"))
 
 
 @pytest.fixture(name="cli")
@@ -42,7 +46,6 @@ def cli_fixture(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPa
     return run
 
 
-
 def sha(path: Path) -> str:
     """The file's SHA-256: inputs are compared before and after to prove they were never written."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -51,19 +54,13 @@ def sha(path: Path) -> str:
 @pytest.fixture(scope="session")
 def dcp_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """DCP directories written by a real 2-rank gloo DDP job (examples/ckpt_make_dcp.py, via mp.spawn)."""
-    out = tmp_path_factory.mktemp("dcp")
-    subprocess.run([sys.executable, "-m", "examples.ckpt_make_dcp", str(out)], cwd=REPO, env=clean_env(),
-                   check=True, timeout=300, capture_output=True)
-    return out
+    return _made_by("examples.ckpt_make_dcp", tmp_path_factory.mktemp("dcp"))
 
 
 @pytest.fixture(scope="session")
 def shard_sets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Shard sets written by safetensors.torch.save_file and torch.save (examples/ckpt_make_shards.py)."""
-    out = tmp_path_factory.mktemp("shards")
-    subprocess.run([sys.executable, "-m", "examples.ckpt_make_shards", str(out)], cwd=REPO, env=clean_env(),
-                   check=True, timeout=300, capture_output=True)
-    return out
+    return _made_by("examples.ckpt_make_shards", tmp_path_factory.mktemp("shards"))
 
 
 def tree_digest(path: Path) -> dict[str, str]:
