@@ -45,6 +45,11 @@ def atomic_output(target: Path, mode_from: Path | None = None) -> Iterator[Binar
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise DoctorError(f"output directory {directory} does not exist; create it first")
+    if os.path.lexists(target) and not target.is_file():
+        # Checked here too, not only before the work: something may have appeared under the name since.
+        # Renaming over a FIFO or a device node (as root, /dev/null) would replace it with a regular file.
+        raise DoctorError(f"{target} is not a regular file (a device, FIFO, socket or directory); "
+                          "refusing to replace it")
     replacing = replaces_existing(target)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=directory)

@@ -18,6 +18,8 @@ import torch
 
 from ddpdoctor import fileio
 from ddpdoctor.ckpt import strip_file
+from ddpdoctor.errors import DoctorError
+from ddpdoctor.fileio import write_json_atomic
 from tests.support import clean_env
 
 
@@ -87,3 +89,13 @@ def test_a_json_report_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path)
     assert done.stderr.strip().count("\n") == 0 and "cannot write" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == [], "neither the report nor a temp file is left behind"
+
+
+def test_an_output_that_became_a_fifo_after_the_check_is_not_replaced(tmp_path: Path) -> None:
+    # validate_output_path runs before the work; a FIFO created under the name meanwhile must survive.
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    with pytest.raises(DoctorError, match="not a regular file"):
+        write_json_atomic(fifo, {"a": 1})
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
