@@ -8,6 +8,7 @@ process exits with rank 0's code (1 when a problem was found).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -36,6 +37,25 @@ def default_nproc() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def _stop_new_children(before: set[int]) -> int:
+    """Kill every descendant that was not there before the launch (the ranks); how many there were."""
+    import psutil
+
+    me = psutil.Process()
+    new = [child for child in me.children(recursive=True) if child.pid not in before]
+    for child in new:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(new, timeout=5)
+    return len(new)
 
 
 def choose_port(requested: int | None) -> int:
@@ -69,6 +89,7 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
     )
     failure = ""
+    before = _children()
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "ddpdoctor", *argv)
     except SignalException as exc:
@@ -78,6 +99,16 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
     except ChildFailedError as exc:
         failure = "; ".join(f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
                             for rank, f in sorted(exc.failures.items()))
+    except Exception as exc:
+        # A fork that fails midway (EAGAIN: process table or RLIMIT_NPROC full; ENOMEM) escapes the
+        # elastic launcher before it records the ranks it did start, so nothing would stop them: we do,
+        # whatever escaped.
+        started = _stop_new_children(before)
+        if not isinstance(exc, (OSError, MemoryError)):
+            raise
+        raise DoctorError(f"could not start {nproc} local ranks ({type(exc).__name__}: {exc}); the "
+                          f"{started} process{'es' if started != 1 else ''} already started were stopped. "
+                          "Use a smaller --nproc, or free memory/processes on this machine") from None
     finally:
         for key, value in saved.items():
             if value is None:
