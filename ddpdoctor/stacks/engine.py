@@ -12,18 +12,21 @@ in-process signal dumps (:mod:`ddpdoctor.stacks.signal_dumps`) need no ptrace at
 from __future__ import annotations
 
 import contextlib
-import json
+import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psutil
 
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.safejson import loads_untrusted
 from ddpdoctor.stacks import procfs
 from ddpdoctor.stacks.ident import identity, is_rank_env, job_matches
 from ddpdoctor.stacks.model import Frame, ProcessStacks, ThreadStack
@@ -32,6 +35,7 @@ from ddpdoctor.stacks.procfs import same_process_alive
 # torchrun, `python -m torch.distributed.run` and the deprecated launcher all start ranks as children.
 _AGENT_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 _CAP_SYS_PTRACE = 19  # linux/capability.h
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 FALLBACK_HINT = ("Fallback without ptrace: add `import ddpdoctor; ddpdoctor.install_stack_dumps()` at the "
                  "top of the training script, then run `ddpdoctor stacks --signal`.")
@@ -218,19 +222,87 @@ def _threads_from_py_spy(doc: object, pid: int) -> list[ThreadStack]:
     return threads
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when we die (``prctl(PR_SET_PDEATHSIG)``,
+    https://man7.org/linux/man-pages/man2/pr_set_pdeathsig.2const.html); None off Linux.
+
+    This covers what no handler can: ``stacks`` killed by SIGKILL or the OOM killer. ``preexec_fn`` is
+    safe here because ``stacks`` starts no threads (the fork-safety caveat of the subprocess docs is about
+    locks held by other threads at fork); the libc function is looked up before the fork, so the child
+    only makes the call. The death signal fires when the forking *thread* exits: :func:`dump_all` waits
+    for its children in the thread that started them. A parent that died before the ``prctl`` took
+    effect is seen by ``getppid`` changing, and the child exits at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return set_death_signal
+
+
+class Terminated(DoctorError):
+    """SIGTERM arrived while py-spy ran: they are killed, and ``stacks`` exits 143 (128 + SIGTERM)."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped by SIGTERM; the py-spy processes it had started were killed",
+                         exit_code=128 + int(signal.SIGTERM))
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # cleanup runs once, not interrupted by a second SIGTERM
+    raise Terminated()
+
+
+def _stop(running: Sequence[tuple[Candidate, subprocess.Popen[str]]]) -> None:
+    """Kill and reap every py-spy still running (the kernel detaches it from the rank it was reading)."""
+    for _cand, popen in running:
+        if popen.poll() is None:
+            with contextlib.suppress(OSError):
+                popen.kill()
+    for _cand, popen in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # killed: its pipes close at once
+            popen.communicate(timeout=5)
+
+
 def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0) -> list[ProcessStacks]:
     """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds; every
-    candidate's stacks, or its error (a one-line reason the user can act on)."""
+    candidate's stacks, or its error (a one-line reason the user can act on).
+
+    py-spy never outlives us: each child gets a death signal (:func:`_die_with_parent`), and a SIGTERM
+    (or Ctrl-C) while they run kills and reaps them before :class:`Terminated` ends the command.
+    """
     exe = find_py_spy()
     if exe is None:
         raise DoctorError(PY_SPY_MISSING)
     running: list[tuple[Candidate, subprocess.Popen[str]]] = []
-    for cand in cands:
-        if cand.proc.error is not None:
-            continue
-        cmd = [exe, "dump", "--json", "--pid", str(cand.proc.pid)] + (["--native"] if native else [])
-        running.append((cand, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                               stdin=subprocess.DEVNULL, text=True)))
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    try:
+        preexec = _die_with_parent()
+        for cand in cands:
+            if cand.proc.error is not None:
+                continue
+            cmd = [exe, "dump", "--json", "--pid", str(cand.proc.pid)] + (["--native"] if native else [])
+            running.append((cand, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                   stdin=subprocess.DEVNULL, text=True, preexec_fn=preexec)))
+        _collect(running, timeout)
+    finally:
+        _stop(running)
+        if in_main:  # None: a handler installed from C, which Python cannot put back; the default then
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    return [c.proc for c in cands]
+
+
+def _collect(running: Sequence[tuple[Candidate, subprocess.Popen[str]]], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for cand, popen in running:
         try:
@@ -245,7 +317,6 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
             cand.proc.error = _classify(err, cand)
             continue
         try:
-            cand.proc.threads = _threads_from_py_spy(json.loads(out), cand.proc.pid)
-        except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+            cand.proc.threads = _threads_from_py_spy(loads_untrusted(out), cand.proc.pid)
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             cand.proc.error = f"py-spy printed something that is not its JSON ({exc}): {out[:120]!r}"
-    return [c.proc for c in cands]

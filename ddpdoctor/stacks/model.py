@@ -20,6 +20,9 @@ from ddpdoctor.ranks import rank_phrase
 _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3", "<frozen")
 # Where the collectives live: torch.distributed and DDP itself (torch/nn/parallel/distributed.py).
 _DIST_MARKERS = ("torch/distributed/", "torch/nn/parallel/")
+# No job has a million ranks (the same bound as ddpdoctor.fr's MAX_RANK). A world size read from a file or
+# an environment is trusted only up to this: the report lists every missing rank below the world size.
+MAX_WORLD_SIZE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -245,7 +248,7 @@ def analyze(processes: Sequence[ProcessStacks]) -> list[JobReport]:
             by_pos.setdefault(pos, Group(job, pos, [])).members.append(proc)
         groups = sorted(by_pos.values(), key=_sort_key)
         tie = len(groups) > 1 and _sort_key(groups[0])[:2] == _sort_key(groups[1])[:2]
-        worlds = {p.world_size for p in procs if p.world_size is not None}
+        worlds = {p.world_size for p in procs if p.world_size is not None and 0 < p.world_size <= MAX_WORLD_SIZE}
         world = max(worlds) if worlds else None
         seen = {p.rank for p in procs if p.rank is not None}
         # Only a single-node job, or a merge of several nodes, can name missing ranks: looking at one node

@@ -11,7 +11,17 @@ from typing import Any
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.stacks.model import Frame, JobReport, ProcessStacks, ThreadStack, format_ranks, rank_order
+from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
+from ddpdoctor.stacks.model import (
+    MAX_WORLD_SIZE,
+    Frame,
+    JobReport,
+    ProcessStacks,
+    ThreadStack,
+    format_ranks,
+    rank_order,
+)
+from ddpdoctor.stacks.userfile import read_regular
 
 
 def render_text(reports: Sequence[JobReport], all_threads: bool = False, source: str = "py-spy") -> str:
@@ -81,13 +91,22 @@ def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], so
     }
 
 
-def _optional_int(entry: Mapping[str, Any], key: str) -> int | None:
-    """A rank-like field of a --json process: absent/null, or an integer (a string there is a bad file)."""
-    value = entry.get(key)
-    if value is None:
+# A node's file holds its ranks' stacks: kilobytes to a few megabytes. Far more is not such a file.
+MAX_FILE_BYTES = 256 * 2**20
+
+
+def _int_field(entry: Mapping[str, Any], key: str, *, optional: bool, minimum: int = 0,
+               maximum: int | None = None) -> int | None:
+    """An integer field of a --json process: absent/null where ``optional``, else an integer in
+    [``minimum``, ``maximum``] (a string, float or boolean there is a bad file, not something to guess)."""
+    value = entry.get(key) if optional else entry[key]
+    if value is None and optional:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{key} is {value!r}, not an integer")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise ValueError(f"{key} is {value}, not {bound}")
     return value
 
 
@@ -98,41 +117,57 @@ def _optional_str(entry: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
+def _frame(f: Mapping[str, Any]) -> Frame:
+    return Frame(str(f["function"]), str(f["file"]), int(_int_field(f, "line", optional=False) or 0))
+
+
+def _process(p: Mapping[str, Any]) -> ProcessStacks:
+    rank_like = {key: _int_field(p, key, optional=True, maximum=MAX_WORLD_SIZE)
+                 for key in ("rank", "local_rank", "world_size", "local_world_size")}
+    for key in ("world_size", "local_world_size"):
+        if rank_like[key] == 0:
+            raise ValueError(f"{key} is 0, not between 1 and {MAX_WORLD_SIZE}")
+    threads = [ThreadStack(int(_int_field(t, "thread_id", optional=False) or 0), str(t["name"]),
+                           bool(t["main"]), [_frame(f) for f in t["frames"]])
+               for t in p["threads"]]
+    return ProcessStacks(pid=int(_int_field(p, "pid", optional=False, minimum=1) or 0), host=str(p["host"]),
+                         rank=rank_like["rank"], local_rank=rank_like["local_rank"],
+                         world_size=rank_like["world_size"], local_world_size=rank_like["local_world_size"],
+                         job=_optional_str(p, "job"), cmdline=str(p.get("cmdline") or ""),
+                         threads=threads, error=_optional_str(p, "error"))
+
+
 def processes_from_json(doc: Any, origin: str) -> list[ProcessStacks]:
-    """Parse the ``processes`` of a ``--json`` file; a wrong file is a usage error naming the file."""
+    """Parse the ``processes`` of a ``--json`` file; a wrong file is a usage error naming the file.
+
+    Every number is checked, not coerced: pids are positive integers, ranks and world sizes integers up
+    to :data:`~ddpdoctor.stacks.model.MAX_WORLD_SIZE` (a world size of ten million would make the report
+    list ten million missing ranks).
+    """
     try:
-        out = []
-        for p in doc["processes"]:
-            threads = [ThreadStack(int(t["thread_id"]), str(t["name"]), bool(t["main"]),
-                                   [Frame(str(f["function"]), str(f["file"]), int(f["line"]))
-                                    for f in t["frames"]])
-                       for t in p["threads"]]
-            out.append(ProcessStacks(pid=int(p["pid"]), host=str(p["host"]), rank=_optional_int(p, "rank"),
-                                     local_rank=_optional_int(p, "local_rank"),
-                                     world_size=_optional_int(p, "world_size"),
-                                     local_world_size=_optional_int(p, "local_world_size"),
-                                     job=_optional_str(p, "job"), cmdline=str(p.get("cmdline") or ""),
-                                     threads=threads, error=_optional_str(p, "error")))
-        return out
-    except (KeyError, TypeError, ValueError) as exc:
+        return [_process(p) for p in doc["processes"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DoctorError(f"{origin} is not a `ddpdoctor stacks --json` file (missing or bad field: {exc}); "
-                          "write one per node with `ddpdoctor stacks --json PATH`") from exc
+                          "write one per node with `ddpdoctor stacks --json PATH`") from None
 
 
 def load_json_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[ProcessStacks], str]:
-    """Read several nodes' files; the same (host, pid) seen twice is kept once."""
-    import json
+    """Read several nodes' files; the same (host, pid) seen twice is kept once.
 
+    Only regular files are opened (a FIFO would block the merge forever), and the JSON is read with
+    :func:`ddpdoctor.safejson.loads_untrusted` (no NaN/Infinity, overflowing or 5,000-digit numbers).
+    """
     seen: dict[tuple[str, int], ProcessStacks] = {}
     sources = set()
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except FileNotFoundError as exc:
-            raise DoctorError(f"{path}: no such file; pass the files written by `ddpdoctor stacks --json`") from exc
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise DoctorError(f"{path}: not readable JSON ({exc}); was the file cut short?") from exc
+            doc = loads_untrusted(read_regular(path, MAX_FILE_BYTES))
+        except FileNotFoundError:
+            raise DoctorError(f"{path}: no such file; pass the files written by `ddpdoctor stacks --json`") from None
+        except OSError as exc:
+            raise DoctorError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        except UntrustedJSONError as exc:
+            raise DoctorError(f"{path}: not readable JSON ({exc}); was the file cut short?") from None
         if not isinstance(doc, dict):
             raise DoctorError(f"{path} is not a `ddpdoctor stacks --json` file (top level is not an object)")
         sources.add(str(doc.get("source", "py-spy")))

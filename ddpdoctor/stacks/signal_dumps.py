@@ -7,19 +7,21 @@ that registered (its start time matches): SIGUSR1 kills a process that did not r
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 from ddpdoctor.stacks.ident import job_matches
 from ddpdoctor.stacks.install import STACK_DIR_ENV, default_stack_dir
-from ddpdoctor.stacks.model import Frame, ProcessStacks, ThreadStack
+from ddpdoctor.stacks.model import MAX_WORLD_SIZE, Frame, ProcessStacks, ThreadStack
 from ddpdoctor.stacks.procfs import same_process_alive
+from ddpdoctor.stacks.userfile import read_regular
 
 # faulthandler's format (Python/traceback.c, dump_traceback / write_thread_id):
 #   "Thread 0x00007f... (most recent call first):" or "Current thread 0x... (most recent call first):"
@@ -47,15 +49,46 @@ def parse_faulthandler(text: str, main_thread_id: int | None) -> list[ThreadStac
     return threads
 
 
+# A registration is a few hundred bytes; a stack file grows by a few kilobytes per dump.
+MAX_REGISTRATION_BYTES = 1 << 20
+MAX_STACK_BYTES = 64 << 20
+
+
+def _valid_registration(meta: Any) -> bool:
+    """What :func:`~ddpdoctor.stacks.install.install_stack_dumps` writes: a file that says otherwise (a
+    string rank, a world size of ten million, a signal number no kernel has) is not one to trust with a
+    signal, nor to let size the report."""
+    if not isinstance(meta, dict):
+        return False
+
+    def integer(key: str, low: int, high: int | None, optional: bool = True) -> bool:
+        value = meta.get(key)
+        if value is None:
+            return optional
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low and (
+            high is None or value <= high)
+
+    texts = ("host", "job", "cmdline")
+    return (integer("pid", 1, None, optional=False) and integer("signal", 1, signal.NSIG - 1, optional=False)
+            and isinstance(meta.get("stack_file"), str)
+            and integer("rank", 0, MAX_WORLD_SIZE) and integer("local_rank", 0, MAX_WORLD_SIZE)
+            and integer("world_size", 1, MAX_WORLD_SIZE) and integer("local_world_size", 1, MAX_WORLD_SIZE)
+            and integer("main_thread_id", 0, None) and integer("parent_pid", 0, None)
+            and all(meta.get(k) is None or isinstance(meta.get(k), str) for k in texts)
+            and (meta.get("create_time") is None or (isinstance(meta["create_time"], (int, float))
+                                                     and not isinstance(meta["create_time"], bool)))
+            and (meta.get("launcher_env") is None or isinstance(meta["launcher_env"], dict)))
+
+
 def _registrations(folder: Path) -> list[dict[str, Any]]:
     regs = []
     for path in sorted(folder.glob("rank*-pid*.json")):
-        try:
-            meta = json.loads(path.read_text(encoding="utf-8"))
-            int(meta["pid"]), int(meta["signal"]), str(meta["stack_file"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # a foreign or half-written file: not ours to signal
-        regs.append(meta)
+        try:  # only regular files are opened: a FIFO here would block the collector forever
+            meta = loads_untrusted(read_regular(path, MAX_REGISTRATION_BYTES))
+        except (OSError, DoctorError, UntrustedJSONError):
+            continue  # a foreign, half-written or hostile file: not ours to signal
+        if _valid_registration(meta):
+            regs.append(meta)
     return regs
 
 
@@ -124,9 +157,12 @@ def collect(pids: Sequence[int] = (), job: str | None = None, directory: str | o
             proc.error = (f"wrote no stacks to {meta['stack_file']} within {timeout:g} s"
                           + ("" if _alive_as_registered(meta) else ": the process exited"))
             continue
-        with open(meta["stack_file"], encoding="utf-8", errors="replace") as fh:
-            fh.seek(before[pid])
-            proc.threads = parse_faulthandler(fh.read(), meta.get("main_thread_id"))
+        try:
+            text = read_regular(meta["stack_file"], MAX_STACK_BYTES, before[pid]).decode("utf-8", "replace")
+        except (OSError, DoctorError) as exc:
+            proc.error = f"cannot read {meta['stack_file']}: {getattr(exc, 'strerror', None) or exc}"
+            continue
+        proc.threads = parse_faulthandler(text, meta.get("main_thread_id"))
         if not proc.threads:
             proc.error = f"{meta['stack_file']} holds no faulthandler dump after the signal"
     return list(procs.values())
