@@ -9,12 +9,12 @@ ranks (``collective_counts`` per operation, ``status``) and ``missing_ranks`` (`
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
 
 @dataclass
@@ -85,11 +85,31 @@ def parse_reply(body: str, fmt: str) -> RasStatus:
     return parse_json(body) if fmt == "json" else parse_text(body)
 
 
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
+# A rank or communicator size beyond this is no job's (the bound ddpdoctor.fr and ddpdoctor.stacks use).
+MAX_RANKS = 1 << 20
+# Digits in one number of the text format: pids, ranks and operation counts all fit in 19.
+MAX_DIGITS = 19
+
+
+class _BadReply(ValueError):
+    """A reply that NCCL's RAS would not send: a number out of range or of the wrong type."""
+
+
+def _int(value: Any, what: str = "a number", maximum: int | None = None) -> int | None:
+    """An integer field of the JSON reply: None when absent; a non-negative integer (at most ``maximum``)
+    when present, else the reply is not NCCL's (a float, string or boolean is not guessed at)."""
+    if value is None:
         return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (maximum is not None and value > maximum):
+        bound = f" up to {maximum}" if maximum is not None else ""
+        raise _BadReply(f"{what} is {str(value)[:40]!r}, not an integer from 0{bound}")
+    return value
+
+
+def _str(value: Any, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise _BadReply(f"{what} is {str(value)[:40]!r}, not a string")
+    return value
 
 
 def _obj(value: Any) -> dict[str, Any]:
@@ -97,33 +117,48 @@ def _obj(value: Any) -> dict[str, Any]:
 
 
 def parse_json(body: str) -> RasStatus:
-    """``SET FORMAT json`` output (NCCL >= 2.28.7); DoctorError when it is not that document."""
+    """``SET FORMAT json`` output (NCCL >= 2.28.7); DoctorError when it is not that document.
+
+    Read with :func:`ddpdoctor.safejson.loads_untrusted` (no NaN/Infinity, overflowing or huge numbers),
+    and every number checked: something else listening on the RAS port must not crash or stall us.
+    """
     try:
-        doc = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise DoctorError(f"NCCL RAS sent JSON that does not parse ({exc.msg} at line {exc.lineno}); "
+        doc = loads_untrusted(body)
+    except UntrustedJSONError as exc:
+        raise DoctorError(f"NCCL RAS sent JSON that does not parse ({exc}); "
                           "retry, or query the text format") from None
+    try:
+        return _parse_json_doc(doc)
+    except _BadReply as exc:
+        raise DoctorError(f"NCCL RAS sent a status that NCCL does not write ({exc}); is something else "
+                          "listening on the RAS port?") from None
+
+
+def _parse_json_doc(doc: Any) -> RasStatus:
     if not isinstance(doc, dict) or not isinstance(doc.get("communicators", []), list):
         raise DoctorError("NCCL RAS sent JSON without a 'communicators' list; not a RAS status document")
-    status = RasStatus(format="json", nccl_version=doc.get("nccl_version"))
+    status = RasStatus(format="json", nccl_version=_str(doc.get("nccl_version"), "nccl_version"))
     ras = _obj(doc.get("ras"))
-    status.timeouts = _int(ras.get("timeouts_count")) or 0
+    status.timeouts = _int(ras.get("timeouts_count"), "timeouts_count") or 0
     for comm in doc.get("communicators", []):
         if not isinstance(comm, dict):
             continue
-        c = RasCommunicator(hash=str(comm.get("hash", "?")), size=_int(comm.get("size")))
+        c = RasCommunicator(hash=str(_str(comm.get("hash"), "hash") or "?"),
+                            size=_int(comm.get("size"), "size", MAX_RANKS))
         for r in comm.get("ranks") or []:
-            if isinstance(r, dict) and _int(r.get("rank")) is not None:
+            if isinstance(r, dict) and r.get("rank") is not None:
                 counts = _obj(r.get("collective_counts"))
                 c.ranks.append(RasRank(
-                    rank=int(r["rank"]), host=r.get("host"), pid=_int(r.get("pid")), cuda_dev=_int(r.get("cuda_dev")),
-                    counts={str(k): int(v) for k, v in counts.items() if _int(v) is not None},
+                    rank=int(_int(r["rank"], "rank", MAX_RANKS) or 0), host=_str(r.get("host"), "host"),
+                    pid=_int(r.get("pid"), "pid"), cuda_dev=_int(r.get("cuda_dev"), "cuda_dev"),
+                    counts={str(k): n for k, v in counts.items() if (n := _int(v, f"count {k}")) is not None},
                     status=_obj(r.get("status"))))
         for m in comm.get("missing_ranks") or []:
-            if isinstance(m, dict) and _int(m.get("rank")) is not None:
+            if isinstance(m, dict) and m.get("rank") is not None:
                 st = _obj(m.get("status"))
                 c.missing.append(RasMissingRank(
-                    rank=int(m["rank"]), host=m.get("host"), pid=_int(m.get("pid")), cuda_dev=_int(m.get("cuda_dev")),
+                    rank=int(_int(m["rank"], "rank", MAX_RANKS) or 0), host=_str(m.get("host"), "host"),
+                    pid=_int(m.get("pid"), "pid"), cuda_dev=_int(m.get("cuda_dev"), "cuda_dev"),
                     unresponsive=bool(st.get("unresponsive", True)), dead=bool(st.get("considered_dead", False))))
         status.communicators.append(c)
     status.dead_count = len({(m.host, m.pid) for c in status.communicators for m in c.missing if m.dead})
@@ -145,15 +180,26 @@ _MISSING_COUNT = re.compile(r"^\s+Missing communicator data from (\d+) job proce
 _TIMEOUTS = re.compile(r"^\s+Encountered (\d+) communication timeouts?")
 
 
+def _number(text: str) -> int:
+    """A number of the text format; more digits than any pid, rank or count has is not NCCL's text."""
+    if len(text) > MAX_DIGITS:
+        raise DoctorError(f"NCCL RAS sent a number of {len(text)} digits (a rank, pid or count has at most "
+                          f"{MAX_DIGITS}); is something else listening on the RAS port?")
+    return int(text)
+
+
 def _rank_list(text: str) -> list[int]:
-    """'21' or '3, 5-7' (NCCL 2.24's "The missing ranks:" list) -> [3, 5, 6, 7]."""
+    """'21' or '3, 5-7' (NCCL 2.24's "The missing ranks:" list) -> [3, 5, 6, 7], at most MAX_RANKS ranks."""
     out: list[int] = []
     for part in re.split(r"[,\s]+", text.strip()):
         if re.fullmatch(r"\d+-\d+", part):
-            a, b = (int(x) for x in part.split("-"))
+            a, b = (_number(x) for x in part.split("-"))
+            if b - a + 1 + len(out) > MAX_RANKS or b >= MAX_RANKS:
+                raise DoctorError(f"NCCL RAS listed the missing ranks {part[:60]}: more than any job has "
+                                  f"({MAX_RANKS}); is something else listening on the RAS port?")
             out.extend(range(a, b + 1))
         elif part.isdigit():
-            out.append(int(part))
+            out.append(_number(part))
     return out
 
 
@@ -187,29 +233,29 @@ def parse_text(body: str) -> RasStatus:
             continue
         if block in ("DEAD", "INCOMPLETE"):
             if m := _PROCESS.match(line):
-                proc = RasProcess(pid=int(m.group(1)), host=m.group(2), gpus=m.group(3))
+                proc = RasProcess(pid=_number(m.group(1)), host=m.group(2), gpus=m.group(3))
                 (status.dead_processes if block == "DEAD" else status.unresponsive_processes).append(proc)
             elif m := _COUNT.match(line):
-                status.dead_count = int(m.group(1))
+                status.dead_count = _number(m.group(1))
             elif m := _MISSING_COUNT.match(line):
-                status.unresponsive_count = int(m.group(1))
+                status.unresponsive_count = _number(m.group(1))
         elif block == "TIMEOUT":
             if m := _TIMEOUTS.match(line):
-                status.timeouts = int(m.group(1))
+                status.timeouts = _number(m.group(1))
         elif block == "COMM" and comm is not None:
             if m := _OPS.match(line):
                 op, group_value = m.group(1) or "collective", None
             elif m := _GROUP.match(line):
-                group_value = int(m.group(2) or 0)
+                group_value = _number(m.group(2) or "0")
                 comm.count_groups.setdefault(op or "collective", {}).setdefault(group_value, [])
-                comm.count_sizes.setdefault(op or "collective", {})[group_value] = int(m.group(1))
+                comm.count_sizes.setdefault(op or "collective", {})[group_value] = _number(m.group(1))
             elif m := _MISSING_LIST.match(line):
                 comm.missing.extend(RasMissingRank(rank=r) for r in _rank_list(m.group(1)))
             elif m := _RANK_LINE.match(line):
-                rank = int(m.group(1))
-                host, pid = m.group(5), (int(m.group(4)) if m.group(4) else None)
+                rank = _number(m.group(1))
+                host, pid = m.group(5), (_number(m.group(4)) if m.group(4) else None)
                 if op:
-                    value = (int(m.group(2)) if m.group(2) else 0) if ("launched" in line) else group_value
+                    value = (_number(m.group(2)) if m.group(2) else 0) if ("launched" in line) else group_value
                     if value is not None:
                         comm.count_groups.setdefault(op, {}).setdefault(value, []).append(rank)
                     comm.ranks.append(RasRank(rank=rank, host=host, pid=pid))

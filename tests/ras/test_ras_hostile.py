@@ -1,0 +1,59 @@
+"""`ddpdoctor ras` given a hostile reply (issue 20): numbers no NCCL writes, wrong types, absurd rank
+ranges. The service is the stand-in of tests/ras/server.py (a real TCP server speaking NCCL's RAS client
+protocol; no NCCL job can run here). Before the fix each of these exited 3 or hung; now one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.ras.server import DATA, RasStandIn
+from tests.support import run_cli
+
+# NCCL's own JSON reply (tests/ras/data/SOURCES.md), then edited one field at a time.
+DEAD = (DATA / "dead.json").read_text()
+HEALTHY_TEXT = (DATA / "healthy.txt").read_text()
+
+
+def _edited_json(path: list[str | int], raw: str) -> str:
+    """``DEAD`` with the value at ``path`` replaced by ``raw`` (JSON text that json.dumps cannot write)."""
+    doc = json.loads(DEAD)
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = "@@VALUE@@"
+    return json.dumps(doc).replace('"@@VALUE@@"', raw)
+
+
+def _first_rank_path() -> list[str | int]:
+    doc = json.loads(DEAD)
+    [ci] = [i for i, c in enumerate(doc["communicators"]) if c.get("ranks")][:1]
+    return ["communicators", ci, "ranks", 0]
+
+
+@pytest.mark.parametrize(("body", "text"), [
+    (lambda: _edited_json(["communicators", 0, "size"], "Infinity"), "Infinity"),
+    (lambda: _edited_json([*_first_rank_path(), "rank"], "1e400"), "1e400"),
+    (lambda: _edited_json([*_first_rank_path(), "pid"], "9" * 5000), "5000 digits"),
+    (lambda: _edited_json([*_first_rank_path(), "host"], "[1, 2]"), "host"),
+    (lambda: _edited_json([*_first_rank_path(), "rank"], "-5"), "rank"),
+], ids=["size-infinity", "rank-1e400", "pid-5000-digits", "host-list", "negative-rank"])
+def test_hostile_json_reply_is_one_line_exit_2(body: object, text: str) -> None:
+    with RasStandIn(HEALTHY_TEXT, body()) as srv:  # type: ignore[operator]
+        res = run_cli(["ras", "--addr", srv.addr, "--timeout", "10"], timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stdout[-300:], res.stderr[-1500:])
+    assert res.stderr.count("\n") == 1 and text in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("line", ["    The missing ranks: 0-99999999999", "    The missing rank: " + "7" * 5000])
+def test_hostile_text_reply_is_one_line_exit_2(line: str) -> None:
+    """NCCL 2.24's Errors section (dead.txt) with its missing-rank list made absurd."""
+    body = (DATA / "dead.txt").read_text()
+    lines = [ln for ln in body.splitlines() if "The missing rank" in ln]
+    assert lines, "dead.txt lists its missing rank"
+    with RasStandIn(body.replace(lines[0], line)) as srv:
+        res = run_cli(["ras", "--addr", srv.addr, "--text", "--timeout", "10"], timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stdout[-300:], res.stderr[-1500:])
+    assert res.stderr.count("\n") == 1 and "rank" in res.stderr and "Traceback" not in res.stderr, res.stderr
