@@ -21,10 +21,10 @@ Field names across dump versions (the ``version`` key), from PyTorch's writer:
 from __future__ import annotations
 
 import functools
-import json
 import os
 import pickle
 import re
+import stat
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +34,7 @@ import ddpdoctor
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.fileio import PARTIAL_SUFFIX
 from ddpdoctor.fr.model import NO_CALL, Call, CallTable, GroupTrace, P2POp, RankDump, StackNow
+from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
 _EXTENSIONS = (".json", ".pkl", ".pickle", ".bin")
 _RANK_AT_END = re.compile(r"(\d+)$")
@@ -57,6 +58,110 @@ class PlainDataUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafeDump("a persistent id (external object)")
+
+
+# What a real dump can be, generously: nesting (a dump is 6 deep), integers (ns timestamps fit 63 bits),
+# and the work its shared objects expand to (see :func:`check_plain`). A real dump's expanded size is a
+# small multiple of its bytes; a pickle whose memo re-uses one list thousands of times is not.
+MAX_DEPTH = 64
+MAX_INT_BITS = 128
+EXPANSION_FLOOR = 10_000_000
+EXPANSION_PER_BYTE = 8
+# A ring buffer of 20,000 entries with frames is tens of megabytes; a stacks --json file a few.
+MAX_DUMP_BYTES = 2 << 30
+MAX_STACKS_BYTES = 256 << 20
+
+
+class Unbounded(ValueError):
+    """The document is not plain bounded data: too deep, a cycle, a huge number, or a memo bomb."""
+
+
+def _leaf_weight(obj: Any) -> int:
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if obj.bit_length() > MAX_INT_BITS:
+            raise Unbounded(f"an integer of {obj.bit_length()} bits")
+        return 1
+    if isinstance(obj, float):
+        if obj != obj or obj in (float("inf"), float("-inf")):
+            raise Unbounded(f"the number {obj} (no dump holds one)")
+        return 1
+    if isinstance(obj, (str, bytes, bytearray)):
+        return 1 + len(obj) // 16  # str() of a container repeats each string it reaches
+    return 1
+
+
+def check_plain(doc: Any, budget: int) -> None:
+    """Refuse a document that reading it would make expensive, before anything reads it.
+
+    Every later step (``str()`` of a value, the sizes of every entry) walks values as trees, so what it
+    costs is the *expanded* size: a shared object counts once per reference. A pickle's memo lets a
+    20 KB file reference one 3,000-long list 3,000 times per entry (billions of steps), or build a
+    tuple of 2**40 leaves from 41 objects. The expanded size is computed here bottom-up over the distinct
+    objects (linear in the file), without recursion, and must stay within ``budget``; nesting beyond
+    :data:`MAX_DEPTH`, cycles, huge integers and infinities are refused too.
+    """
+    weights: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(doc, 0, False)]
+    while stack:
+        obj, depth, done = stack.pop()
+        if isinstance(obj, dict):
+            children: Any = [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            children = obj
+        else:
+            _leaf_weight(obj)
+            continue
+        key = id(obj)
+        if done:
+            total = 1 + sum(weights[id(c)] if id(c) in weights else _leaf_weight(c) for c in children)
+            if total > budget:
+                raise Unbounded(f"its shared objects expand to over {budget} values (a pickle memo bomb?)")
+            weights[key] = total
+            on_path.discard(key)
+            continue
+        if key in weights:
+            continue
+        if key in on_path:
+            raise Unbounded("a container that contains itself")
+        if depth >= MAX_DEPTH:
+            raise Unbounded(f"nested deeper than {MAX_DEPTH} levels")
+        on_path.add(key)
+        stack.append((obj, depth, True))
+        for child in children:
+            if isinstance(child, (dict, list, tuple, set, frozenset)):
+                if id(child) in on_path:
+                    raise Unbounded("a container that contains itself")
+                if id(child) not in weights:
+                    stack.append((child, depth + 1, False))
+
+
+def _read_file(path: str, max_bytes: int) -> bytes:
+    """A regular file's bytes, never blocking: checked before it is opened (a FIFO would block ``open``,
+    a device node may act on being opened), opened non-blocking and checked again (a swap in between)."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise DoctorError(f"{path}: not a regular file (a FIFO, device or socket); refused without reading it")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb", closefd=True) as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DoctorError(f"{path}: not a regular file (a FIFO, device or socket); refused without reading it")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise DoctorError(f"{path}: over {max_bytes} bytes; no Flight Recorder dump or stacks file is that large")
+    return data
+
+
+def _head(path: str, size: int) -> bytes:
+    """The first bytes of a regular file (for sniffing); empty for anything else or an unreadable file."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return b""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb", closefd=True) as fh:
+            return fh.read(size) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return b""
 
 
 @dataclass(frozen=True)
@@ -87,11 +192,7 @@ def rank_from_name(path: str, prefix: str | None) -> int | None:
 def _looks_like_stacks(path: str) -> bool:
     if not path.endswith(".json"):
         return False
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
-        return False
+    head = _head(path, 4096)
     return b'"processes"' in head and b'"ddpdoctor"' in head
 
 
@@ -101,11 +202,7 @@ def _looks_like_dump(path: str) -> bool:
     In a folder (``ddpdoctor fr /tmp``, where PyTorch writes its dumps by default) other files whose names
     end in a number (``tmpab3k9``, ``core.12345``) are skipped instead of failing the run.
     """
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(64).lstrip()
-    except OSError:
-        return False
+    head = _head(path, 64).lstrip()
     return head[:1] in (b"\x80", b"{")
 
 
@@ -155,16 +252,14 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
 def read_document(path: str) -> tuple[str, dict[str, Any]]:
     """('pickle' | 'json', the dump's top-level dict); DoctorError (exit 2) for anything else."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(64)
-            # Sniffed before reading the rest: a checkpoint or log passed by mistake is not read whole.
-            if head[:1] != b"\x80" and head.lstrip()[:1] != b"{":
-                if not head:
-                    raise DoctorError(f"{path}: empty file (the rank was killed while writing its dump?)")
-                raise DoctorError(f"{path}: not a Flight Recorder dump (neither a pickle nor JSON)")
-            data = head + fh.read()
+        data = _read_file(path, MAX_DUMP_BYTES)
     except OSError as exc:
         raise DoctorError(f"{path}: cannot read it ({exc.strerror})") from None
+    # Sniffed before parsing: a checkpoint or log passed by mistake is refused at once.
+    if data[:1] != b"\x80" and data.lstrip()[:1] != b"{":
+        if not data:
+            raise DoctorError(f"{path}: empty file (the rank was killed while writing its dump?)")
+        raise DoctorError(f"{path}: not a Flight Recorder dump (neither a pickle nor JSON)")
     if data[:1] == b"\x80":
         fmt = "pickle"
         try:
@@ -179,14 +274,16 @@ def read_document(path: str) -> tuple[str, dict[str, Any]]:
         except Exception as exc:  # any failure of a damaged pickle is bad input, not a bug
             raise DoctorError(f"{path}: truncated or corrupt Flight Recorder dump ({type(exc).__name__}: "
                               f"{str(exc)[:120]})") from None
-    elif data.lstrip()[:1] == b"{":
+    else:
         fmt = "json"
         try:
-            doc = json.loads(data)
-        except (ValueError, RecursionError) as exc:
+            doc = loads_untrusted(data)
+        except UntrustedJSONError as exc:
             raise DoctorError(f"{path}: truncated or corrupt JSON dump ({str(exc)[:120]})") from None
-    else:
-        raise DoctorError(f"{path}: not a Flight Recorder dump (neither a pickle nor JSON)")
+    try:
+        check_plain(doc, EXPANSION_FLOOR + EXPANSION_PER_BYTE * len(data))
+    except Unbounded as exc:
+        raise DoctorError(f"{path}: refused: not a Flight Recorder dump ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries", []), list) or \
             not ({"entries", "pg_status", "pg_config"} & set(doc)):
         raise DoctorError(f"{path}: not a Flight Recorder dump (no 'entries')")
@@ -196,7 +293,7 @@ def read_document(path: str) -> tuple[str, dict[str, Any]]:
 def _int(value: Any, default: int = 0) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
 
 
@@ -238,14 +335,15 @@ def user_frame(frames: Any) -> tuple[str | None, int | None, str | None]:
     return None, None, None
 
 
-def _ranks(text: Any) -> tuple[int, ...] | None:
+def _ranks(text: Any, path: str) -> tuple[int, ...] | None:
+    ranks: Any
     if isinstance(text, (list, tuple)):
         ranks = text
     else:
-        try:
-            ranks = json.loads(str(text))
-        except ValueError:
-            return None
+        try:  # "[0, 1]" as pg_config writes it; a string from the file, so read with the same limits
+            ranks = loads_untrusted(text) if isinstance(text, str) else None
+        except UntrustedJSONError:
+            raise DoctorError(f"{path}: a process group's ranks are {str(text)[:80]!r}, not a list of ranks") from None
     if not isinstance(ranks, list) or not ranks:
         return None
     return tuple(sorted(_int(r) for r in ranks))
@@ -260,7 +358,7 @@ def normalise(rank: int, path: str, fmt: str, doc: dict[str, Any], table: CallTa
             if isinstance(cfg, dict):
                 name = str(cfg.get("name", key) or key)
                 if name:
-                    configs[name] = (str(cfg.get("desc", "")), _ranks(cfg.get("ranks")))
+                    configs[name] = (str(cfg.get("desc", "")), _ranks(cfg.get("ranks"), path))
     entries = doc.get("entries") or []
     dump = RankDump(rank=rank, path=path, format=fmt, version=str(doc.get("version", "?")), entries=len(entries),
                     has_frames=False, oldest_ns=None)
@@ -405,9 +503,8 @@ def read_stacks(paths: Sequence[str]) -> dict[int, StackNow]:
     found: dict[int, StackNow] = {}
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError, RecursionError) as exc:
+            doc = loads_untrusted(_read_file(path, MAX_STACKS_BYTES))
+        except (OSError, UntrustedJSONError) as exc:
             raise DoctorError(f"{path}: cannot read this `ddpdoctor stacks --json` file "
                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
         processes = doc.get("processes") if isinstance(doc, dict) else None

@@ -1,0 +1,110 @@
+"""`ddpdoctor fr` under hostile input (issue 20), without a job: crafted pickles (memo sharing, deep
+nesting, huge integers, infinities), JSON dumps with numbers no writer emits, and FIFOs. Each case
+hung or exited 3 before the fix; now each is one line and exit 2 (a FIFO in a folder is skipped)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import run_cli
+
+HANG_S = 60  # a hang in the code under test becomes TimeoutExpired: a failure, not a stuck CI run
+
+
+def _entry(**fields: Any) -> dict[str, Any]:
+    """A 2.x entry as FlightRecorder::dump writes it (torch/csrc/distributed/c10d/FlightRecorder.cpp)."""
+    entry = {"record_id": 0, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1,
+             "p2p_seq_id": 0, "op_id": 1, "profiling_name": "gloo:all_reduce", "time_created_ns": 1,
+             "input_sizes": [[4]], "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"],
+             "state": "completed", "is_p2p": False, "frames": []}
+    entry.update(fields)
+    return entry
+
+
+def _dump(entries: list[Any], **doc: Any) -> dict[str, Any]:
+    return {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0]"}},
+            "pg_status": {"0": {"last_enqueued_collective": 1, "last_started_collective": 1,
+                                "last_completed_collective": 1}}, "entries": entries, **doc}
+
+
+def _exit_2(res: subprocess.CompletedProcess[str], *texts: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stdout[-500:], res.stderr[-2000:])
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert all(t in res.stderr for t in texts), res.stderr
+
+
+def _binunicode(text: str) -> bytes:
+    data = text.encode()
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def _deep_profiling_name(depth: int) -> bytes:
+    """A protocol-2 pickle of one dump whose entry's profiling_name is a list nested ``depth`` deep:
+    Python's pickler cannot write that (it recurses), so the opcodes are written by hand."""
+    nested = b"]" * depth + b"a" * (depth - 1)  # EMPTY_LIST x depth, then APPEND each into its parent
+    entry = b"}" + b"(" + _binunicode("profiling_name") + nested + _binunicode("collective_seq_id") + b"K\x01" + b"u"
+    return b"\x80\x02}" + _binunicode("entries") + b"]" + entry + b"a" + b"s."
+
+
+def _shared_sizes(n: int) -> dict[str, Any]:
+    inner = list(range(n))
+    sizes = [inner] * n  # one list, referenced n times: the pickle memo keeps the file small
+    return _dump([_entry(input_sizes=sizes)] * n)
+
+
+def _doubling_name(levels: int) -> dict[str, Any]:
+    name: Any = ("all_reduce",)
+    for _ in range(levels):
+        name = (name, name)  # 2**levels leaves, levels+1 objects
+    return _dump([_entry(profiling_name=name)])
+
+
+@pytest.mark.parametrize(("build", "said"), [
+    (lambda: pickle.dumps(_shared_sizes(3000), protocol=2), "expand to"),
+    (lambda: pickle.dumps(_doubling_name(40), protocol=2), "expand to"),
+    (lambda: _deep_profiling_name(100_000), "nested deeper"),
+    (lambda: pickle.dumps(_dump([_entry(pg_id=10**5000)]), protocol=2), "integer"),
+    (lambda: pickle.dumps(_dump([_entry(time_created_ns=float("inf"))]), protocol=2), "inf"),
+    (lambda: json.dumps(_dump([_entry(time_created_ns=1)])).replace('"time_created_ns": 1', '"time_created_ns": 1e400').encode(), "1e400"),
+    (lambda: json.dumps(_dump([_entry(time_created_ns=1)])).replace('"time_created_ns": 1', '"time_created_ns": Infinity').encode(), "Infinity"),
+    (lambda: json.dumps(_dump([_entry()])).replace('"ranks": "[0]"', '"ranks": "[1e400]"').encode(), "ranks"),
+], ids=["memo-quadratic", "memo-exponential", "deep", "huge-int", "inf-float", "json-1e400", "json-infinity",
+        "ranks-1e400"])
+def test_hostile_dump_is_one_line_exit_2(tmp_path: Path, build: Any, said: str) -> None:
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(build())
+    before = path.read_bytes()
+    res = run_cli(["fr", str(path)], timeout=HANG_S)
+    _exit_2(res, str(path), said)
+    assert path.read_bytes() == before
+
+
+def test_stacks_file_with_infinite_pid_is_one_line_exit_2(tmp_path: Path) -> None:
+    dump = tmp_path / "nccl_trace_rank_0.json"
+    dump.write_text(json.dumps(_dump([_entry()])))
+    stacks = tmp_path / "node.json"
+    stacks.write_text('{"tool": "ddpdoctor", "processes": [{"pid": Infinity, "rank": 0, "host": "h", '
+                      '"threads": [{"main": true, "frames": [{"function": "f", "file": "/w/t.py", "line": 1}]}]}]}')
+    res = run_cli(["fr", str(dump), str(stacks)], timeout=HANG_S)
+    _exit_2(res, str(stacks), "Infinity")
+
+
+def test_fifos_are_never_opened(tmp_path: Path) -> None:
+    """A FIFO named like a dump: given by name it is refused, in a folder it is skipped; never opened."""
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    (folder / "nccl_trace_rank_0.json").write_text(json.dumps(_dump([_entry()])))
+    os.mkfifo(folder / "nccl_trace_rank_1")
+    os.mkfifo(folder / "stacks.json")
+    res = run_cli(["fr", str(folder), "--json", "-"], timeout=HANG_S)
+    assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr
+    assert json.loads(res.stdout)["world_size"] == 1
+    _exit_2(run_cli(["fr", str(folder / "nccl_trace_rank_1")], timeout=HANG_S), "not a regular file")
