@@ -69,3 +69,27 @@ def test_internal_error_is_exit_3_with_versions(monkeypatch: pytest.MonkeyPatch,
     assert main(["check"]) == 3
     err = capsys.readouterr().err
     assert "internal error: ZeroDivisionError: deliberate" in err and "python" in err and "report" in err
+
+
+_ABSURD = ["9" * 25, "100000"]
+
+
+@pytest.mark.parametrize("args", [
+    *[[cmd, "--nproc", n] for cmd in ("check", "bench") for n in ("0", "-1", *_ABSURD)],
+    ["watch", "--nproc", "100000", "train.py"],  # the shared option: watch refuses it too
+    *[[cmd, "--timeout", t] for cmd in ("check", "bench") for t in ("0", "-5", "nan", "inf", "1e400", "9" * 40)],
+    *[[cmd, "--master-port", p] for cmd in ("check", "bench") for p in ("0", "70000", "-1", "9" * 40)],
+    *[[cmd, "--backend", b] for cmd in ("check", "bench") for b in ("weird", "", "NCCL", "gloo\n")],
+    *[[cmd, "--min-busbw", v] for cmd in ("check", "bench") for v in ("nan", "inf", "-1")],
+    ["bench", "-n", "9" * 30], ["bench", "-w", "9" * 30], ["bench", "-n", "0"], ["bench", "-w", "-1"],
+    ["bench", "-c", "9" * 30], ["bench", "-f", "nan"], ["bench", "-d", "float128"],
+    ["unused", "--steps", "9" * 30, "m:f"], ["unused", "--steps", "0", "m:f"],
+])
+def test_absurd_flags_are_one_line_exit_2_before_anything_starts(
+        args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # In-process: a flag that slipped through would start ranks and fail this test by its output.
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddpdoctor: error: "), err
+    if "--nproc" in args and args[args.index("--nproc") + 1] in _ABSURD:
+        assert "this machine can run at most" in err[0] and "MiB per rank" in err[0]

@@ -20,7 +20,9 @@ from ddpdoctor.bench.analysis import (
     Row,
     analyse_pairs,
     avg_busbw,
+    bytes_per_rank,
     human_bytes,
+    min_row_bytes,
     parse_dtype,
     parse_ops,
     parse_size,
@@ -30,6 +32,6 @@ from ddpdoctor.bench.driver import run_bench
 from ddpdoctor.bench.measure import gather, measure_pairs, measure_row
 from ddpdoctor.bench.render import check_plot_available
 
-__all__ = ["MIB", "BenchConfig", "PairResult", "Row", "analyse_pairs", "avg_busbw", "check_plot_available",
-           "gather", "human_bytes", "measure_pairs", "measure_row", "parse_dtype", "parse_ops", "parse_size", "run_bench",
+__all__ = ["MIB", "BenchConfig", "PairResult", "Row", "analyse_pairs", "avg_busbw", "bytes_per_rank",
+           "check_plot_available", "gather", "human_bytes", "measure_pairs", "measure_row", "min_row_bytes", "parse_dtype", "parse_ops", "parse_size", "run_bench",
            "size_sweep"]

@@ -85,15 +85,51 @@ DTYPE_BYTES: dict[str, int] = {"float": 4, "half": 2, "bfloat16": 2, "double": 8
                                "int32": 4, "int64": 8}
 
 
+# Sizes beyond this are refused at parse time (1 PiB: more than any machine's memory), so absurd digits
+# never reach arithmetic; sizes that merely exceed this machine's memory are refused by the memory check.
+MAX_SIZE_BYTES = 1 << 50
+
+
 def parse_size(text: str, flag: str = "size") -> int:
     """'64M' -> 67108864 (powers of 1024, as nccl-tests reads -b/-e); DoctorError on anything else."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    from fractions import Fraction
+
+    shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+    match = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
     if not match:
-        raise DoctorError(f"{flag} takes a size like 1024, 1K, 64M or 1G, got: {text!r}")
-    value = float(match.group(1)) * _UNITS[match.group(2)]
-    if value < 1 or value != int(value):
-        raise DoctorError(f"{flag} must be a whole number of bytes >= 1, got: {text!r}")
+        raise DoctorError(f"{flag} takes a size like 1024, 1K, 64M or 1G, got: {shown!r}")
+    value = Fraction(match.group(1)) * _UNITS[match.group(2)]
+    if value < 1 or value.denominator != 1:
+        raise DoctorError(f"{flag} must be a whole number of bytes >= 1, got: {shown!r}")
+    if value > MAX_SIZE_BYTES:
+        raise DoctorError(f"{flag} {shown}: larger than any machine's memory (at most 1024T)")
     return int(value)
+
+
+def bytes_per_rank(ops: Sequence[str], size: int, dtype: str, check: bool) -> int:
+    """Peak memory one rank takes for the largest row: its buffers and the pattern/check temporaries.
+
+    ``ops.OpRunner`` holds an input and an output of up to ``size`` bytes; building the input and the
+    exact expected result (``ops.pattern``/``ops.reduced``) takes int32 (int64 past 2^31 elements) index
+    tensors of one element per buffer element: a few at a time. Measured peaks (torch 2.13 CPU, 256 MiB,
+    -c 1, RSS above an idle rank): float all_reduce 3.9 index tensors beside its buffer, int8 all_gather
+    2.4 beside its two buffers; 5 (3 without the check) bounds both.
+    """
+    count = size // DTYPE_BYTES[dtype]
+    index_bytes = 4 if count < (1 << 31) - 1 else 8
+    temporaries = (5 if check else 3) * count * index_bytes
+    buffers = 2 * size if any(op != "all_reduce" and op != "broadcast" for op in ops) else size
+    return buffers + temporaries
+
+
+def min_row_bytes(ops: Sequence[str], dtype: str, nranks: int) -> tuple[int, str]:
+    """The smallest size every op can measure (one element; one per rank for the split ops), and why."""
+    element = DTYPE_BYTES[dtype]
+    split = [op for op in ops if OPS[op].scaled_by_nranks]
+    if split and nranks > 1:
+        return element * nranks, f"{split[0]} gives each of the {nranks} ranks a share of at least one {dtype} " \
+            f"({element} byte{'s' if element != 1 else ''})"
+    return element, f"one {dtype} is {element} byte{'s' if element != 1 else ''}"
 
 
 def parse_dtype(text: str) -> str:

@@ -45,6 +45,14 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocation that failed: Python's MemoryError, torch.OutOfMemoryError (CUDA), or the CPU
+    allocator's RuntimeError "DefaultCPUAllocator: can't allocate memory" (c10/core/impl/alloc_cpu.cpp)."""
+    text = str(exc)
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text.lower())
+
+
 def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
     from ddpdoctor.check import RankRun, RunConfig
@@ -101,9 +109,13 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     except Exception as exc:  # a collective failed or timed out: that is the result, named by its step
         progress.clear()
         first = short_error(exc)
-        print(f"ddpdoctor bench: rank {info.rank} on {run.me.host}: {step} failed: {first}. A peer died or a "
-              "link is blocked; check the other ranks' output, firewalls and NCCL_SOCKET_IFNAME/"
-              "GLOO_SOCKET_IFNAME", file=sys.stderr, flush=True)
+        if _out_of_memory(exc):
+            print(f"ddpdoctor bench: rank {info.rank} on {run.me.host}: {step}: out of memory ({first}); give a "
+                  "smaller -e/--max-bytes (or -c 0, which needs no buffers for the check)", file=sys.stderr, flush=True)
+        else:
+            print(f"ddpdoctor bench: rank {info.rank} on {run.me.host}: {step} failed: {first}. A peer died or a "
+                  "link is blocked; check the other ranks' output, firewalls and NCCL_SOCKET_IFNAME/"
+                  "GLOO_SOCKET_IFNAME", file=sys.stderr, flush=True)
         if lead:
             write_result_file(EXIT_PROBLEM)
         return EXIT_PROBLEM if lead else EXIT_OK

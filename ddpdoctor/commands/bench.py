@@ -6,13 +6,34 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ddpdoctor.bench import BenchConfig, check_plot_available, parse_dtype, parse_ops, parse_size, size_sweep
-from ddpdoctor.commands.options import BackendOption, JsonOption, MasterPortOption, NprocOption, TimeoutOption
+from ddpdoctor.bench import (
+    BenchConfig,
+    bytes_per_rank,
+    check_plot_available,
+    human_bytes,
+    min_row_bytes,
+    parse_dtype,
+    parse_ops,
+    parse_size,
+    size_sweep,
+)
+from ddpdoctor.commands.options import (
+    BackendOption,
+    JsonOption,
+    MasterPortOption,
+    NprocOption,
+    TimeoutOption,
+    validate_min_busbw,
+)
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.fileio import json_to_stdout, validate_output_path
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.launcher import LaunchInfo
+
+
+# Iterations per size: nccl-tests runs 20; a million already takes hours at 1 GiB, more never ends.
+MAX_ITERS = 1_000_000
 
 
 def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, iters: int, warmup: int,
@@ -23,14 +44,17 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, it
     ops = parse_ops(op)
     sizes = size_sweep(parse_size(min_bytes, "-b/--min-bytes"), parse_size(max_bytes, "-e/--max-bytes"),
                        step_factor)
-    if iters < 1:
-        raise DoctorError(f"-n/--iters must be at least 1, got: {iters}")
-    if warmup < 0:
-        raise DoctorError(f"-w/--warmup must be 0 or more, got: {warmup}")
+    smallest, why = min_row_bytes(ops, parse_dtype(dtype), 1)
+    if sizes[0] < smallest:
+        raise DoctorError(f"-b/--min-bytes {human_bytes(sizes[0])} measures nothing: {why}; give -b {smallest} "
+                          "or more")
+    if not 1 <= iters <= MAX_ITERS:
+        raise DoctorError(f"-n/--iters must be in 1-{MAX_ITERS}, got: {iters}")
+    if not 0 <= warmup <= MAX_ITERS:
+        raise DoctorError(f"-w/--warmup must be in 0-{MAX_ITERS}, got: {warmup}")
     if check not in (0, 1):
         raise DoctorError(f"-c/--check takes 0 (off) or 1 (on), got: {check}")
-    if min_busbw is not None and min_busbw < 0:
-        raise DoctorError(f"--min-busbw must be a bandwidth in GB/s >= 0, got: {min_busbw:g}")
+    validate_min_busbw(min_busbw)
     if json_to_stdout(plot_path):
         raise DoctorError("--plot takes a PNG file name; - (stdout) is for --json")
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
@@ -41,6 +65,54 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, it
                        check=bool(check), pairs=pairs, min_busbw_gbps=min_busbw, json_path=json_path,
                        plot_path=plot_path, backend=backend, timeout_s=timeout,
                        op_label="all" if len(ops) > 1 and op.strip().lower() == "all" else ",".join(ops))
+
+
+def refuse_sizes_beyond_this_machine(config: BenchConfig, nproc: int | None) -> None:
+    """Before any rank starts: -b too small for the split ops, -e too large for memory (exit 2, one line).
+
+    Past the memory, an allocation fails mid-sweep on some rank and its peers wait for it until the
+    deadline; on CPU the ranks of this host share its available RAM, on GPU each has one device.
+    """
+    from ddpdoctor.runtime import launcher
+    from ddpdoctor.runtime.capacity import available_memory
+    from ddpdoctor.runtime.selflaunch import default_nproc
+
+    info = launcher.detect()
+    world = info.world_size if info.is_launched else (nproc or default_nproc())
+    local = info.local_world_size if info.is_launched else world
+    smallest, why = min_row_bytes(config.ops, config.dtype, world)
+    if config.sizes[0] < smallest:
+        raise DoctorError(f"-b/--min-bytes {human_bytes(config.sizes[0])} measures nothing: {why}; give "
+                          f"-b {smallest} or more")
+    need = bytes_per_rank(config.ops, max(config.sizes[-1], config.pair_bytes if config.pairs else 0),
+                          config.dtype, config.check)
+    gpu_bytes = _smallest_gpu_bytes(config.backend)
+    if gpu_bytes is not None:
+        if need > gpu_bytes:
+            raise DoctorError(f"-e/--max-bytes {human_bytes(config.sizes[-1])}: bench needs about "
+                              f"{_gib(need)} per rank on its GPU and the smallest GPU here has {_gib(gpu_bytes)}; "
+                              "give a smaller -e")
+        return
+    have = available_memory()
+    if need * local > have:
+        raise DoctorError(f"-e/--max-bytes {human_bytes(config.sizes[-1])}: bench needs about {_gib(need)} per "
+                          f"rank ({local} rank{'s' if local != 1 else ''} on this host: {_gib(need * local)}) and "
+                          f"this host has {_gib(have)} of memory available; give a smaller -e (or -c 0)")
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):.1f} GiB"
+
+
+def _smallest_gpu_bytes(backend: str) -> int | None:
+    """Memory of the smallest visible GPU when the ranks will run on GPUs (NCCL), else None."""
+    if backend == "gloo":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
 
 
 def bench(
@@ -73,6 +145,8 @@ def bench(
     validate_launch_options(nproc, backend, master_port, timeout)
     config = build_config(op, min_bytes, max_bytes, step_factor, iters, warmup, dtype, check, pairs,
                           min_busbw, json_path, plot_path, backend, timeout)
+
+    refuse_sizes_beyond_this_machine(config, nproc)
 
     def run_here(info: LaunchInfo) -> int:
         from ddpdoctor.bench import run_bench

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ddpdoctor.commands.options import BackendOption, JsonOption, MasterPortOption, NprocOption, TimeoutOption
+from ddpdoctor.commands.options import (
+    BackendOption,
+    JsonOption,
+    MasterPortOption,
+    NprocOption,
+    TimeoutOption,
+    validate_min_busbw,
+)
 from ddpdoctor.errors import DoctorError
 
 if TYPE_CHECKING:
@@ -55,6 +62,7 @@ def check(
 
     validate_launch_options(nproc, backend, master_port, timeout)
     validate_output_path("--json", json_path)
+    validate_min_busbw(min_busbw)
     if checkpoint is not None and not os.path.exists(checkpoint):
         raise DoctorError(f"--checkpoint {checkpoint!r}: no such file")
     checks = select_checks(only, skip)

@@ -8,9 +8,12 @@ follows one convention on every command, implemented by :func:`ddpdoctor.fileio.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Optional
 
 import typer
+
+from ddpdoctor.errors import DoctorError
 
 NprocOption = Annotated[Optional[int], typer.Option(
     "--nproc", help="Local ranks to self-launch when no launcher is present (default: one per GPU, or 2 "
@@ -24,3 +27,9 @@ MasterPortOption = Annotated[Optional[int], typer.Option(
 JsonOption = Annotated[Optional[str], typer.Option(
     "--json", metavar="PATH", help="Also write the result as JSON to PATH; - prints the JSON on stdout "
     "instead of the text report.")]
+
+
+def validate_min_busbw(min_busbw: float | None) -> None:
+    """``--min-busbw`` (check, bench): a finite bandwidth >= 0; nan would never fail, inf always would."""
+    if min_busbw is not None and not (math.isfinite(min_busbw) and min_busbw >= 0):
+        raise DoctorError(f"--min-busbw must be a bandwidth in GB/s >= 0, got: {min_busbw:g}")

@@ -9,6 +9,9 @@ import typer
 from ddpdoctor.commands.options import JsonOption
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 
+# A handful of steps shows input-dependent branches; ten thousand forward/backward passes is already long.
+MAX_STEPS = 10_000
+
 
 def unused(
     model: str = typer.Argument(..., metavar="MODULE:FACTORY",
@@ -30,8 +33,8 @@ def unused(
     """Classify parameters as always / never / sometimes used and recommend DDP's flags."""
     from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
 
-    if steps < 1:
-        raise DoctorError(f"--steps must be at least 1, got: {steps}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise DoctorError(f"--steps must be in 1-{MAX_STEPS}, got: {steps}")
     validate_output_path("--json", json_path)
 
     from ddpdoctor.modelspec import build_model, load_factory, parse_shape
