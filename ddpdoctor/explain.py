@@ -11,7 +11,14 @@ code); this module streams the input in fixed-size blocks, so memory stays flat 
 * only lines holding a keyword are decoded (``errors="replace"``: binary garbage never crashes it) and
   run through the regexes of the signatures whose keywords they contain; the first matching signature wins;
 * each diagnosis keeps bounded state: a count, up to ``MAX_EVIDENCE`` evidence lines, a capped rank set and
-  capped extracted details.
+  capped extracted details;
+* no regex is ever handed more than ``MAX_MATCH_CHARS`` characters: a longer line (binary data, tqdm bars
+  glued into one line, a hostile ``NCCL error NCCL error ...``) is matched on its first and last
+  ``MAX_MATCH_CHARS`` bytes only, and the report says so. A few patterns backtrack (``NCCL error.*internal
+  error`` tries every start and scans to the end: quadratic in the line), so this bound is what keeps the scan
+  linear on any input (issue 20); the patterns themselves are also written not to backtrack where they can;
+* a message the terminal wrapped over several lines is matched rejoined (see ``Scanner._rejoin``);
+* a UTF-16 log with a byte-order mark (Windows PowerShell's ``>``) is transcoded to UTF-8 as it streams.
 
 Ranks come from, in order: the signature's own ``rank`` group, torchrun's ``[rank3]:`` line prefix (also
 ``[default3]:`` and Open MPI's ``[1,3]<stdout>:``), the file name (``rank3.log``, ``*_rank_3*``, torchrun
@@ -21,6 +28,7 @@ and ``rank 3`` in NCCL lines.
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import re
@@ -32,9 +40,19 @@ from importlib import resources
 from typing import IO, Any, cast
 
 from ddpdoctor.ranks import format_rank_list
+from ddpdoctor.safejson import loads_untrusted
 
 CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines) is scanned as it is
+# The most characters any regex is handed at once (a line, a window of a longer line, or a rejoined wrapped
+# line); see the module docstring. Real error lines are far shorter; only what they match is needed.
+MAX_MATCH_CHARS = 4096
+# Terminal-wrapped lines (issue 15): a line at least this long may continue on up to this many next lines.
+MIN_WRAP_CHARS = 60
+MAX_CONTINUATION_LINES = 3
+# A rank has at most this many digits (jobs have at most a few hundred thousand ranks); more is text, not
+# a rank: CPython refuses int() of over 4,300 digits, and a 5,000-digit "[rank777...]" was a crash.
+MAX_RANK_DIGITS = 7
 MAX_EVIDENCE = 5
 MAX_EVIDENCE_CHARS = 400
 MAX_RANKS = 65536  # a bound on memory per diagnosis, above the largest jobs in practice
@@ -48,7 +66,8 @@ ROLE_ORDER = ("cause", "crash", "lagging-rank", "symptom", "warning")
 
 # torchrun (torch >= 2.2) prefixes each worker line with "[rank3]:"; older --tee used "[default3]:";
 # Open MPI's --tag-output writes "[jobid,rank]<stdout>:"; application loggers often write "[RANK 3] ...".
-_LINE_PREFIX_RANK = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:|^\[\d+,(\d+)\]<std(?:out|err)>:|^\[RANK (\d+)\]")
+_LINE_PREFIX_RANK = re.compile(
+    r"^\s*\[(?:rank|default)(\d{1,7})\]:|^\[\d+,(\d{1,7})\]<std(?:out|err)>:|^\[RANK (\d{1,7})\]")
 # SLURM's `srun --label` puts the task id in front of every line: "10: ..."; the task id is the rank.
 _SRUN_LABEL = re.compile(r"^(\d{1,6}): ")
 # What users paste around the real line, stripped before matching (repeatedly, outermost first): "> " quote
@@ -67,17 +86,17 @@ _DIST_CONTEXT = re.compile(
     rb"torch[./\\]distributed|torchrun|\[rank\d|\[RANK \d|ProcessGroup|NCCL|[Rr]ank \d|local_rank|LOCAL_RANK"
     rb"|DistributedDataParallel|init_process_group|multiprocessing[./\\]spawn|WORLD_SIZE|deepspeed|accelerate")
 # mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.
-_SPAWN_HEADER = re.compile(r"Process (\d+) terminated with the following error")
-_PG_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
-_NCCL_RANK = re.compile(r"\brank (\d+)\b")
-_FILE_RANK = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)(?!\d)", re.IGNORECASE)
+_SPAWN_HEADER = re.compile(r"Process (\d{1,7}) terminated with the following error")
+_PG_RANK = re.compile(r"\[(?:PG [^\]\[]*?)?Rank (\d{1,7})\]")
+_NCCL_RANK = re.compile(r"\brank (\d{1,7})\b")
+_FILE_RANK = re.compile(r"(?:^|[^a-z])rank[_-]?(\d{1,7})(?!\d)", re.IGNORECASE)
 # torchrun --log-dir: {log_dir}/{run_id}_{suffix}/attempt_{n}/{local_rank}/{stdout,stderr}.log
-_LOGDIR_RANK = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stdout\.log|stderr\.log|error\.json)$")
+_LOGDIR_RANK = re.compile(r"attempt_\d+[/\\](\d{1,7})[/\\](?:stdout\.log|stderr\.log|error\.json)$")
 # A torchrun worker's error file (TORCHELASTIC_ERROR_FILE, written by @record / ErrorHandler) is one small JSON
 # document; anything larger is not one and is scanned as a log.
 MAX_ERROR_FILE_BYTES = 16 << 20
 # torchrun failure summary, see torch/distributed/elastic/multiprocessing/errors/__init__.py
-_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,7})(?!\d)")
 _SUMMARY_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
 # glog "E1122 01:39:40.561000" (optionally after "[rank0]:[") and ISO-ish "2026-11-22 01:39:40,123"
 _GLOG_TIME = re.compile(r"(?:^|[\[\s:])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
@@ -181,10 +200,13 @@ class ExplainResult:
     files: list[str]
     lines_scanned: int
     bytes_scanned: int
+    # Lines holding a keyword that were longer than MAX_MATCH_CHARS bytes: matched on their two ends only.
+    lines_windowed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"diagnoses": [d.to_json() for d in self.diagnoses], "files": self.files,
-                "lines_scanned": self.lines_scanned, "bytes_scanned": self.bytes_scanned}
+                "lines_scanned": self.lines_scanned, "bytes_scanned": self.bytes_scanned,
+                "lines_windowed": self.lines_windowed}
 
 
 def load_kb() -> list[Signature]:
@@ -304,6 +326,22 @@ def _decode(block: bytearray, start: int, end: int) -> str:
     return block[start:end].decode("utf-8", errors="replace").rstrip("\r")
 
 
+def _windows(block: bytearray, start: int, end: int) -> list[str]:
+    """What of a line longer than ``MAX_MATCH_CHARS`` bytes is matched: its head and its tail.
+
+    The tail also yields its last carriage-return segment on its own: tqdm glues progress updates into one
+    line with ``\\r`` and the error printed after the last update is what the terminal shows (its ``[rank3]:``
+    prefix must start the text to name the rank).
+    """
+    out = [_decode(block, start, start + MAX_MATCH_CHARS)]
+    tail = _decode(block, end - MAX_MATCH_CHARS, end)
+    cr = tail.rfind("\r")
+    if cr >= 0 and tail[cr + 1:].strip():
+        out.append(tail[cr + 1:])
+    out.append(tail)
+    return out
+
+
 def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> tuple[int, re.Match[str] | None]:
     for index, pattern in enumerate(patterns):
         m = pattern.search(text)
@@ -312,11 +350,17 @@ def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> tuple[int,
     return -1, None
 
 
-def _signal_name(number: int) -> str:
+def _signal_name(digits: str) -> str:
+    number = _rank_int(digits)
     try:
-        return _signal.Signals(number).name
+        return _signal.Signals(number).name if number is not None else f"signal {digits[:MAX_RANK_DIGITS]}..."
     except ValueError:
         return f"signal {number}"
+
+
+def _rank_int(digits: str) -> int | None:
+    """A rank (or a signal number) from a regex group; None for an absurdly long run of digits."""
+    return int(digits) if digits.isdecimal() and len(digits) <= MAX_RANK_DIGITS else None
 
 
 class Scanner:
@@ -336,6 +380,7 @@ class Scanner:
         self.files: list[str] = []
         self.lines_scanned = 0
         self.bytes_scanned = 0
+        self.lines_windowed = 0
 
     # -- streaming ---------------------------------------------------------------------------------
     def scan(self, name: str, stream: IO[bytes], file_rank: int | None = None) -> None:
@@ -423,8 +468,11 @@ class Scanner:
                 counted_to = done_to
                 continue
             end = hits[start]
-            sig = self._match_line(_decode(block, start, end), self.kb, True, name, file_index, line_no + 1,
-                                   file_rank, partial(self._lookback, block, start, tail))
+            sig, last, used = self._match_at(block, start, end, size, self.kb, True, name, file_index, line_no,
+                                             file_rank, tail)
+            if used:  # continuation lines of a terminal-wrapped message: consumed with it
+                done_to, line_no, counted_to = last, line_no + used, last
+                end = _line_end(block, last, size)
             if sig is not None and sig.followup_lines and end + 1 < size:
                 follow = tuple(self._by_id[i] for i in sig.followup_ids)
                 done_to, line_no = self._followups(block, size, end + 1, line_no + 1, follow,
@@ -447,11 +495,14 @@ class Scanner:
         last = pos
         while remaining > 0 and pos < size:
             end = _line_end(block, pos, size)
-            text = _decode(block, pos, end)
-            lookback = partial(self._lookback, block, pos, tail)
-            sig = self._match_line(text, follow, False, name, file_index, line_no + 1, file_rank, lookback)
+            sig, cont, used = self._match_at(block, pos, end, size, follow, False, name, file_index, line_no,
+                                             file_rank, tail)
             if sig is None:
-                sig = self._match_line(text, self.kb, True, name, file_index, line_no + 1, file_rank, lookback)
+                sig, cont, used = self._match_at(block, pos, end, size, self.kb, True, name, file_index, line_no,
+                                                 file_rank, tail)
+            if used:
+                pos, line_no, remaining = cont, line_no + used, remaining - used
+                end = _line_end(block, pos, size)
             remaining -= 1
             if sig is not None and sig.followup_lines:
                 follow = tuple(self._by_id[i] for i in sig.followup_ids)
@@ -472,7 +523,76 @@ class Scanner:
         lines = before.decode("utf-8", errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
-        return [_strip_paste(ln.rstrip("\r")) for ln in reversed(lines[-count:])]
+        return [_strip_paste(ln.rstrip("\r")[:MAX_MATCH_CHARS]) for ln in reversed(lines[-count:])]
+
+    def _match_at(self, block: bytearray, start: int, end: int, size: int, sigs: tuple[Signature, ...] | list[Signature],
+                  gate: bool, name: str, file_index: int, line_no: int, file_rank: int | None,
+                  tail: bytes) -> tuple[Signature | None, int, int]:
+        """Match the line ``block[start:end]`` (0-based line ``line_no``), whole, in windows, or rejoined.
+
+        Returns the signature credited (or None), the offset of the last line used and how many continuation
+        lines were used with it (0 unless a terminal-wrapped message was rejoined).
+        """
+        lookback = partial(self._lookback, block, start, tail)
+        if end - start > MAX_MATCH_CHARS:
+            self.lines_windowed += 1
+            for text in _windows(block, start, end):
+                sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+                if sig is not None:
+                    return sig, start, 0
+            return None, start, 0
+        text = _decode(block, start, end)
+        if len(text) >= MIN_WRAP_CHARS and end + 1 < size:
+            joined = self._rejoin(block, end, size, text, sigs, gate)
+            if joined is not None:
+                whole, last, used = joined
+                sig = self._match_line(whole, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+                if sig is not None:
+                    return sig, last, used
+        return self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback), start, 0
+
+    def _rejoin(self, block: bytearray, end: int, size: int, text: str, sigs: tuple[Signature, ...] | list[Signature],
+                gate: bool) -> tuple[str, int, int] | None:
+        """The line and its next 1..``MAX_CONTINUATION_LINES`` lines joined, if that is a terminal-wrapped message.
+
+        A terminal wraps a long line at its width without a separator, so the pieces are joined as they
+        are (less what pasting put in front of each). They are taken for one message only when the joined
+        text matches a signature that none of the pieces matches alone: a width-detection heuristic was
+        tried and reverted (repeated NCCL lines of one length looked wrapped). Bounded: a few lines,
+        ``MAX_MATCH_CHARS`` characters in all. Returns (joined text, offset of the last piece, pieces added).
+        """
+        first = _strip_paste(text)
+        alone = self._classify(first, sigs, gate)
+        pieces = [first]
+        total = len(text)
+        pos = end + 1
+        for added in range(1, MAX_CONTINUATION_LINES + 1):
+            if pos >= size:
+                return None
+            nend = _line_end(block, pos, size)
+            if nend - pos + total > MAX_MATCH_CHARS:
+                return None
+            piece = _strip_paste(_decode(block, pos, nend))
+            if not piece.strip() or _LINE_PREFIX_RANK.match(piece):
+                return None  # a blank line or a new rank-prefixed line: not the rest of this one
+            pieces.append(piece)
+            total += len(piece)
+            joined = "".join(pieces)
+            sig = self._classify(joined, sigs, gate)
+            if sig is not None and sig is not alone and not any(_first_match(sig.patterns, p)[1] for p in pieces):
+                return text + "".join(pieces[1:]), pos, added
+            pos = nend + 1
+        return None
+
+    def _classify(self, text: str, sigs: tuple[Signature, ...] | list[Signature], gate: bool) -> Signature | None:
+        """The first signature whose patterns match ``text`` (already stripped), without crediting it."""
+        present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
+        for sig in sigs:
+            if gate and self._sig_keywords[sig.id].isdisjoint(present):
+                continue
+            if _first_match(sig.patterns, text)[1] is not None:
+                return sig
+        return None
 
     # -- matching ----------------------------------------------------------------------------------
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
@@ -495,7 +615,7 @@ class Scanner:
                     for k, v in em.groupdict().items():
                         if v is not None:
                             groups.setdefault(k, v)
-            rank: int | None = int(groups.pop("rank")) if "rank" in groups else None
+            rank = _rank_int(groups.pop("rank")) if "rank" in groups else None
             if sig.context == "torchrun-summary":
                 keep, summary_rank = self._torchrun_context(text, groups, lookback)
                 if not keep:
@@ -512,7 +632,7 @@ class Scanner:
                 rank = self._block_rank(text, lookback)
             groups.pop("local_rank", None)
             if "signal_number" in groups:
-                groups.setdefault("signal", _signal_name(int(groups["signal_number"])))
+                groups.setdefault("signal", _signal_name(groups["signal_number"]))
             if not sig.needs_distributed:
                 self._distributed = True
             diag = self._found.get(sig.id)
@@ -541,8 +661,8 @@ class Scanner:
                 if _SUMMARY_ENTRY.match(ln):
                     root = i + 1 < len(lines) and "Root Cause" in lines[i + 1]
                     break
-        number = groups.get("signal_number")
-        if number is not None and int(number) in _SIGTERM_LIKE and not root:
+        number = _rank_int(groups.get("signal_number", ""))
+        if number is not None and number in _SIGTERM_LIKE and not root:
             return False, rank
         return True, rank
 
@@ -592,7 +712,7 @@ class Scanner:
     def _line_rank(text: str, file_rank: int | None) -> int | None:
         m = _LINE_PREFIX_RANK.match(text)
         if m:
-            return int(m.group(1) or m.group(2) or m.group(3))
+            return int(m.group(1) or m.group(2) or m.group(3))  # at most MAX_RANK_DIGITS by the regex
         if file_rank is not None:
             return file_rank
         m = _PG_RANK.search(text)
@@ -620,7 +740,7 @@ class Scanner:
             else:
                 group.sort(key=lambda d: (-d.signature.precedence, d.first_seq))
             ordered.extend(group)
-        return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned)
+        return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned, self.lines_windowed)
 
 
 def error_file_text(data: bytes) -> str | None:
@@ -630,11 +750,13 @@ def error_file_text(data: bytes) -> str | None:
     entry point is decorated with ``torch.distributed.elastic.multiprocessing.errors.record`` writes its
     exception there as ``{"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack":
     "Traceback ...", "timestamp": "..."}}}`` (errors/error_handler.py). The traceback is the worker's real
-    failure; torchrun's own summary only says the rank exited with code 1. Parsed with ``json`` (no code runs).
+    failure; torchrun's own summary only says the rank exited with code 1. Parsed by
+    ``ddpdoctor.safejson.loads_untrusted`` (no code runs; NaN, 1e400, huge numbers and deep nesting are refused:
+    torchrun never writes them, so such a file is scanned as plain text instead).
     """
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: not an error file either
+        doc = loads_untrusted(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # UntrustedJSONError is a ValueError
         return None
     if not isinstance(doc, dict) or "message" not in doc:
         return None
@@ -669,21 +791,79 @@ class _Prefixed(io.RawIOBase):
             buffer[:n] = self._head[:n]
             self._head = self._head[n:]
             return n
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is not None:  # straight into the scanner's buffer: no copy per chunk
+            return cast(int, readinto(buffer) or 0)
         data = self._stream.read(len(buffer))
         buffer[:len(data)] = data
         return len(data)
+
+
+class _Utf16AsUtf8(io.RawIOBase):
+    """A UTF-16 stream (its byte-order mark first) read as UTF-8, a piece at a time (memory stays flat).
+
+    Windows PowerShell 5 writes ``python train.py > log.txt`` as UTF-16LE with a BOM: every other byte is
+    NUL, so no keyword would ever match. Undecodable code units become U+FFFD, as in a UTF-8 log.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._decoder = codecs.getincrementaldecoder("utf-16")(errors="replace")  # reads and drops the BOM
+        self._pending = b""
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending and not self._eof:
+            data = self._stream.read(1 << 20)
+            self._eof = not data
+            self._pending = self._decoder.decode(data, final=self._eof).encode("utf-8", errors="replace")
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+
+def _read_up_to(stream: IO[bytes], limit: int) -> bytes:
+    """Up to ``limit`` bytes: a raw stream's read() may return less than asked before its end."""
+    parts, have = [], 0
+    while have < limit:
+        data = stream.read(limit - have)
+        if not data:
+            break
+        parts.append(data)
+        have += len(data)
+    return b"".join(parts)
+
+
+def _sniffed(stream: IO[bytes]) -> IO[bytes]:
+    """The stream as UTF-8-compatible bytes: a UTF-16 one is transcoded.
+
+    UTF-16 is recognised by its byte-order mark and NULs in at least a quarter of the next bytes (log text
+    is mostly ASCII, whose UTF-16 high bytes are NUL): a UTF-8 log that merely starts with the bytes FF FE
+    (garbage) is not taken for one.
+    """
+    head = _read_up_to(stream, 4096)
+    rest = cast(IO[bytes], _Prefixed(head, stream))
+    if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) and head[2:].count(0) * 4 >= len(head) - 2:
+        return cast(IO[bytes], _Utf16AsUtf8(rest))
+    return rest
 
 
 def explain_streams(streams: Iterable[tuple[str, IO[bytes], int | None]],
                     kb: list[Signature] | None = None) -> ExplainResult:
     """Scan (name, binary stream, rank-or-None) inputs in order and return the ordered diagnoses.
 
-    An input named ``*.json`` that is a torchrun worker error file is read as the traceback it holds.
+    An input named ``*.json`` that is a torchrun worker error file is read as the traceback it holds; a
+    UTF-16 input with a byte-order mark is read as text.
     """
     scanner = Scanner(kb)
     for name, stream, rank in streams:
+        stream = _sniffed(stream)
         if name.endswith(".json"):
-            head = stream.read(MAX_ERROR_FILE_BYTES + 1)
+            head = _read_up_to(stream, MAX_ERROR_FILE_BYTES + 1)
             text = error_file_text(head) if len(head) <= MAX_ERROR_FILE_BYTES else None
             stream = io.BytesIO(text.encode("utf-8")) if text is not None else cast(IO[bytes], _Prefixed(head, stream))
         scanner.scan(name, stream, rank)
@@ -710,8 +890,14 @@ def render_text(result: ExplainResult) -> str:
     """The human report: one numbered block per diagnosis, root cause first."""
     nfiles = len(result.files)
     where = f"{nfiles} input{'s' if nfiles != 1 else ''}, {result.lines_scanned:,} lines"
+    windowed = ""
+    if result.lines_windowed:
+        n = result.lines_windowed
+        windowed = (f"note: {n:,} line{'s' if n != 1 else ''} longer than {MAX_MATCH_CHARS:,} bytes "
+                    f"{'was' if n == 1 else 'were'} matched on {'its' if n == 1 else 'their'} first and last "
+                    f"{MAX_MATCH_CHARS:,} bytes only (what lies between was not searched).\n")
     if not result.diagnoses:
-        return f"ddpdoctor explain: no known DDP/NCCL/torchrun error found ({where}).\n"
+        return f"ddpdoctor explain: no known DDP/NCCL/torchrun error found ({where}).\n" + windowed
     n = len(result.diagnoses)
     out = [f"ddpdoctor explain: {n} known problem{'s' if n != 1 else ''} found ({where}); root cause first.", ""]
     for i, d in enumerate(result.diagnoses, 1):
@@ -731,4 +917,4 @@ def render_text(result: ExplainResult) -> str:
         out.append(f"   fix:  {sig.remedy}")
         out.append(f"   next: {sig.command}")
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out) + windowed

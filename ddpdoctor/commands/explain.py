@@ -7,6 +7,7 @@ torch (``ddpdoctor explain`` must start fast on a login node).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from contextlib import ExitStack
 from typing import IO
@@ -15,6 +16,17 @@ import typer
 
 from ddpdoctor.commands.options import JsonOption
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
+
+
+def _refuse_unless_regular(path: str, mode: int) -> None:
+    """Only regular files are read by path: a FIFO would block in open() until a writer comes (forever),
+    /dev/zero never ends, and a tape or serial device may act on being opened. Streams go through stdin."""
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+    raise DoctorError(f"{path} is not a regular file ({kind}); pass a log file, or pipe a stream in: "
+                      f"`cat {path} | ddpdoctor explain -`")
 
 
 def _open_inputs(stack: ExitStack, logs: list[str]) -> list[tuple[str, IO[bytes], int | None]]:
@@ -34,7 +46,11 @@ def _open_inputs(stack: ExitStack, logs: list[str]) -> list[tuple[str, IO[bytes]
             raise DoctorError(f"{path} is a directory; pass the log files in it, e.g. {path}/*.log "
                               f"(torchrun --log-dir: {path}/*/attempt_*/*/stderr.log)")
         try:
-            stream = stack.enter_context(open(path, "rb"))  # noqa: SIM115 - the ExitStack closes it
+            _refuse_unless_regular(path, os.stat(path).st_mode)
+            # O_NONBLOCK: should the path become a FIFO after the check, open() must not wait for a writer.
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            stream = stack.enter_context(os.fdopen(fd, "rb"))
+            _refuse_unless_regular(path, os.fstat(fd).st_mode)
         except FileNotFoundError:
             raise DoctorError(f"{path}: no such file; pass the log file(s) of the job, or - for stdin") from None
         except OSError as exc:

@@ -115,14 +115,34 @@ def _first(result: ExplainResult) -> tuple[str, list[int]] | None:
     return (result.diagnoses[0].id, sorted(result.diagnoses[0].ranks)) if result.diagnoses else None
 
 
+def _wrapped(data: bytes, width: int) -> bytes:
+    """The log as copied from a terminal ``width`` columns wide: every longer line cut into ``width``-character
+    pieces with no separator (what xterm, tmux and VS Code's terminal put on the clipboard for a wrapped line
+    copied from the screen without a wrap marker)."""
+    out = []
+    for line in data.decode("utf-8", errors="surrogateescape").splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        end = line[len(body):]
+        pieces = [body[i:i + width] for i in range(0, len(body), width)] or [""]
+        out.append("\n".join(pieces) + end)
+    return "".join(out).encode("utf-8", errors="surrogateescape")
+
+
 @pytest.mark.parametrize("transform", [
+    # Issue 15's open gap: rejoining (Scanner._rejoin) brought the changed first diagnoses at 120 columns from
+    # 20 to 11 of 75; what is left is a keyword or a rank cut by the wrap on a line the scanner never visits.
+    pytest.param(lambda b: _wrapped(b, 120), id="terminal-wrapped-120",
+                 marks=pytest.mark.xfail(strict=True, reason="issue 15: 11 of 75 logs still change when wrapped")),
+    pytest.param(lambda b: _wrapped(b, 80), id="terminal-wrapped-80",
+                 marks=pytest.mark.xfail(strict=True, reason="issue 15: 13 of 75 logs still change when wrapped")),
     pytest.param(lambda b: b.replace(b"\n", b"\r\n"), id="crlf"),
     pytest.param(lambda b: b"".join(b"> " + ln for ln in b.splitlines(keepends=True)), id="quoted"),
     pytest.param(lambda b: b"".join(b"[%d] " % (i + 40) + ln for i, ln in enumerate(b.splitlines(keepends=True))),
                  id="pasted-line-numbers"),
 ])
 def test_real_logs_survive_how_they_are_pasted(transform: object) -> None:
-    """CRLF line ends, e-mail/Markdown quote marks and editor line numbers change no diagnosis or rank."""
+    """Terminal-wrapped lines, CRLF line ends, e-mail/Markdown quote marks and editor line numbers change no
+    diagnosis or rank."""
     from ddpdoctor.explain import explain_text
 
     changed = []
