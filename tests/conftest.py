@@ -15,6 +15,13 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, not in tests/fuzz/conftest.py: pytest takes options only from the first conftest it loads.
+    parser.addoption("--fuzz-long", action="store_true", default=False,
+                     help="tests/fuzz: run many more generated inputs per test (deep local runs; see "
+                     "docs/testing.md). DDPDOCTOR_FUZZ_EXAMPLES=N sets the examples per test directly.")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cuda = None
     for item in items:
