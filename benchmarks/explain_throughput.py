@@ -1,6 +1,7 @@
 """Throughput and memory of `ddpdoctor explain` on a large generated log (target: >= 150 MB/s, flat RSS).
 
-Usage: python benchmarks/explain_throughput.py [SIZE_MB] [--realistic] (default 1024 MB).
+Usage: python benchmarks/explain_throughput.py [SIZE_MB] [--realistic] (default 1024 MB), or
+``--pathological`` (hostile long lines against a plain log, see ``pathological``).
 
 * default: a multi-rank log of training step lines, NCCL INFO chatter, Python traceback frames and a few
   real error lines spread through it;
@@ -315,5 +316,41 @@ def main() -> None:
         print(f"  found {d.id}: {d.count} lines, ranks {sorted(d.ranks)}")
 
 
+def pathological(size_mb: int = 8) -> None:
+    """``--pathological``: lines built to make backtracking regexes quadratic, against a plain log of the same size.
+
+    Issue 20: one 512 KB line of ``NCCL error `` took 22 s (``NCCL error.*internal error`` tried every start
+    and scanned to the end). Each case is a file of ``size_mb`` MB made of one repeated piece, as 1 MB lines
+    (every one of them a keyword line, so each is matched on its head and tail windows); the scan rate is
+    printed next to a plain noisy log's, and the ratio should stay near 1 (not fall with the line length).
+    """
+    cases = {"plain noisy log": None, "NCCL error ": b"NCCL error ", "TensorShape=[": b"TensorShape=[",
+             "DistributedDataParallel device_ids and output_device arguments only work with ":
+             b"DistributedDataParallel device_ids and output_device arguments only work with ",
+             "[rank1]: RuntimeError: ": b"[rank1]: RuntimeError: ", "spaces": b" ", "digits": b"7", "colons": b":"}
+    rates: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="ddpdoctor-explain-patho-") as tmp:
+        for name, piece in cases.items():
+            path = os.path.join(tmp, "case.log")
+            if piece is None:
+                generate(path, size_mb * 1_000_000)
+            else:
+                line = (piece * ((1 << 20) // len(piece) + 1))[:1 << 20] + b"\n"
+                with open(path, "wb") as fh:
+                    for _ in range(size_mb):
+                        fh.write(line)
+            scanner = Scanner()
+            t0 = time.perf_counter()
+            with open(path, "rb") as fh:
+                scanner.scan(path, fh)
+            rates[name] = scanner.bytes_scanned / 1e6 / (time.perf_counter() - t0)
+    plain = rates["plain noisy log"]
+    for name, rate in rates.items():
+        print(f"  {name[:40]!r:44} {rate:8,.0f} MB/s  ({rate / plain:.2f}x the plain log)")
+
+
 if __name__ == "__main__":
-    main()
+    if "--pathological" in sys.argv[1:]:
+        pathological()
+    else:
+        main()
