@@ -285,3 +285,13 @@ def test_run_cli_counts(tmp_path: Path) -> None:
     """The harness itself: a run is counted, and a one-line exit 2 passes the promise checks."""
     res = run_cli(["explain", str(tmp_path / "missing.log")])
     assert res.code == 2 and res.err.startswith("ddpdoctor: error:")
+
+
+def test_key_with_a_lone_surrogate(seeds: Path, tmp_path: Path) -> None:
+    """Found by the fuzz suite: pickle's BINUNICODE decodes with surrogatepass, so a key may hold a lone
+    surrogate; printing it to a pipe (strict UTF-8) must not be exit 3."""
+    asm = pickles.Asm()
+    asm.op(P.EMPTY_DICT + P.MARK)
+    asm.text("module.\udc80w")
+    asm.op(P.NONE + P.SETITEMS)
+    _ckpt_case(seeds, tmp_path, asm)
