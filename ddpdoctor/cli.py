@@ -9,6 +9,7 @@ importing torch.
 from __future__ import annotations
 
 import importlib
+import io
 import sys
 from collections.abc import Callable
 
@@ -91,7 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the command and turn every outcome into an exit code (0/1/2/3)."""
     args = sys.argv[1:] if argv is None else argv
     _invocation[:] = args
+    _escape_unencodable_output()
     return _guarded(lambda: _run(args))
+
+
+def _escape_unencodable_output() -> None:
+    """Print what the terminal cannot encode as escapes instead of crashing on it.
+
+    Names from users' files reach the report verbatim: a pickle decodes strings with ``surrogatepass``,
+    so a checkpoint key may hold a lone surrogate (``'module.\\udc80w'``), and a log may hold bytes that
+    are not UTF-8. Written to a pipe or a C-locale terminal, such a character would raise
+    ``UnicodeEncodeError`` after the work is done; escaped, the user still sees which key it is.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _run(args: list[str]) -> int:
