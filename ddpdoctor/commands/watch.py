@@ -31,9 +31,18 @@ def watch(
     """Run SCRIPT watched: on a hang or a collective mismatch, say which rank diverged, where."""
     from ddpdoctor.runtime import launcher
     from ddpdoctor.runtime.entry import validate_launch_options
-    from ddpdoctor.watch import check_script, run_under_launcher, spawn_sites, supervise, validate_evidence
+    from ddpdoctor.watch import (
+        check_nproc,
+        check_script,
+        run_under_launcher,
+        spawn_sites,
+        supervise,
+        validate_evidence,
+    )
 
     validate_launch_options(nproc, master_port=master_port)
+    if nproc is not None:
+        check_nproc(nproc)
     if not hang_timeout > 0:
         raise DoctorError(f"--hang-timeout must be a positive number of seconds, got: {hang_timeout}")
     check_script(script)

@@ -24,7 +24,6 @@ the evidence bundle is written (:mod:`~ddpdoctor.watch.evidence`), then every ra
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -44,7 +43,6 @@ from ddpdoctor.watch.report import render
 PORT_ENV = "DDPDOCTOR_WATCH_PORT"
 POLL_S = 0.05
 STACK_WAIT_S = 2.0
-TERM_GRACE_S = 1.5
 STORE_WAIT_S = 120.0
 # A rank gives up on the channel after the store wait plus its 60 s of connect retries.
 UNWATCHED_AFTER_S = STORE_WAIT_S + 80.0
@@ -53,12 +51,57 @@ _LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
 
 
 def check_script(script: str) -> str:
-    """The script's path, or a DoctorError saying what is wrong with it."""
-    if not os.path.exists(script):
-        raise DoctorError(f"script not found: {script!r} (usage: ddpdoctor watch [OPTIONS] script.py [args...])")
-    if os.path.isdir(script):
+    """The script's path, or a DoctorError saying what is wrong with it.
+
+    Only a readable regular file passes: a FIFO would block the source scan (and every rank) forever, a
+    device would be read without end."""
+    import stat
+
+    try:
+        mode = os.stat(script).st_mode
+    except FileNotFoundError:
+        raise DoctorError(f"script not found: {script!r} (usage: ddpdoctor watch [OPTIONS] script.py [args...])") from None
+    except OSError as exc:
+        raise DoctorError(f"cannot read the script {script!r}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
         raise DoctorError(f"{script!r} is a directory; give the training script's path")
+    if not stat.S_ISREG(mode):
+        raise DoctorError(f"{script!r} is not a regular file (a FIFO, socket or device); give the training "
+                          "script's path")
+    if not os.access(script, os.R_OK):
+        raise DoctorError(f"cannot read the script {script!r}: permission denied")
     return script
+
+
+# Each watched rank is a python process with torch imported (~100 MiB resident at the very least).
+RANK_MEMORY_BYTES = 100 << 20
+
+
+def max_local_ranks() -> int:
+    """How many ranks this machine can start: its available memory at RANK_MEMORY_BYTES each, and no more
+    than RLIMIT_NPROC allows. A bound checked before anything starts, so an absurd --nproc is exit 2, not
+    a machine full of half-started ranks."""
+    import psutil
+
+    bound = max(1, psutil.virtual_memory().available // RANK_MEMORY_BYTES)
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        if soft != resource.RLIM_INFINITY:
+            bound = min(bound, max(1, soft - len(psutil.pids())))
+    except (ImportError, OSError, ValueError):
+        pass
+    return int(bound)
+
+
+def check_nproc(nproc: int) -> int:
+    """``nproc``, or DoctorError (exit 2) when this machine cannot run that many ranks."""
+    limit = max_local_ranks()
+    if nproc > limit:
+        raise DoctorError(f"--nproc {nproc} is more ranks than this machine can run (at most {limit}: "
+                          f"{RANK_MEMORY_BYTES >> 20} MiB of available memory each, within the process limit)")
+    return nproc
 
 
 def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator | None = None) -> None:
@@ -127,6 +170,12 @@ def _drain(server: Server, agg: Aggregator, timeout: float) -> None:
         timeout = 0.0
 
 
+def _report_malformed(server: Server) -> None:
+    line = server.malformed_line()
+    if line:
+        print(line, file=sys.stderr, flush=True)
+
+
 def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -> None:
     """Ask every connected rank (and spawned process without a rank) for its main thread's stack, and
     with an evidence folder for its Flight Recorder dump there; wait a little for the answers."""
@@ -170,50 +219,6 @@ def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, s
     return env
 
 
-def teardown(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Kill every rank's whole process tree (its session, plus any descendant that left it)."""
-    import psutil
-
-    strays: list[psutil.Process] = []
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            strays.extend(psutil.Process(proc.pid).children(recursive=True))
-
-    def signal_all(sig: int) -> None:
-        for proc in procs:
-            # start_new_session: the rank's pid is its process group id. Signal 0 first: only a group
-            # that still has members is signalled (its id could otherwise be reused one day).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, 0)
-                os.killpg(proc.pid, sig)
-        for stray in strays:
-            with contextlib.suppress(psutil.Error):
-                stray.send_signal(sig)
-
-    def wait_all(seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if all(p.poll() is not None for p in procs) and not any(_alive(s) for s in strays):
-                return True
-            time.sleep(POLL_S)
-        return False
-
-    signal_all(signal.SIGTERM)
-    wait_all(TERM_GRACE_S)
-    # Whatever is left (a rank whose script ignores SIGTERM, DataLoader workers of a rank that exited).
-    signal_all(signal.SIGKILL)
-    wait_all(5.0)
-
-
-def _alive(proc: Any) -> bool:
-    import psutil
-
-    try:
-        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
 class _Interrupted(Exception):
     pass
 
@@ -241,6 +246,7 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
     The job's MASTER_PORT is ``master_port``, else $MASTER_PORT, else a free port (as for ``check``).
     """
     from ddpdoctor.runtime.selflaunch import choose_port
+    from ddpdoctor.watch.reaper import Reaper
 
     server = Server("127.0.0.1", 0)
     channel = f"127.0.0.1:{server.port}"
@@ -249,6 +255,7 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     status: str | None = None
     rank_cmd = [sys.executable, "-m", "ddpdoctor.watch.rank", script, *args]
+    reaper = Reaper()  # before any rank starts: an orphan of theirs must re-parent to us, not to init
     try:
         if spawns:
             procs.append(subprocess.Popen(rank_cmd, env=_launcher_env(channel, master_port), start_new_session=True))
@@ -269,19 +276,25 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
                         _drain(server, agg, POLL_S)
                         agg.process_exited(rank, proc.returncode)
             _notice(agg)
+            reaper.poll(procs)
             status = agg.verdict()
         if status != OK:
             agg.evidence = evidence.prepare(evidence_dir)
             collect_stacks(server, agg, agg.evidence)
     except _Interrupted as exc:
-        teardown(procs)
+        reaper.teardown(procs)
         print(f"ddpdoctor watch: interrupted ({exc}); every rank was stopped", file=sys.stderr, flush=True)
         raise KeyboardInterrupt(str(exc)) from None
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        teardown(procs)
-        server.close()
+        try:
+            # Also after a run that ended by itself: a rank's children in new sessions outlive it otherwise.
+            reaper.teardown(procs)
+        finally:
+            reaper.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            server.close()
+    _report_malformed(server)
     result = agg.result(status)
     write_result(result, json_path, agg)
     return int(result["exit_code"])
@@ -321,7 +334,7 @@ class RankZeroSupervisor(threading.Thread):
                 self._give_up_on_unconnected()
             _notice(self.agg)
             status = self.agg.verdict()
-            if status is None and any(s.crashed for s in self.agg.ranks.values()):
+            if status is None and any(s.failed for s in self.agg.ranks.values()):
                 # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
                 # once a rank has died: report now, without stacks, or never.
                 status = CRASH
@@ -329,6 +342,7 @@ class RankZeroSupervisor(threading.Thread):
             self.agg.evidence = evidence.prepare(self.evidence_dir)
             if status != CRASH:
                 collect_stacks(self.server, self.agg, self.agg.evidence)
+        _report_malformed(self.server)
         result = self.agg.result(status)
         self.exit_code = int(result["exit_code"])
         write_result(result, self.json_path, self.agg)
