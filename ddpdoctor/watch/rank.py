@@ -21,7 +21,7 @@ import traceback
 from typing import Any
 
 from ddpdoctor.errors import typed_error
-from ddpdoctor.watch.channel import ADDR_ENV, Client
+from ddpdoctor.watch.channel import ADDR_ENV, RECORDS_PER_MESSAGE, Client
 from ddpdoctor.watch.pitfalls import PitfallLog
 from ddpdoctor.watch.recorder import Recorder, site_name, user_stack
 
@@ -157,10 +157,11 @@ class Watchdog(threading.Thread):
         client, rec = self.client, self.recorder
         if client is None:
             return
-        records = []
         while rec.pending:
-            records.append(rec.pending.popleft().to_json())
-        if records:
+            # In batches: the supervisor refuses lines over channel.MAX_LINE as garbage.
+            records: list[dict[str, Any]] = []
+            while rec.pending and len(records) < RECORDS_PER_MESSAGE:
+                records.append(rec.pending.popleft().to_json())
             client.send({"t": "rec", "recs": records})
         now = time.monotonic()
         progress = rec.progress
@@ -172,14 +173,19 @@ class Watchdog(threading.Thread):
                          "steps": rec.step_stats()})
             self._sent_progress, self._sent_at = progress, now
 
-    def finish(self, code: int, crashed: bool, error: str) -> None:
-        """Called by the main thread when the script ended: last records, then the exit message."""
+    def finish(self, code: int, crashed: bool, error: str, ended_at: float | None = None) -> None:
+        """Called by the main thread when the script ended: last records, then the exit message.
+
+        ``at`` is the wall-clock time the script ended (before this rank's interpreter shutdown, which may
+        take seconds): the supervisor orders failures by it, so a rank whose peers broke only because it
+        left is not the one named first."""
+        ended_at = time.time() if ended_at is None else ended_at
         self.stopping.set()
         self.join(timeout=2 * TICK_S + 1)
         if self.client is None or not self.connected.is_set():
             return
         self.flush(force=True)
-        self.client.send({"t": "exit", "code": code, "crashed": crashed, "error": error,
+        self.client.send({"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at,
                           "pitfalls": self.pitfalls.findings()})
 
 
@@ -200,7 +206,10 @@ def _error_site(exc: BaseException) -> str:
 
 
 def execute(script: str) -> tuple[int, bool, str]:
-    """Run the script as __main__; (exit code, crashed by an exception, one-line error)."""
+    """Run the script as __main__; (exit code, crashed by an exception, one-line error).
+
+    ``sys.exit("message")`` is exit code 1 with the message printed, as python does; the message is also
+    the rank's error, so the report can say why it exited."""
     try:
         runpy.run_path(script, run_name="__main__")
         return 0, False, ""
@@ -208,9 +217,10 @@ def execute(script: str) -> tuple[int, bool, str]:
         if exc.code is None:
             return 0, False, ""
         if isinstance(exc.code, int):
-            return exc.code, False, ""
+            # What the OS will report: python exits with the code modulo 256 (sys.exit(256) is 0).
+            return exc.code & 0xFF, False, ""
         print(exc.code, file=sys.stderr)
-        return 1, False, ""
+        return 1, False, " ".join(str(exc.code).split())[:300]
     except BaseException as exc:  # the script's own crash: print it as python would, then report it
         tb = exc.__traceback__
         # Drop our own frames (runpy, this function) so the traceback starts in the user's script.
@@ -238,7 +248,7 @@ def run_script(script: str, args: list[str], rank: int, world_size: int, address
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code, crashed, error = execute(script)
-    dog.finish(code, crashed, error)
+    dog.finish(code, crashed, error, time.time())
     return code
 
 
