@@ -19,6 +19,7 @@ Ranks are keyed by rank; a process the script started itself (mp.spawn) is keyed
 from __future__ import annotations
 
 import collections
+import re
 import signal
 import statistics
 import time
@@ -35,6 +36,16 @@ STRAGGLER_MIN_US = 5000.0
 STRAGGLER_MIN_SHARE = 0.15
 STRAGGLER_MIN_STEPS = 8
 STRAGGLER_CONFIRM = 3  # consecutive checks (one a second) before it is named while the job runs
+# A rank whose collective failed because a peer went away is an echo of that peer's failure, not a cause.
+# These are the texts of ddpdoctor explain's `remote-process-exited` signature (gloo's pair.cc, NCCL's
+# ncclRemoteError). Its end can be timed a little before the peer's death is seen (the peer's exit closes
+# both sockets at once; a SIGKILL is only seen by waiting on the process), so within ECHO_WINDOW_S an echo
+# is ordered after a failure that is not one.
+_ECHO = re.compile(r"remote process exited or there was a network error|ncclRemoteError|"
+                   r"Connection closed by (?:remote )?peer|Connection reset by peer")
+ECHO_WINDOW_S = 1.0
+# How far back a rank's own "I ended at" stamp may reach (a clock that disagrees is not believed further).
+MAX_STAMP_AGE_S = 60.0
 
 
 @dataclass
@@ -95,6 +106,16 @@ class RankState:
         return self.lost and not self.said_exit and not self.owned
 
     @property
+    def failed(self) -> bool:
+        """Crashed, or ended with a non-zero exit code: the run failed on this rank."""
+        return self.crashed or (self.finished and self.exit_code not in (None, 0))
+
+    @property
+    def echo(self) -> bool:
+        """Its error says a peer went away: it failed because another rank did."""
+        return self.raised and bool(_ECHO.search(self.error))
+
+    @property
     def state(self) -> str:
         if self.crashed:
             return "crashed"
@@ -105,13 +126,16 @@ class RankState:
         return "waiting" if self.cur is not None else "running"
 
     def how_ended(self) -> str:
-        if self.signal_name:
-            return f"killed by {self.signal_name}"
+        """'exited with code 3', 'killed by signal 9 (SIGKILL)', 'raised ValueError: ...' (after 'rank N')."""
+        if self.returncode is not None and self.returncode < 0:
+            return f"was killed by signal {-self.returncode} ({self.signal_name})"
         if self.raised:
             return f"raised {self.error}" if self.error else "raised an exception"
         if self.lost and not self.said_exit and self.returncode is None:
             return "lost its connection without an exit status (killed, or crashed outside Python)"
-        return f"exit code {self.exit_code}"
+        # sys.exit("message"): python prints the message and exits 1; the message says why.
+        said = f": {self.error}" if self.error and self.exit_code == 1 else ""
+        return f"exited with code {self.exit_code}{said}"
 
 
 @dataclass
@@ -265,9 +289,14 @@ class Aggregator:
             state.fr = message.get("fr", state.fr)
         elif kind == "exit":
             state.said_exit, state.message_code = True, int(message["code"])
-            state.raised, state.error = bool(message.get("crashed")), message.get("error", "")
-            state.pitfalls = message.get("pitfalls", [])
+            state.raised, state.error = bool(message.get("crashed")), message.get("error") or ""
+            state.pitfalls = message.get("pitfalls") or []
             state.cur = None
+            at = message.get("at")
+            if isinstance(at, (int, float)) and not isinstance(at, bool):
+                # The rank's own clock says when its script ended (its interpreter shutdown comes after).
+                age = min(max(time.time() - at, 0.0), MAX_STAMP_AGE_S)
+                state.ended_at = min(state.ended_at or now, now - age)
             state.ended_at = state.ended_at or now
             self.last_progress = now
 
@@ -370,22 +399,31 @@ class Aggregator:
             elif not live:
                 return None  # nothing can hang without a rank; the launcher's exit ends the job
         if not live:
-            return CRASH if any(s.crashed for s in self.ranks.values()) else OK
+            failed = any(s.failed for s in self.ranks.values()) or (self.spawned and bool(self.launcher_code))
+            return CRASH if failed else OK
         if now - self.last_progress < self.hang_timeout_s:
             return None
-        if any(s.crashed for s in self.ranks.values()):
+        if any(s.failed for s in self.ranks.values()):
             return CRASH
         if any(s.cur is not None for s in live):
             return HANG
         return None
 
     def exit_code(self, status: str) -> int:
-        if status != OK:
-            return 1
-        if self.spawned and self.launcher_code is not None:
-            return self.launcher_code
-        codes = [self.ranks[r].exit_code or 0 for r in sorted(self.ranks)]
-        return next((c for c in codes if c != 0), 0)
+        """watch's own exit code: 1 when the run failed (a user script's exit code 3 is its failure, not
+        ddpdoctor's bug code 3), 0 when every rank ended well."""
+        return 0 if status == OK else 1
+
+    def failure_order(self) -> list[int]:
+        """The failed ranks, first to fail first; an echo (failed because a peer went away) goes after a
+        real failure that ended at most ECHO_WINDOW_S later."""
+        ended = [s for s in self.ranks.values() if s.failed]
+
+        def key(state: RankState) -> tuple[float, int]:
+            at = state.ended_at if state.ended_at is not None else float("inf")
+            return (at + ECHO_WINDOW_S if state.echo else at, state.rank)
+
+        return [s.rank for s in sorted(ended, key=key)]
 
     # -- the report --------------------------------------------------------------------------------
 
@@ -475,12 +513,12 @@ class Aggregator:
         divergence = self.divergence() if status != OK else None
         if divergence and all(g["state"] in ("exited", "crashed") for g in divergence["groups"]):
             divergence = None  # everyone is gone: the crash order says more than a "divergence"
-        ended = [s for s in self.ranks.values() if s.crashed and s.ended_at is not None]
-        crash_order = [s.rank for s in sorted(ended, key=lambda s: (s.ended_at, s.rank))]
+        crash_order = self.failure_order()
         warnings = merge_pitfalls({r: s.pitfalls for r, s in self.ranks.items()}, self.world_size)
         return {"tool": "ddpdoctor", "version": __version__, "command": "watch", "status": status,
                 "exit_code": self.exit_code(status), "world_size": self.world_size,
                 "launch": "script" if self.spawned else "ranks",
+                "script_exit_code": self.launcher_code if self.spawned else None,
                 "hang_timeout_s": self.hang_timeout_s,
                 "stalled_s": round(time.monotonic() - self.last_progress, 3) if status == HANG else None,
                 "ranks": ranks, "divergence": divergence, "crash_order": crash_order,

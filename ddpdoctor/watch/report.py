@@ -32,7 +32,7 @@ def divergence_line(div: dict[str, Any]) -> str:
     for group in div["groups"]:
         who = rank_phrase(group["ranks"])
         if group["state"] in ("exited", "crashed"):
-            parts.append(f"{who} {group['state']} ({_short(group['how'])})")
+            parts.append(f"{who} {_short(group['how'])}")
         elif group["op"] is None:
             parts.append(f"{who} not in any collective, running {group['site'] or 'its own code'}")
         else:
@@ -96,11 +96,18 @@ def headline(result: dict[str, Any]) -> str:
         return "ddpdoctor watch: MISMATCH: the ranks issued different collectives at the same point; the job was torn down"
     if status == "crash":
         by_rank = {r["rank"]: r for r in result["ranks"]}
-        order = result.get("crash_order") or [r["rank"] for r in result["ranks"] if r["state"] == "crashed"]
+        order = [r for r in result.get("crash_order") or [] if r in by_rank]
+        if not order:
+            # A script that starts its own ranks failed in its own process (no rank did).
+            code = result.get("script_exit_code")
+            text = f"ddpdoctor watch: CRASH: the script exited with code {code}"
+            if not ws:
+                text += " before any process it started joined a process group: nothing was watched"
+            return text
         first = by_rank[order[0]]
-        text = f"ddpdoctor watch: CRASH: rank {first['rank']} crashed first ({ended_text(first)})"
+        text = f"ddpdoctor watch: CRASH: rank {first['rank']} {ended_text(first)}"
         if len(order) > 1:
-            text += f"; then {rank_phrase(order[1:])} failed"
+            text += f" first; then {rank_phrase(order[1:])} failed"
         if any(r["state"] in ("waiting", "running") for r in result["ranks"]):
             text += "; the rest were torn down"
         return text
@@ -116,13 +123,17 @@ def _short(text: str, limit: int = 100) -> str:
 
 
 def ended_text(rank: dict[str, Any]) -> str:
+    """How a rank ended, to follow 'rank N': 'exited with code 3', 'was killed by signal 9 (SIGKILL)'."""
+    code = rank["exit_code"]
     if rank["signal"]:
-        return f"killed by {rank['signal']}"
-    if rank["error"]:
+        number = f"signal {-code} " if isinstance(code, int) and code < 0 else ""
+        return f"was killed by {number}({rank['signal']})" if number else f"was killed by {rank['signal']}"
+    if rank["error"] and rank["state"] == "crashed":
         return f"raised {_short(rank['error'])}"
-    if rank["exit_code"] is None:
+    if code is None:
         return "lost its connection without an exit status"
-    return f"exit code {rank['exit_code']}"
+    said = f": {_short(rank['error'])}" if rank["error"] and code == 1 else ""
+    return f"exited with code {code}{said}"
 
 
 def render(result: dict[str, Any]) -> str:
