@@ -94,7 +94,7 @@ def test_a_rank_that_exited_while_others_wait_is_named_with_its_exit() -> None:
     assert agg.verdict(3.5) == HANG
     result = agg.result(HANG)
     assert divergence_line(result["divergence"]) == (
-        "collective #7: rank 0 in all_reduce float32[16] at t.py:33; rank 1 exited (exit code 0)")
+        "collective #7: rank 0 in all_reduce float32[16] at t.py:33; rank 1 exited with code 0")
     assert result["exit_code"] == 1
     assert "HANG" in render(result)
 
@@ -109,19 +109,63 @@ def test_crash_beats_hang_and_the_first_to_die_is_named_first() -> None:
     result = agg.result(CRASH)
     assert result["crash_order"] == [1]
     text = render(result)
-    assert "rank 1 crashed first (killed by SIGKILL)" in text
+    assert text.startswith("ddpdoctor watch: CRASH: rank 1 was killed by signal 9 (SIGKILL)")
     assert "the rest were torn down" in text
 
 
-def test_clean_run_passes_the_first_nonzero_exit_code_through() -> None:
+def test_a_nonzero_exit_is_the_rank_failing_and_watch_exits_1_not_the_scripts_code() -> None:
+    """A script's exit code 3 must not pass through as ddpdoctor's own bug code 3 (issue #20)."""
     agg = Aggregator(3, hang_timeout_s=2)
     hello_all(agg)
-    for rank, code in ((0, 0), (1, 4), (2, 3)):
-        agg.feed(rank, {"t": "exit", "code": code, "crashed": False, "error": ""}, 1.0)
-        agg.process_exited(rank, code, 1.0)
-    assert agg.verdict(9.0) == OK
-    assert agg.exit_code(OK) == 4
-    assert render(agg.result(OK)).startswith("ddpdoctor watch: ok: 3 ranks finished (exit code 4)")
+    for rank, code, at in ((0, 0, 1.0), (2, 3, 1.1), (1, 4, 1.2)):
+        agg.feed(rank, {"t": "exit", "code": code, "crashed": False, "error": ""}, at)
+        agg.process_exited(rank, code, at)
+    assert agg.verdict(9.0) == CRASH
+    result = agg.result(CRASH)
+    assert result["exit_code"] == 1 and result["crash_order"] == [2, 1]
+    assert render(result).startswith("ddpdoctor watch: CRASH: rank 2 exited with code 3 first; then rank 1 failed")
+
+
+def test_every_rank_exiting_0_is_ok_and_exit_0() -> None:
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    for rank in (0, 1):
+        agg.feed(rank, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 1.0)
+        agg.process_exited(rank, 0, 1.0)
+    assert agg.verdict(9.0) == OK and agg.exit_code(OK) == 0
+    assert render(agg.result(OK)).startswith("ddpdoctor watch: ok: 2 ranks finished (exit code 0)")
+
+
+def test_the_rank_that_failed_first_is_named_even_when_its_echo_was_seen_first() -> None:
+    """Rank 1 is SIGKILLed; rank 0's collective then fails with gloo's "Connection closed by peer" and its
+    exit message can be processed before the supervisor sees rank 1's death: rank 1 is still first."""
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    agg.feed(0, {"t": "exit", "code": 1, "crashed": True,
+                 "error": "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                          "[127.0.0.1]:29500 (at t.py:9)"}, 1.00)
+    agg.process_exited(0, 1, 1.01)
+    agg.feed(1, None, 1.02)
+    agg.process_exited(1, -9, 1.03)
+    result = agg.result(agg.verdict(1.1) or "")
+    assert result["status"] == CRASH and result["crash_order"] == [1, 0]
+    assert render(result).startswith("ddpdoctor watch: CRASH: rank 1 was killed by signal 9 (SIGKILL) first; "
+                                     "then rank 0 failed")
+
+
+def test_a_ranks_own_end_stamp_orders_failures_seen_in_one_poll() -> None:
+    """Two exit messages read in one poll (fd order, not time order): the ranks' own stamps decide."""
+    import time as clock
+
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    now = clock.time()
+    agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": "RuntimeError: boom", "at": now - 0.2}, 5.0)
+    agg.feed(1, {"t": "exit", "code": 3, "crashed": False, "error": "", "at": now - 0.5}, 5.0)
+    agg.process_exited(0, 1, 5.1)
+    agg.process_exited(1, 3, 5.1)
+    assert agg.result(CRASH)["crash_order"] == [1, 0]
+    assert "CRASH: rank 1 exited with code 3 first" in render(agg.result(CRASH))
 
 
 def test_pitfalls_merge_across_ranks_and_single_rank_jobs_skip_the_sampler_warning() -> None:

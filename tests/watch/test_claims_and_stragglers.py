@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.watch.aggregate import INIT_CONFLICT, OK, Aggregator, claim_conflict, straggler
+from ddpdoctor.watch.aggregate import CRASH, INIT_CONFLICT, OK, Aggregator, claim_conflict, straggler
 from ddpdoctor.watch.report import render
 from ddpdoctor.watch.spawned import spawn_sites
 
@@ -54,7 +54,7 @@ def test_a_duplicate_claim_stops_a_spawned_job_at_once_and_reads_as_such() -> No
     assert "EADDRINUSE" not in text and "port" not in text
 
 
-def test_a_spawned_job_is_over_when_its_launcher_exits_and_keeps_its_exit_code() -> None:
+def test_a_spawned_job_is_over_when_its_launcher_exits_and_its_failure_is_exit_1() -> None:
     agg = Aggregator(0, hang_timeout_s=600, spawned=True)
     assert agg.verdict(0.0) is None  # nothing has started yet: not "ok"
     agg.feed(-11, {"t": "hello", "rank": -11, "pid": 11, "host": "h", "role": "child", "index": 0}, 0.0)
@@ -62,15 +62,22 @@ def test_a_spawned_job_is_over_when_its_launcher_exits_and_keeps_its_exit_code()
     agg.feed(0, {"t": "exit", "code": 0}, 0.5)
     assert agg.verdict(0.6) is None  # the launcher still runs
     agg.launcher_exited(4, 0.7)
-    assert agg.verdict(0.7) == OK and agg.result(OK)["exit_code"] == 4
+    assert agg.verdict(0.7) == CRASH
+    result = agg.result(CRASH)
+    assert result["exit_code"] == 1 and result["script_exit_code"] == 4
+    assert render(result).startswith("ddpdoctor watch: CRASH: the script exited with code 4")
 
 
 def test_a_script_that_never_started_a_rank_says_nothing_was_watched() -> None:
     agg = Aggregator(0, hang_timeout_s=600, spawned=True)
     agg.launcher_exited(1, 0.5)
+    assert agg.verdict(0.5) == CRASH
+    assert render(agg.result(CRASH)).startswith("ddpdoctor watch: CRASH: the script exited with code 1 before any "
+                                                "process it started joined a process group: nothing was watched")
+    agg = Aggregator(0, hang_timeout_s=600, spawned=True)
+    agg.launcher_exited(0, 0.5)
     assert agg.verdict(0.5) == OK
-    assert render(agg.result(OK)).startswith("ddpdoctor watch: the script ended (exit code 1) before any process "
-                                             "it started joined a process group")
+    assert render(agg.result(OK)).startswith("ddpdoctor watch: the script ended (exit code 0) before any process")
 
 
 def stats(step_ms: float, wait_ms: float, window: int = 30) -> dict[str, Any]:
