@@ -159,7 +159,8 @@ def _state(d: Path, node: Any, what: str) -> dict[Any, Any]:
 def _ints(d: Path, node: Any, what: str) -> tuple[int, ...]:
     """A torch.Size (``torch.Size((8, 8))`` in the pickle) as a tuple of ints."""
     value = node.args[0] if isinstance(node, Reduced) and node.func_name == "torch.Size" and node.args else node
-    if isinstance(value, (tuple, list)) and all(type(v) is int and v >= 0 for v in value):
+    # Sizes are int64 in torch; a larger one is damage, and its products would overflow later.
+    if isinstance(value, (tuple, list)) and all(type(v) is int and 0 <= v < 1 << 63 for v in value):
         return tuple(value)
     raise _bad(d, f"{what} is not a size")
 
@@ -182,6 +183,8 @@ def read_metadata(d: Path) -> Reduced:
     except unpickler.UnsafeGlobalError as exc:
         raise DoctorError(f"{md_path} names {exc.name}, which is not part of a torch.distributed.checkpoint "
                           "metadata: refusing to read it (unpickling it could run code)") from None
+    except unpickler.PickleLimitError as exc:
+        raise DoctorError(f"{md_path}: {str(exc).replace('the pickle', 'the metadata pickle', 1)}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
             struct.error, RecursionError, MemoryError, OverflowError) as exc:
         raise DoctorError(f"{md_path}: the torch.distributed.checkpoint metadata is damaged or truncated "
@@ -324,7 +327,7 @@ def write_dcp_dir(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple[An
     if isinstance(st.get("planner_data"), dict):
         st["planner_data"] = {fqn_map.get(k, k): path_map.get(v, v) if isinstance(v, tuple) else v
                               for k, v in st["planner_data"].items()}
-    new_md = unpickler.dumps(d.metadata)
+    new_md = unpickler.dumps_or_refuse(d.metadata, d.path / METADATA)
     unpickler.ShadowUnpickler(new_md, _allowed).load()  # cheap self-check before anything is written
     try:
         with atomic_dir(out, mode_from=d.path) as tmp:
@@ -355,6 +358,8 @@ def _open_item(d: DcpDir, chunk: Chunk, what: str, allowed: Callable[[str], bool
         raise DoctorError(f"{what} needs {exc.name} to load, which torch.load(weights_only=True) refuses: "
                           "unpickling it can run arbitrary code. If you trust where the file came from, "
                           "pass --trust") from None
+    except unpickler.PickleLimitError as exc:
+        raise DoctorError(f"{what}: {str(exc).replace('the pickle', 'its pickle', 1)}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
             struct.error, RecursionError, MemoryError, OverflowError) as exc:
         raise DoctorError(f"{what} is damaged ({type(exc).__name__}: {exc})") from None
@@ -474,7 +479,7 @@ def write_torch_file(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple
             leaf = _item_graph(d, e.chunks[0], what, allowed, storages, first)
         leaves.append((path_map.get(e.path, e.path), leaf))
     root = _nest(leaves, d.path)
-    pickled = unpickler.dumps(root)
+    pickled = unpickler.dumps_or_refuse(root, d.path)
     meta = first[0] if first else None
 
     def small(name: str, default: bytes) -> bytes:

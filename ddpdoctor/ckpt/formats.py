@@ -76,14 +76,19 @@ def torch_load(path: Path, *, trust: bool, mmap: bool) -> Any:
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
-def _shadow_legacy(p: Path, fh: io.BytesIO) -> tuple[Any, list[str]]:
+def _shadow_legacy(p: Path, fh: io.BytesIO, *, trust: bool) -> tuple[Any, list[str]]:
     """A legacy file's main pickle as a shadow graph, every global recorded and none checked.
 
     Layout (torch.serialization._legacy_save): pickles of the magic number, the protocol version and
     sys_info, then the object (storages as persistent ids), then the storage keys, then raw storages.
     """
-    magic = unpickler.ShadowUnpickler(fh, None).load()
+    first = unpickler.ShadowUnpickler(fh, None)
+    magic = first.load()
     if magic != _LEGACY_MAGIC:
+        # A plain pickle of a malicious object: say so, as torch.load(weights_only=True) would.
+        unsafe = [g for g in first.globals_seen if not unpickler.is_allowed(g)]
+        if unsafe and not trust:
+            raise DoctorError(_unsafe_message(p, unsafe[0]))
         raise DoctorError(f"{p} is a pickle but not a torch checkpoint (no torch magic number)")
     unpickler.ShadowUnpickler(fh, None).load()  # protocol version
     unpickler.ShadowUnpickler(fh, None).load()  # sys_info
@@ -114,24 +119,42 @@ def open_checkpoint(path: str | Path, *, trust: bool = False, for_rewrite: bool 
         st = safetensors_file.open_safetensors(p)
         root = {name: _safetensors_meta(name, entry) for name, entry in st.tensors.items()}
         return Checkpoint(p, fmt, root, size, safetensors=st)
-    if fmt == FORMAT_LEGACY and not (trust and not for_rewrite):
-        return Checkpoint(p, fmt, torch_load(p, trust=trust, mmap=False), size)
     zf = zip_rewrite.open_zip(p) if fmt == FORMAT_ZIP else None
     try:
         if zf is not None:
             root, seen = unpickler.loads(zf.read("data.pkl"), trust=trust)
         else:  # read whole, as torch.load does: legacy files predate torch 1.6 and hold their storages
-            root, seen = _shadow_legacy(p, io.BytesIO(p.read_bytes()))
+            # Always replayed first, within the shadow reader's limits: torch.load has none (a memo bomb
+            # would hash 2^39 leaves in C, where no deadline can stop it).
+            root, seen = _shadow_legacy(p, io.BytesIO(read_input(p)), trust=trust)
     except unpickler.UnsafeGlobalError as exc:
         raise DoctorError(_unsafe_message(p, exc.name)) from None
+    except unpickler.PickleLimitError as exc:
+        raise DoctorError(limit_message(p, exc)) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
             AttributeError, struct.error, RecursionError, MemoryError, OverflowError) as exc:
         what = "its data.pkl is" if zf is not None else "its pickle is"
         raise DoctorError(f"{p}: {what} damaged ({type(exc).__name__}: {exc})") from None
+    if fmt == FORMAT_LEGACY and not (trust and not for_rewrite):
+        return Checkpoint(p, fmt, torch_load(p, trust=trust, mmap=False), size)
     unsafe: list[str] = []
     if trust:
         unsafe = [g for g in seen if not unpickler.is_allowed(g)]
     return Checkpoint(p, fmt, root, size, unsafe_globals=unsafe, zip=zf)
+
+
+def limit_message(p: Path, exc: unpickler.PickleLimitError) -> str:
+    """``PATH: the checkpoint's pickle expands to more than N objects ...; refusing to read it``."""
+    text = str(exc).replace("the pickle", "the checkpoint's pickle", 1)
+    return f"{p}: {text}"
+
+
+def read_input(p: Path) -> bytes:
+    """The whole file; a file that became unreadable since it was checked is one line, not a crash."""
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise DoctorError(f"cannot read checkpoint {p}: {exc.strerror or exc}") from None
 
 
 def _safetensors_meta(name: str, entry: Mapping[str, Any]) -> TensorMeta:

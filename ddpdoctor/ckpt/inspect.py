@@ -39,6 +39,8 @@ from ddpdoctor.ranks import format_rank_list
 
 
 def _human(n: int) -> str:
+    if n >= 1 << 80:  # only from a damaged or crafted file (sizes are int64): float(n) may overflow
+        return f"more than {1 << 80} B"
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
@@ -67,9 +69,11 @@ def _summarize(value: Any) -> str:
             n_groups = len(groups) if isinstance(groups, list) else 0
             lr = ""
             if isinstance(groups, list) and groups:
-                first = dict(mapping_pairs(groups[0]) or [])
-                if isinstance(first.get("lr"), (int, float)):
-                    lr = f", lr={first['lr']:g}"
+                # A crafted group may have unhashable keys or an integer lr too large for a float.
+                first = {k: v for k, v in mapping_pairs(groups[0]) or [] if isinstance(k, str)}
+                value = first.get("lr")
+                if type(value) is float or (type(value) is int and abs(value) < 1 << 63):
+                    lr = f", lr={value:g}"
             return f"optimizer state: {len(state)} parameter states, {n_groups} param group(s){lr}"
         names = ", ".join(str(k) for k, _ in pairs[:6]) + (", ..." if len(pairs) > 6 else "")
         return f"mapping with {len(pairs)} keys: {names}"

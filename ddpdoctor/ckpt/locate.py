@@ -74,14 +74,23 @@ def _storage_meta(pid: Any) -> tuple[str | None, str | None, int]:
         return None, None, 0
     storage_type, key, _location, numel = pid[1:5]
     dtype, size = _storage_dtype(storage_type.name if isinstance(storage_type, Global) else "UntypedStorage")
-    return dtype, str(_text(key)), numel * size if type(numel) is int else 0
+    return dtype, str(_text(key)), numel * size if _is_count(numel) else 0
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
     """A shape from a pickled size tuple; None if it is not plain integers."""
-    if isinstance(value, (tuple, list)) and all(type(d) is int for d in value):
+    if isinstance(value, (tuple, list)) and all(_is_count(d) for d in value):
         return tuple(value)
     return None
+
+
+# torch sizes, strides and element counts are int64: anything else in a pickle is damage (or an attack
+# whose products would overflow float conversions further on).
+_INT64_MAX = (1 << 63) - 1
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _INT64_MAX
 
 
 def tensor_meta(obj: Any, _depth: int = 0) -> TensorMeta | None:
@@ -149,15 +158,34 @@ def find_state_dicts(root: Any, key: str | None = None) -> list[StateDictLoc]:
     if key is not None:
         return [_resolve_key(root, key)]
     found: list[StateDictLoc] = []
+    # A crafted pickle can share one mapping under many keys at every level (memo references): walked path
+    # by path that is n^3 mappings of n entries. Each node is judged once, and a mapping is searched again
+    # only when reached at a smaller depth than before (at most _MAX_DEPTH + 1 times).
+    judged: dict[int, bool] = {}
+    searched_at: dict[int, int] = {}
+    reported: set[int] = set()
+    keep: list[Any] = []  # nodes judged stay alive, so their ids stay theirs
+
+    def is_state_dict(node: Any) -> bool:
+        i = id(node)
+        if i not in judged:
+            keep.append(node)
+            judged[i] = _state_dict_pairs(node) is not None
+        return judged[i]
 
     def visit(node: Any, path: tuple[str, ...]) -> None:
-        if _state_dict_pairs(node) is not None:
-            found.append(StateDictLoc(path, node))
+        if is_state_dict(node):
+            if id(node) not in reported:  # one object saved under two names is one state_dict
+                reported.add(id(node))
+                found.append(StateDictLoc(path, node))
+            return
+        if searched_at.get(id(node), _MAX_DEPTH + 1) <= len(path):
             return
         pairs = mapping_pairs(node)
         # Mappings with non-string keys (optimizer "state": {0: {...}}) hold no model weights.
         if pairs is None or len(path) >= _MAX_DEPTH or not all(isinstance(k, str) for k, _ in pairs):
             return
+        searched_at[id(node)] = len(path)
         # An optimizer state_dict keyed by parameter name (FSDP.optim_state_dict, DCP's get_state_dict)
         # holds {"exp_avg": tensor, "step": tensor} per parameter: optimizer state, not model weights.
         if is_optimizer_state(pairs):

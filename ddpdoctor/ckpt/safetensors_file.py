@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 from ddpdoctor.ckpt.filecopy import copy_range
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
 # The reference implementation refuses headers above 100 MB (safetensors/src/tensor.rs MAX_HEADER_SIZE).
 MAX_HEADER = 100_000_000
@@ -61,9 +62,10 @@ def open_safetensors(path: Path) -> SafeTensors:
             raise DoctorError(f"{bad}: header length {n} does not fit in the {size}-byte file (truncated?)")
         raw = fh.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DoctorError(f"{bad}: the JSON header does not parse ({exc})") from None
+        # Infinity, a 5,000-digit number or JSON nested thousands deep: refused here, in one line.
+        header = loads_untrusted(raw)
+    except (UnicodeDecodeError, UntrustedJSONError) as exc:
+        raise DoctorError(f"{bad}: the JSON header does not parse ({str(exc)[:200]})") from None
     if not isinstance(header, dict):
         raise DoctorError(f"{bad}: the JSON header is not an object")
     metadata = header.pop("__metadata__", None)
@@ -72,10 +74,10 @@ def open_safetensors(path: Path) -> SafeTensors:
     data_size = size - 8 - n
     for name, entry in header.items():
         try:
-            begin, end = (int(x) for x in entry["data_offsets"])
+            begin, end = (_count(x) for x in entry["data_offsets"])
             numel = 1
             for dim in entry["shape"]:
-                numel *= int(dim)
+                numel *= _count(dim)
             expected = numel * DTYPE_SIZES[entry["dtype"]]
         except (KeyError, TypeError, ValueError):
             raise DoctorError(f"{bad}: entry {name!r} lacks a valid dtype, shape or data_offsets") from None
@@ -83,6 +85,13 @@ def open_safetensors(path: Path) -> SafeTensors:
             raise DoctorError(f"{bad}: entry {name!r} points outside the data block or has the wrong size "
                               "(truncated file?)")
     return SafeTensors(path, header, metadata, 8 + n, data_size)
+
+
+def _count(value: Any) -> int:
+    """A size or offset: a non-negative integer, as the reference reader (``usize``) requires."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{value!r} is not a size")
+    return value
 
 
 def rewrite(src: SafeTensors, out: BinaryIO, renamed: dict[str, str], *, start_writeback: bool = False) -> None:

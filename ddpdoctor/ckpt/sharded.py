@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
 if TYPE_CHECKING:
     from ddpdoctor.ckpt.model import Checkpoint
@@ -91,10 +92,10 @@ def _read_index(path: Path) -> dict[str, Any]:
         size = path.stat().st_size
         if size > _MAX_INDEX:
             raise DoctorError(f"{path} is too large for a shard index ({size} bytes)")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_untrusted(path.read_bytes())
     except OSError as exc:
         raise DoctorError(f"cannot read the shard index {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (UnicodeDecodeError, UntrustedJSONError) as exc:
         raise DoctorError(f"{path} is not a valid shard index: the JSON does not parse "
                           f"({type(exc).__name__}: {str(exc)[:200]})") from None
     wmap = data.get("weight_map") if isinstance(data, dict) else None

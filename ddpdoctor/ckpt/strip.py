@@ -82,10 +82,7 @@ def _plan(ckpt: Checkpoint, plist: tuple[str, ...], key: str | None
 def _write_renamed(ckpt: Checkpoint, fh: BinaryIO, renames: dict[str, str], replacing: bool) -> None:
     """One file with its (already renamed) tree: zip and safetensors rewritten, legacy saved by torch."""
     if ckpt.zip is not None:
-        try:
-            new_pickle = unpickler.dumps(ckpt.root)
-        except RecursionError:
-            raise DoctorError(f"{ckpt.path}: its pickle nests objects too deeply to rewrite") from None
+        new_pickle = unpickler.dumps_or_refuse(ckpt.root, ckpt.path)
         unpickler.loads(new_pickle, trust=True)  # cheap self-check before anything is renamed
         zip_rewrite.rewrite(ckpt.zip, fh, new_pickle, start_writeback=replacing)
     elif ckpt.safetensors is not None:

@@ -24,6 +24,26 @@ from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
+from ddpdoctor.errors import DoctorError
+
+# Limits on what a pickle may build (see docs/ckpt.md, "Limits"). A real state_dict of a 70B-parameter model
+# is ~10^4-10^6 objects, a few levels deep, with integers of at most 64 bits: these are far above that and
+# far below what makes reading it (or hashing, printing, rewriting what it built) take long.
+MAX_OBJECTS = 20_000_000
+# The size of the object tree once every shared (memoised) reference is expanded: a BINGET of a tuple of a
+# million leaves costs a million here, as hashing or printing it would. 39 five-byte steps of
+# ``t = (t, t)`` describe 2^39 leaves: refused at the 26th.
+MAX_EXPANDED = 50_000_000
+# Our writer and torch.save recurse once or a few times per level (Python's limit: 1000 frames).
+MAX_DEPTH = 200
+# LONG4 can announce a 2 GiB integer; torch writes 64-bit ones. 256 bytes keep str() of any product of a few
+# of them far below Python's 4300-digit limit.
+MAX_INT_BYTES = 256
+
+
+class PickleLimitError(pickle.UnpicklingError):
+    """The pickle goes beyond one of the limits above: refused before anything expensive happens."""
+
 
 class UnsafeGlobalError(Exception):
     """The pickle names a class or function that weights-only loading refuses."""
@@ -121,12 +141,17 @@ def is_allowed(name: str) -> bool:
     return name in wo._get_allowed_globals() or name in wo._get_user_allowed_globals()
 
 
+# The pure-Python unpickler's handlers, which the limit-keeping ones below call.
+_BASE: dict[int, Callable[[Any], None]] = dict(pickle._Unpickler.dispatch)
+
+
 class ShadowUnpickler(pickle._Unpickler):
     """The pure-Python unpickler with every code-running opcode replaced by a record of it."""
 
     dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
     # Set by pickle._Unpickler.load(); declared for the type checker.
     stack: list[Any]
+    metastack: list[list[Any]]
     append: Callable[[Any], None]
     read: Callable[[int], bytes]
 
@@ -140,6 +165,203 @@ class ShadowUnpickler(pickle._Unpickler):
         self.allowed = allowed
         self.globals_seen: list[str] = []
         self._globals: dict[tuple[str, str], Global] = {}
+        # Expanded size and depth of every container built so far, by id; the containers are kept alive so
+        # an id is never reused while this unpickler lives.
+        self._size: dict[int, int] = {}
+        self._depth: dict[int, int] = {}
+        self._keep: list[Any] = []
+        self._expanded = 0
+        # Containers put back on the stack by GET/DUP: growing one after that would make the sizes recorded
+        # for its parents too small, so the finished graph is measured again (see _check_final).
+        self._shared: set[int] = set()
+        self._grew_shared = False
+
+    def load(self) -> Any:
+        obj = super().load()
+        if self._grew_shared:
+            self._check_final(obj)
+        return obj
+
+    # --- limits -------------------------------------------------------------------------------------------
+
+    def _measure(self, items: Iterable[Any]) -> tuple[int, int]:
+        size, depth = 0, 0
+        sizes, depths = self._size, self._depth
+        for item in items:
+            i = id(item)
+            size += sizes.get(i, 1)
+            d = depths.get(i, 1)
+            if d > depth:
+                depth = d
+        return size, depth
+
+    def _made(self, obj: Any, items: Iterable[Any]) -> None:
+        """Record a new container built from ``items`` (already on the stack, so already counted)."""
+        size, depth = self._measure(items)
+        self._record(obj, size + 1, depth + 1)
+
+    def _record(self, obj: Any, size: int, depth: int) -> None:
+        i = id(obj)
+        if i not in self._size:
+            self._keep.append(obj)
+            if len(self._keep) > MAX_OBJECTS:
+                raise PickleLimitError(f"the pickle holds more than {MAX_OBJECTS:,} objects; refusing to read it")
+        self._size[i] = size
+        self._depth[i] = depth
+        if size > MAX_EXPANDED:
+            raise _expanded_error()
+        if depth > MAX_DEPTH:
+            raise _depth_error()
+
+    def _grew(self, obj: Any, items: Iterable[Any]) -> None:
+        """``obj`` (a list, dict, set or shadow record) received ``items``."""
+        size, depth = self._measure(items)
+        i = id(obj)
+        self._record(obj, self._size.get(i, 1) + size, max(self._depth.get(i, 1), depth + 1))
+        if i in self._shared:
+            self._grew_shared = True
+
+    def _check_final(self, root: Any) -> None:
+        """Measure the finished graph (each node once, iteratively): a container grown after it was shared."""
+        size: dict[int, int] = {}
+        depth: dict[int, int] = {}
+        on_path: set[int] = set()
+        todo: list[tuple[Any, bool]] = [(root, False)]
+        while todo:
+            node, done = todo.pop()
+            kids = _children(node)
+            if kids is None:
+                continue
+            i = id(node)
+            if done:
+                on_path.discard(i)
+                s, d = 1, 1
+                for kid in kids:  # a kid still on the path is a cycle: counted once, as a leaf
+                    s += size.get(id(kid), 1)
+                    d = max(d, depth.get(id(kid), 1) + 1)
+                if s > MAX_EXPANDED:
+                    raise _expanded_error()
+                if d > MAX_DEPTH:
+                    raise _depth_error()
+                size[i], depth[i] = s, d
+            elif i not in size and i not in on_path:
+                on_path.add(i)
+                todo.append((node, True))
+                todo.extend((kid, False) for kid in kids)
+
+    def _shared_ref(self) -> None:
+        """A memo reference (or DUP) on top of the stack costs the size it expands to."""
+        obj = self.stack[-1]
+        i = id(obj)
+        n = self._size.get(i, 1)
+        if n > 1 or isinstance(obj, (list, dict, set, Reduced)):  # an empty list may still grow
+            self._shared.add(i)
+        self._expanded += n
+        if self._expanded > MAX_EXPANDED:
+            raise _expanded_error()
+
+    def _load_get(self) -> None:
+        _BASE[pickle.GET[0]](self)
+        self._shared_ref()
+
+    def _load_binget(self) -> None:
+        _BASE[pickle.BINGET[0]](self)
+        self._shared_ref()
+
+    def _load_long_binget(self) -> None:
+        _BASE[pickle.LONG_BINGET[0]](self)
+        self._shared_ref()
+
+    def _load_dup(self) -> None:
+        _BASE[pickle.DUP[0]](self)
+        self._shared_ref()
+
+    def _load_long4(self) -> None:
+        (n,) = struct.unpack("<i", self.read(4))
+        if n < 0 or n > MAX_INT_BYTES:
+            raise PickleLimitError(f"the pickle holds an integer of {n:,} bytes (a checkpoint's integers take "
+                                   f"at most 8; the limit is {MAX_INT_BYTES}); refusing to read it")
+        data = self.read(n)
+        if len(data) != n:
+            raise pickle.UnpicklingError("LONG4 runs past the end of the pickle")
+        self.append(pickle.decode_long(data))
+
+    def _made_top(self) -> None:
+        obj = self.stack[-1]
+        self._made(obj, obj)
+
+    def _load_tuple(self) -> None:
+        _BASE[pickle.TUPLE[0]](self)
+        self._made_top()
+
+    def _load_tuple1(self) -> None:
+        _BASE[pickle.TUPLE1[0]](self)
+        self._made_top()
+
+    def _load_tuple2(self) -> None:
+        _BASE[pickle.TUPLE2[0]](self)
+        self._made_top()
+
+    def _load_tuple3(self) -> None:
+        _BASE[pickle.TUPLE3[0]](self)
+        self._made_top()
+
+    def _load_list(self) -> None:
+        _BASE[pickle.LIST[0]](self)
+        self._made_top()
+
+    def _load_frozenset(self) -> None:
+        items = list(self.stack)
+        self._check_hashable(items)
+        _BASE[pickle.FROZENSET[0]](self)
+        self._made(self.stack[-1], items)
+
+    def _load_dict(self) -> None:
+        items = list(self.stack)
+        self._check_hashable(items[0::2])
+        _BASE[pickle.DICT[0]](self)
+        self._made(self.stack[-1], items)
+
+    def _check_hashable(self, keys: list[Any]) -> None:
+        """Hashing a key walks all of it in C: tuples over the limit never get here (refused when built)."""
+        for key in keys:
+            if isinstance(key, (list, dict, set, bytearray)):
+                raise pickle.UnpicklingError(f"a {type(key).__name__} used as a dict key or set item")
+
+    def _load_append(self) -> None:
+        value, target = self.stack[-1], self.stack[-2]
+        _BASE[pickle.APPEND[0]](self)
+        self._grew(target, (value,))
+
+    def _load_appends(self) -> None:
+        items, target = self.stack, self.metastack[-1][-1] if self.metastack and self.metastack[-1] else None
+        _BASE[pickle.APPENDS[0]](self)
+        self._grew(target, items)
+
+    def _load_setitem(self) -> None:
+        target, key, value = self.stack[-3], self.stack[-2], self.stack[-1]
+        if not isinstance(target, Reduced):
+            self._check_hashable([key])
+        _BASE[pickle.SETITEM[0]](self)
+        self._grew(target, (key, value))
+
+    def _load_setitems(self) -> None:
+        items, target = self.stack, self.metastack[-1][-1] if self.metastack and self.metastack[-1] else None
+        if not isinstance(target, Reduced):
+            self._check_hashable(items[0::2])
+        _BASE[pickle.SETITEMS[0]](self)
+        self._grew(target, items)
+
+    def _load_additems(self) -> None:
+        items, target = self.stack, self.metastack[-1][-1] if self.metastack and self.metastack[-1] else None
+        self._check_hashable(items)
+        _BASE[pickle.ADDITEMS[0]](self)
+        self._grew(target, items)
+
+    def _load_binpersid(self) -> None:
+        pid = self.stack[-1]
+        _BASE[pickle.BINPERSID[0]](self)
+        self._made(self.stack[-1], (pid,))
 
     def find_class(self, module: str, name: str) -> Global:
         mapped_module, mapped_name = NAME_MAPPING.get((module, name), (IMPORT_MAPPING.get(module, module), name))
@@ -158,18 +380,22 @@ class ShadowUnpickler(pickle._Unpickler):
 
     def _load_reduce(self) -> None:
         args = self.stack.pop()
-        self.stack[-1] = Reduced(self.stack[-1], args)
+        func = self.stack[-1]
+        self.stack[-1] = Reduced(func, args)
+        self._made(self.stack[-1], (func, args))
 
     def _load_newobj(self) -> None:
         args = self.stack.pop()
         cls = self.stack.pop()
         self.append(Reduced(cls, args, newobj=True))
+        self._made(self.stack[-1], (cls, args))
 
     def _load_newobj_ex(self) -> None:
         kwargs = self.stack.pop()
         args = self.stack.pop()
         cls = self.stack.pop()
         self.append(Reduced(cls, args, newobj=True, kwargs=kwargs))
+        self._made(self.stack[-1], (cls, args, kwargs))
 
     def _load_build(self) -> None:
         state = self.stack.pop()
@@ -177,6 +403,7 @@ class ShadowUnpickler(pickle._Unpickler):
         if not isinstance(inst, Reduced):
             raise pickle.UnpicklingError(f"BUILD on a {type(inst).__name__}")
         inst.states.append(state)
+        self._grew(inst, (state,))
 
     def _load_bytearray8(self) -> None:
         # pickle's own handler allocates (and zero-fills) the announced length before reading: a crafted
@@ -201,6 +428,47 @@ class ShadowUnpickler(pickle._Unpickler):
     dispatch[pickle.BYTEARRAY8[0]] = _load_bytearray8
     dispatch[pickle.INST[0]] = _load_unsupported
     dispatch[pickle.OBJ[0]] = _load_unsupported
+    dispatch[pickle.GET[0]] = _load_get
+    dispatch[pickle.BINGET[0]] = _load_binget
+    dispatch[pickle.LONG_BINGET[0]] = _load_long_binget
+    dispatch[pickle.DUP[0]] = _load_dup
+    dispatch[pickle.LONG4[0]] = _load_long4
+    dispatch[pickle.TUPLE[0]] = _load_tuple
+    dispatch[pickle.TUPLE1[0]] = _load_tuple1
+    dispatch[pickle.TUPLE2[0]] = _load_tuple2
+    dispatch[pickle.TUPLE3[0]] = _load_tuple3
+    dispatch[pickle.LIST[0]] = _load_list
+    dispatch[pickle.DICT[0]] = _load_dict
+    dispatch[pickle.FROZENSET[0]] = _load_frozenset
+    dispatch[pickle.APPEND[0]] = _load_append
+    dispatch[pickle.APPENDS[0]] = _load_appends
+    dispatch[pickle.SETITEM[0]] = _load_setitem
+    dispatch[pickle.SETITEMS[0]] = _load_setitems
+    dispatch[pickle.ADDITEMS[0]] = _load_additems
+    dispatch[pickle.BINPERSID[0]] = _load_binpersid
+
+
+def _expanded_error() -> PickleLimitError:
+    return PickleLimitError(f"the pickle expands to more than {MAX_EXPANDED:,} objects (shared references); "
+                            "refusing to read it")
+
+
+def _depth_error() -> PickleLimitError:
+    return PickleLimitError(f"the pickle nests objects more than {MAX_DEPTH} levels deep; refusing to read it")
+
+
+def _children(node: Any) -> Iterable[Any] | None:
+    """The objects a node refers to (None for a leaf), as :func:`walk` visits them."""
+    if isinstance(node, (list, tuple, set, frozenset)):
+        return node
+    if isinstance(node, dict):
+        return [*node.keys(), *node.values()]
+    if isinstance(node, Reduced):
+        return [node.func, node.args, node.kwargs, *node.listitems, *(x for kv in node.dictitems for x in kv),
+                *node.states]
+    if isinstance(node, PidRef):
+        return (node.pid,)
+    return None
 
 
 def loads(data: bytes, *, trust: bool = False) -> tuple[Any, list[str]]:
@@ -304,6 +572,11 @@ class _Writer:
             self.w(pickle.BININT + struct.pack("<i", value))
         else:
             raw = pickle.encode_long(value)
+            # LONG1 holds at most 255 bytes; LONG4 (2^2039 and up) is not among the opcodes
+            # torch.load(weights_only=True) reads ("Unsupported operand 139"): refuse rather than write it.
+            if len(raw) > 255:
+                raise pickle.PicklingError(f"an integer of {len(raw)} bytes cannot be written in a form "
+                                           "torch.load(weights_only=True) reads (LONG1 holds 255 bytes)")
             self.w(pickle.LONG1 + bytes([len(raw)]) + raw)
 
     def save_str(self, text: str) -> None:
@@ -379,6 +652,16 @@ def dumps(obj: Any) -> bytes:
     writer.save(obj)
     writer.w(pickle.STOP)
     return writer.out.getvalue()
+
+
+def dumps_or_refuse(obj: Any, what: object) -> bytes:
+    """:func:`dumps`, with what it cannot write as one line naming ``what`` (the checkpoint), exit 2."""
+    try:
+        return dumps(obj)
+    except RecursionError:
+        raise DoctorError(f"{what}: its pickle nests objects too deeply to rewrite") from None
+    except pickle.PicklingError as exc:
+        raise DoctorError(f"{what}: cannot rewrite its pickle: {exc}") from None
 
 
 def walk(obj: Any, visit: Callable[[Any], bool], _seen: set[int] | None = None) -> None:
