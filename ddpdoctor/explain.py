@@ -50,6 +50,7 @@ MAX_MATCH_CHARS = 4096
 # Terminal-wrapped lines (issue 15): a line at least this long may continue on up to this many next lines.
 MIN_WRAP_CHARS = 60
 MAX_CONTINUATION_LINES = 3
+MAX_BACKWARD_LINES = 2  # the pieces before the keyword's: the message's start, its "[rank3]:" or "[Rank 3]"
 # A rank has at most this many digits (jobs have at most a few hundred thousand ranks); more is text, not
 # a rank: CPython refuses int() of over 4,300 digits, and a 5,000-digit "[rank777...]" was a crash.
 MAX_RANK_DIGITS = 7
@@ -86,6 +87,10 @@ _DIST_CONTEXT = re.compile(
     rb"torch[./\\]distributed|torchrun|\[rank\d|\[RANK \d|ProcessGroup|NCCL|[Rr]ank \d|local_rank|LOCAL_RANK"
     rb"|DistributedDataParallel|init_process_group|multiprocessing[./\\]spawn|WORLD_SIZE|deepspeed|accelerate")
 # mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.
+# What starts a new log line, never the middle of a wrapped one: a glog or ISO time stamp, an NCCL
+# "host:pid:tid [dev] NCCL" header, a traceback's header.
+_LINE_HEADER = re.compile(
+    r"\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[?\d{4}-\d\d-\d\d[ T]\d\d:|[\w.-]+:\d+:\d+ \[\d+\] NCCL |Traceback \(most")
 _SPAWN_HEADER = re.compile(r"Process (\d{1,7}) terminated with the following error")
 _PG_RANK = re.compile(r"\[(?:PG [^\]\[]*?)?Rank (\d{1,7})\]")
 _NCCL_RANK = re.compile(r"\brank (\d{1,7})\b")
@@ -286,22 +291,42 @@ def prefilter_anchors(keywords: Iterable[str]) -> dict[str, bytes]:
 
 
 def build_prefilter(keywords: Iterable[str]) -> list[re.Pattern[bytes]]:
-    """One regex per anchor lead byte: ``x(?:pected to have finished reduction|itcode|...)``, ``N(?:CCL ...``.
+    """One regex per anchor lead byte: ``x(?:pected to (?:have finished reduction|mark ...)|itcode|...)``.
 
-    ``re`` finds the leading literal byte in a tight C loop and tries the alternation only there; one
-    pass per distinct lead byte (see ``prefilter_anchors`` for how few there are).
+    ``re`` finds the leading literal byte in a tight C loop and tries the rest only there; one pass per
+    distinct lead byte (see ``prefilter_anchors`` for how few there are). The rest is a trie (one branch per
+    distinct next byte, see ``_anchor_trie``): a lead byte followed by ordinary text fails at its first byte.
     """
     groups: dict[bytes, set[bytes]] = {}
     for anchor in prefilter_anchors(keywords).values():
         groups.setdefault(anchor[:1], set()).add(anchor[1:])
     out = []
     for lead, rests in sorted(groups.items()):
-        alts = sorted(rests, key=lambda r: (-len(r), r))
         if b"" in rests:  # the bare lead byte matches everything the longer keywords would
             out.append(re.compile(re.escape(lead)))
         else:
-            out.append(re.compile(re.escape(lead) + b"(?:" + b"|".join(re.escape(a) for a in alts) + b")"))
+            out.append(re.compile(re.escape(lead) + _anchor_trie(rests, root=True)))
     return out
+
+
+def _anchor_trie(rests: set[bytes], root: bool = False) -> bytes:
+    """A regex for any of ``rests`` whole, or for a proper prefix of one followed by the line end.
+
+    The second form is an anchor the terminal cut: a terminal wraps a long line at its width wherever the
+    width falls, also inside a keyword, and the line holding the anchor's first part must still be a hit or
+    the message is lost (issue 15; ``Scanner._rejoin`` then joins the pieces). At least one byte must follow
+    the lead byte before such a cut: a bare capital at a line end is everywhere (NCCL's ``Init COMPLETE``
+    made ten times the hits on a noisy log).
+    """
+    children: dict[int, set[bytes]] = {}
+    for rest in rests:
+        children.setdefault(rest[0], set()).add(rest[1:])
+    # A rest that ends at a child is matched whole there; longer rests through it contain it.
+    branches = [re.escape(bytes([byte])) + (b"" if b"" in tails else _anchor_trie(tails))
+                for byte, tails in sorted(children.items())]
+    if not root:
+        branches.append(rb"\r\n|\n")
+    return b"(?:" + b"|".join(branches) + b")"
 
 
 def _timestamp(text: str) -> tuple[int, ...] | None:
@@ -363,6 +388,32 @@ def _rank_int(digits: str) -> int | None:
     return int(digits) if digits.isdecimal() and len(digits) <= MAX_RANK_DIGITS else None
 
 
+def _wraps_onto(above: str, below: str) -> bool:
+    """Whether ``below`` may be the rest of ``above`` that a terminal wrapped onto the next line."""
+    return (len(above) >= MIN_WRAP_CHARS and 0 < len(below) <= len(above) and bool(below.strip())
+            and not _LINE_PREFIX_RANK.match(below) and not _LINE_HEADER.match(below))
+
+
+_Probe = tuple[Signature | None, int, int | None, int]  # see Scanner._probe
+
+
+def _says_more(joined: _Probe, alone: _Probe) -> bool:
+    """Whether a rejoined line's match (see ``Scanner._probe``) tells more than the line's own.
+
+    More: another signature, or the same one with a rank, a more specific pattern or more details. Not a
+    longer match where the line's own ran to its end (``work: 80`` of ``work: 808`` cut by the wrap): tried,
+    and it glued the next, unrelated line onto a detail line ending in digits.
+    """
+    sig, index, rank, details = joined
+    if sig is None:
+        return False
+    if sig is not alone[0]:
+        return True
+    if alone[2] is not None:
+        return rank == alone[2] and (index < alone[1] or details > alone[3])
+    return rank is not None or index < alone[1] or details > alone[3]
+
+
 class Scanner:
     """Feed it streams (one per file); ask for the ordered diagnoses at the end."""
 
@@ -375,6 +426,7 @@ class Scanner:
         self._keywords = tuple(sorted({k for s in self.kb for k in s.keywords}))
         self._sig_keywords = {s.id: frozenset(s.keywords) for s in self.kb}
         self._pending: tuple[tuple[Signature, ...], int] | None = None  # follow-up lines owed to the next block
+        self._floor = 0  # offset in the current block before which lines were matched already (see _rejoin)
         self._found: dict[str, Diagnosis] = {}
         self._distributed = False  # seen any sign of a distributed job (see _DIST_CONTEXT)
         self.files: list[str] = []
@@ -444,10 +496,12 @@ class Scanner:
             m = rx.search(block, 0, size)
             while m is not None:
                 start = block.rfind(b"\n", 0, m.start()) + 1
-                end = _line_end(block, m.end(), size)
+                # A cut anchor (see _cut_trie) ends with the line's own newline.
+                end = m.end() - 1 if block[m.end() - 1] == 10 else _line_end(block, m.end(), size)
                 hits[start] = end
                 m = rx.search(block, end + 1, size) if end + 1 < size else None
         pending, self._pending = self._pending, None
+        self._floor = 0
         if pending is not None:  # a match at the end of the previous block wants to see these lines
             hits.setdefault(0, _line_end(block, 0, size))
         if not hits:
@@ -515,15 +569,18 @@ class Scanner:
         return last, line_no - 1
 
     @staticmethod
-    def _lookback(block: bytearray, start: int, tail: bytes, count: int = LOOKBACK_LINES) -> list[str]:
-        """Up to ``count`` lines (within 8 KiB) before the line at ``start``, nearest first."""
+    def _lookback(block: bytearray, start: int, tail: bytes, count: int = LOOKBACK_LINES,
+                  strip: bool = True) -> list[str]:
+        """Up to ``count`` lines (within 8 KiB) before the line at ``start``, nearest first, paste prefixes
+        stripped unless ``strip`` is False."""
         before = bytes(block[max(0, start - 8192):start])
         if start < 8192:
             before = tail + before
         lines = before.decode("utf-8", errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
-        return [_strip_paste(ln.rstrip("\r")[:MAX_MATCH_CHARS]) for ln in reversed(lines[-count:])]
+        clean = _strip_paste if strip else str
+        return [clean(ln.rstrip("\r")[:MAX_MATCH_CHARS]) for ln in reversed(lines[-count:])]
 
     def _match_at(self, block: bytearray, start: int, end: int, size: int, sigs: tuple[Signature, ...] | list[Signature],
                   gate: bool, name: str, file_index: int, line_no: int, file_rank: int | None,
@@ -531,68 +588,128 @@ class Scanner:
         """Match the line ``block[start:end]`` (0-based line ``line_no``), whole, in windows, or rejoined.
 
         Returns the signature credited (or None), the offset of the last line used and how many continuation
-        lines were used with it (0 unless a terminal-wrapped message was rejoined).
+        lines were used with it (0 unless a terminal-wrapped message was rejoined with lines after it).
         """
-        lookback = partial(self._lookback, block, start, tail)
+        floor, self._floor = self._floor, end + 1
         if end - start > MAX_MATCH_CHARS:
             self.lines_windowed += 1
+            lookback = partial(self._lookback, block, start, tail)
             for text in _windows(block, start, end):
                 sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
                 if sig is not None:
                     return sig, start, 0
             return None, start, 0
         text = _decode(block, start, end)
-        if len(text) >= MIN_WRAP_CHARS and end + 1 < size:
-            joined = self._rejoin(block, end, size, text, sigs, gate)
-            if joined is not None:
-                whole, last, used = joined
-                sig = self._match_line(whole, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
-                if sig is not None:
-                    return sig, last, used
-        return self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback), start, 0
+        joined = self._rejoin(block, start, end, size, text, sigs, gate, floor)
+        if joined is not None:
+            whole, first, back, last, used = joined
+            lookback = partial(self._lookback, block, first, tail)
+            sig = self._match_line(whole, sigs, gate, name, file_index, line_no + 1 - back, file_rank, lookback)
+            if sig is not None:
+                self._floor = _line_end(block, last, size) + 1
+                return sig, last, used
+        lookback = partial(self._lookback, block, start, tail)
+        sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+        if sig is None:
+            self._floor = floor  # a line credited to nothing may still be the first piece of the next one's
+        return sig, start, 0
 
-    def _rejoin(self, block: bytearray, end: int, size: int, text: str, sigs: tuple[Signature, ...] | list[Signature],
-                gate: bool) -> tuple[str, int, int] | None:
-        """The line and its next 1..``MAX_CONTINUATION_LINES`` lines joined, if that is a terminal-wrapped message.
+    def _rejoin(self, block: bytearray, start: int, end: int, size: int, text: str,
+                sigs: tuple[Signature, ...] | list[Signature], gate: bool,
+                floor: int) -> tuple[str, int, int, int, int] | None:
+        """The line joined with the pieces of it a terminal wrapped onto the lines around it, if it is one.
 
-        A terminal wraps a long line at its width without a separator, so the pieces are joined as they
-        are (less what pasting put in front of each). They are taken for one message only when the joined
-        text matches a signature that none of the pieces matches alone: a width-detection heuristic was
-        tried and reverted (repeated NCCL lines of one length looked wrapped). Bounded: a few lines,
-        ``MAX_MATCH_CHARS`` characters in all. Returns (joined text, offset of the last piece, pieces added).
+        A terminal wraps a long line at its width without a separator, so the pieces are joined as they are
+        (less what pasting put in front of each). The keyword may sit on a later piece than the message's
+        start or its ``[Rank 3]``, so up to ``MAX_BACKWARD_LINES`` lines before this one are tried too, and
+        up to ``MAX_CONTINUATION_LINES`` after it. A boundary is a plausible wrap only when the piece above
+        it is at least ``MIN_WRAP_CHARS`` long, the piece below is not longer (a terminal fills every piece
+        but the last to its width), and the piece below is neither blank nor a new ``[rankN]:`` line. The
+        joined text is kept only when it says more than the line alone: a signature the line does not match,
+        or the same one with a rank or a more specific pattern; and never when a piece other than this line
+        matches that signature on its own (it would have been its own match). A width-detection heuristic was
+        tried and reverted (repeated NCCL lines of one length looked wrapped). Bounded: a few lines read back
+        within this block and not before ``floor`` (lines already matched), ``MAX_MATCH_CHARS`` characters in
+        all. Returns (joined text, offset of the first piece, pieces before, offset of the last piece, pieces
+        after).
         """
-        first = _strip_paste(text)
-        alone = self._classify(first, sigs, gate)
-        pieces = [first]
-        total = len(text)
-        pos = end + 1
-        for added in range(1, MAX_CONTINUATION_LINES + 1):
-            if pos >= size:
-                return None
+        back: list[tuple[int, str]] = []  # (offset, raw text), nearest first
+        below, pos = text, start
+        while len(back) < MAX_BACKWARD_LINES and pos > floor and pos > 0:
+            pstart = block.rfind(b"\n", 0, pos - 1) + 1
+            if pstart < floor or pos - 1 - pstart > MAX_MATCH_CHARS:
+                break
+            piece = _decode(block, pstart, pos - 1)
+            if not _wraps_onto(piece, below):
+                break
+            back.append((pstart, piece))
+            below, pos = piece, pstart
+        fwd: list[tuple[int, str]] = []
+        above, pos = text, end + 1
+        while len(fwd) < MAX_CONTINUATION_LINES and pos < size:
             nend = _line_end(block, pos, size)
-            if nend - pos + total > MAX_MATCH_CHARS:
-                return None
-            piece = _strip_paste(_decode(block, pos, nend))
-            if not piece.strip() or _LINE_PREFIX_RANK.match(piece):
-                return None  # a blank line or a new rank-prefixed line: not the rest of this one
-            pieces.append(piece)
-            total += len(piece)
-            joined = "".join(pieces)
-            sig = self._classify(joined, sigs, gate)
-            if sig is not None and sig is not alone and not any(_first_match(sig.patterns, p)[1] for p in pieces):
-                return text + "".join(pieces[1:]), pos, added
-            pos = nend + 1
-        return None
+            if nend - pos > MAX_MATCH_CHARS:
+                break
+            piece = _decode(block, pos, nend)
+            if not _wraps_onto(above, piece):
+                break
+            fwd.append((pos, piece))
+            above, pos = piece, nend + 1
+        if not back and not fwd:
+            return None
+        best = alone = self._probe(_strip_paste(text), sigs, gate)
+        chosen: tuple[str, int, int, int, int] | None = None
+        checked: dict[int, Signature | None] = {}
+        for total in range(1, len(back) + len(fwd) + 1):
+            for nb in range(min(total, len(back)), -1, -1):
+                nf = total - nb
+                if nf > len(fwd):
+                    continue
+                pieces = [p for _, p in reversed(back[:nb])] + [text] + [p for _, p in fwd[:nf]]
+                if sum(map(len, pieces)) > MAX_MATCH_CHARS:
+                    continue
+                stripped = [_strip_paste(p) for p in pieces]
+                joined = self._probe("".join(stripped), sigs, gate)
+                if not _says_more(joined, best):
+                    continue
+                others = [i for i in range(len(pieces)) if i != nb]
+                clash = False
+                for i in others:
+                    if i not in checked:
+                        checked[i] = self._probe(stripped[i], sigs, gate)[0]
+                    if checked[i] is joined[0]:
+                        clash = True
+                        break
+                if clash:
+                    continue
+                first = back[nb - 1][0] if nb else start
+                last = fwd[nf - 1][0] if nf else start
+                # Kept, and more pieces tried: the detail that names the rank may be one piece further.
+                best, chosen = joined, (pieces[0] + "".join(stripped[1:]), first, nb, last, nf)
+        return chosen if best is not alone else None
 
-    def _classify(self, text: str, sigs: tuple[Signature, ...] | list[Signature], gate: bool) -> Signature | None:
-        """The first signature whose patterns match ``text`` (already stripped), without crediting it."""
+    def _probe(self, text: str, sigs: tuple[Signature, ...] | list[Signature],
+               gate: bool) -> _Probe:
+        """What ``text`` (already stripped) would be credited as, without crediting it.
+
+        (signature or None, index of the pattern that matched, rank if the text names one, named details).
+        """
         present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
         for sig in sigs:
             if gate and self._sig_keywords[sig.id].isdisjoint(present):
                 continue
-            if _first_match(sig.patterns, text)[1] is not None:
-                return sig
-        return None
+            index, m = _first_match(sig.patterns, text)
+            if m is None:
+                continue
+            groups = {k for k, v in m.groupdict().items() if v is not None}
+            for extra in sig.extract:
+                em = extra.search(text)
+                if em:
+                    groups.update(k for k, v in em.groupdict().items() if v is not None)
+            rank = m.groupdict().get("rank")
+            found = _rank_int(rank) if rank else self._line_rank(text, None)
+            return sig, index, found, len(groups)
+        return None, -1, None, 0
 
     # -- matching ----------------------------------------------------------------------------------
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
@@ -600,6 +717,8 @@ class Scanner:
         """Credit the line to the first signature that matches it; return that signature (or None)."""
         raw = text
         label = _SRUN_LABEL.match(text.lstrip("> "))
+        if label is not None and self._wrapped_label(lookback, text):
+            label = None
         text = _strip_paste(text)
         present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
         for sig in sigs:
@@ -642,6 +761,16 @@ class Scanner:
             diag.add(ev, rank, index, groups, (file_index, line_no), _timestamp(text))
             return sig
         return None
+
+    @staticmethod
+    def _wrapped_label(lookback: Any, text: str) -> bool:
+        """Whether an srun ``10: `` label at the start of ``text`` is only where a terminal cut a longer line.
+
+        ``...NCCL version 2.18.5 10: ncclSystemError`` wrapped at ``1`` starts the next line with ``0: ``;
+        under ``srun --label`` the line above carries a label too, a wrapped line's first piece does not.
+        """
+        above = lookback(1, strip=False)
+        return bool(above) and len(above[0]) >= MIN_WRAP_CHARS and _SRUN_LABEL.match(above[0].lstrip("> ")) is None
 
     @staticmethod
     def _torchrun_context(text: str, groups: dict[str, str], lookback: Any) -> tuple[bool, int | None]:
@@ -694,7 +823,10 @@ class Scanner:
         Only hit lines pay for this walk (at most ``TRACEBACK_LOOKBACK_LINES`` lines, within 8 KiB).
         """
         seen_traceback = False
-        for ln in lookback(TRACEBACK_LOOKBACK_LINES):
+        lines = lookback(TRACEBACK_LOOKBACK_LINES)
+        for i, ln in enumerate(lines):
+            if i + 1 < len(lines) and _wraps_onto(lines[i + 1], ln) and not ln.startswith("Traceback"):
+                continue  # the rest of a long frame line a terminal wrapped: still inside the traceback
             m = _SPAWN_HEADER.search(ln)
             if m:
                 return int(m.group(1))

@@ -129,12 +129,11 @@ def _wrapped(data: bytes, width: int) -> bytes:
 
 
 @pytest.mark.parametrize("transform", [
-    # Issue 15's open gap: rejoining (Scanner._rejoin) brought the changed first diagnoses at 120 columns from
-    # 20 to 11 of 75; what is left is a keyword or a rank cut by the wrap on a line the scanner never visits.
-    pytest.param(lambda b: _wrapped(b, 120), id="terminal-wrapped-120",
-                 marks=pytest.mark.xfail(strict=True, reason="issue 15: 11 of 75 logs still change when wrapped")),
-    pytest.param(lambda b: _wrapped(b, 80), id="terminal-wrapped-80",
-                 marks=pytest.mark.xfail(strict=True, reason="issue 15: 13 of 75 logs still change when wrapped")),
+    # Issue 15: rejoining (Scanner._rejoin: pieces after and before the keyword's line, keywords cut by the wrap
+    # found by the prefilter's _anchor_trie) keeps every first diagnosis and rank set at both widths.
+    pytest.param(lambda b: _wrapped(b, 120), id="terminal-wrapped-120"),
+    pytest.param(lambda b: _wrapped(b, 80), id="terminal-wrapped-80"),
+    pytest.param(lambda b: _wrapped(b, 100), id="terminal-wrapped-100"),
     pytest.param(lambda b: b.replace(b"\n", b"\r\n"), id="crlf"),
     pytest.param(lambda b: b"".join(b"> " + ln for ln in b.splitlines(keepends=True)), id="quoted"),
     pytest.param(lambda b: b"".join(b"[%d] " % (i + 40) + ln for i, ln in enumerate(b.splitlines(keepends=True))),
@@ -175,3 +174,44 @@ def test_srun_label_names_the_rank() -> None:
     labelled = b"".join(b"3: " + ln for ln in data.splitlines(keepends=True))
     d = explain_text(labelled).diagnoses[0]
     assert (d.id, d.ranks) == ("mark-ready-twice", {3})
+
+
+def test_wrapped_keyword_cut_and_rank_on_an_earlier_piece() -> None:
+    """What wrapping broke before (issue 15), on real lines (nccl_timeout_pg_guid.log,
+    collective_mismatch_app_logger_rank_prefix.log): the keyword `Timeout(ms)=` on the second piece while the
+    message and its `[rank1]:` sit on the first; `Exception (either an error or timeout)` cut inside the keyword
+    itself; the app logger's `[RANK 1]` two pieces above the collective mismatch."""
+    from ddpdoctor.explain import explain_text
+
+    for name, width, want in (("nccl_timeout_pg_guid.log", 120, ("nccl-timeout", [0, 1, 2])),
+                              ("nccl_timeout_pg_guid.log", 97, ("nccl-timeout", [0, 1, 2])),
+                              ("collective_mismatch_app_logger_rank_prefix.log", 120, ("collective-mismatch", [1])),
+                              ("collective_mismatch_app_logger_rank_prefix.log", 80, ("collective-mismatch", [1]))):
+        got = _first(explain_text(_wrapped((CORPUS / name).read_bytes(), width)))
+        assert got == want, (name, width, got)
+    # Wrapped at every width from 60 columns on: the cut falls inside the keyword or the `[PG ... Rank 1]`
+    # (each lost the rank or the diagnosis before). A detail cut by the wrap (`work: 80` / `8,`) stays cut.
+    line = ("[rank1]:[E626 06:24:44.906457629 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 1] "
+            "Exception (either an error or timeout) detected by watchdog at work: 808, last enqueued NCCL work: 811")
+    lost = []
+    for width in range(60, len(line)):
+        d = explain_text(_wrapped(line.encode() + b"\n", width)).diagnoses
+        if [(x.id, x.ranks) for x in d] != [("nccl-timeout", {1})]:
+            lost.append(width)
+    assert lost == [], lost
+
+
+def test_wrapping_does_not_borrow_a_rank_from_an_unrelated_line_above() -> None:
+    """A long `[rank3]:` line above a shorter line that starts a new log record (a glog time stamp) is not
+    its first piece: the port-in-use line has no rank, and an srun label stays the line's rank under srun."""
+    from ddpdoctor.explain import explain_text
+
+    text = ("[rank3]: " + "x" * 200 + "\n"
+            "[W1122 03:40:12.105000000 socket.cpp:462] [c10d] The server socket has failed to bind to "
+            "0.0.0.0:29500 (errno: 98 - Address already in use).\n")
+    d = explain_text(text).diagnoses[0]
+    assert (d.id, d.ranks) == ("port-in-use", set())
+    srun = ("10: " + "y" * 120 + "\n"
+            "3: RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.\n")
+    d = explain_text(srun).diagnoses[0]
+    assert (d.id, d.ranks) == ("unused-parameters", {3})
