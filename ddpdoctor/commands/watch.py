@@ -32,7 +32,6 @@ def watch(
     from ddpdoctor.runtime import launcher
     from ddpdoctor.runtime.entry import validate_launch_options
     from ddpdoctor.watch import (
-        check_nproc,
         check_script,
         run_under_launcher,
         spawn_sites,
@@ -41,8 +40,6 @@ def watch(
     )
 
     validate_launch_options(nproc, master_port=master_port)
-    if nproc is not None:
-        check_nproc(nproc)
     if not hang_timeout > 0:
         raise DoctorError(f"--hang-timeout must be a positive number of seconds, got: {hang_timeout}")
     check_script(script)

@@ -17,6 +17,6 @@ from __future__ import annotations
 
 from ddpdoctor.watch.evidence import validate as validate_evidence
 from ddpdoctor.watch.spawned import spawn_sites
-from ddpdoctor.watch.supervisor import check_nproc, check_script, run_under_launcher, supervise
+from ddpdoctor.watch.supervisor import check_script, run_under_launcher, supervise
 
-__all__ = ["check_nproc", "check_script", "run_under_launcher", "spawn_sites", "supervise", "validate_evidence"]
+__all__ = ["check_script", "run_under_launcher", "spawn_sites", "supervise", "validate_evidence"]

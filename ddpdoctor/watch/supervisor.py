@@ -73,37 +73,6 @@ def check_script(script: str) -> str:
     return script
 
 
-# Each watched rank is a python process with torch imported (~100 MiB resident at the very least).
-RANK_MEMORY_BYTES = 100 << 20
-
-
-def max_local_ranks() -> int:
-    """How many ranks this machine can start: its available memory at RANK_MEMORY_BYTES each, and no more
-    than RLIMIT_NPROC allows. A bound checked before anything starts, so an absurd --nproc is exit 2, not
-    a machine full of half-started ranks."""
-    import psutil
-
-    bound = max(1, psutil.virtual_memory().available // RANK_MEMORY_BYTES)
-    try:
-        import resource
-
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NPROC)
-        if soft != resource.RLIM_INFINITY:
-            bound = min(bound, max(1, soft - len(psutil.pids())))
-    except (ImportError, OSError, ValueError):
-        pass
-    return int(bound)
-
-
-def check_nproc(nproc: int) -> int:
-    """``nproc``, or DoctorError (exit 2) when this machine cannot run that many ranks."""
-    limit = max_local_ranks()
-    if nproc > limit:
-        raise DoctorError(f"--nproc {nproc} is more ranks than this machine can run (at most {limit}: "
-                          f"{RANK_MEMORY_BYTES >> 20} MiB of available memory each, within the process limit)")
-    return nproc
-
-
 def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator | None = None) -> None:
     """The evidence bundle (failed runs), the report on stderr, then --json (``--json -``: the JSON on
     stdout instead of the report). A failed write is one line, not an exception: in rank 0's supervisor
