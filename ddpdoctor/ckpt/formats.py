@@ -110,7 +110,7 @@ def open_checkpoint(path: str | Path, *, trust: bool = False, for_rewrite: bool 
         return Checkpoint(directory, FORMAT_DCP, dcp.tree(d), sum(d.files.values()) + (directory / dcp.METADATA)
                           .stat().st_size, dcp=d)
     if sharded.is_shard_set(directory):
-        shards = sharded.open_shards(directory, trust=trust)
+        shards = sharded.open_shards(directory, trust=trust, for_rewrite=for_rewrite)
         return Checkpoint(shards.directory, FORMAT_SHARDED, shards.root, shards.size_bytes, shards=shards)
     p = filecopy.check_input(path)
     fmt = detect_format(p)

@@ -121,8 +121,11 @@ def _index_stem(index_name: str) -> str:
     return base.rsplit(".", 1)[0] if "." in base else base
 
 
-def open_shards(path: Path, *, trust: bool = False) -> ShardSet:
-    """Open every shard (index file or directory); inconsistencies are recorded, not raised."""
+def open_shards(path: Path, *, trust: bool = False, for_rewrite: bool = False) -> ShardSet:
+    """Open every shard (index file or directory); inconsistencies are recorded, not raised.
+
+    ``for_rewrite``: as for :func:`~ddpdoctor.ckpt.formats.open_checkpoint`, trusted legacy ``.bin`` shards
+    are then loaded as real objects, since ``torch.save`` converts them (a shadow graph cannot be saved)."""
     from ddpdoctor.ckpt.formats import open_checkpoint
 
     index_path: Path | None
@@ -168,7 +171,7 @@ def open_shards(path: Path, *, trust: bool = False) -> ShardSet:
     for name in names:
         if name not in present:
             continue
-        ckpt = open_checkpoint(directory / name, trust=trust)
+        ckpt = open_checkpoint(directory / name, trust=trust, for_rewrite=for_rewrite)
         locs = find_state_dicts(ckpt.root)
         if len(locs) != 1 or locs[0].path:
             raise DoctorError(f"{directory / name} is not a shard: a shard holds one flat state_dict "

@@ -142,3 +142,20 @@ def test_a_deeply_nested_or_unreadable_index_is_one_line_exit_2(tmp_path: Path) 
     done = run_cli(["ckpt", "inspect", str(folder / "model.safetensors.index.json")], timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip().count("\n") == 0 and "shard index" in done.stderr
+
+
+def test_strip_trust_of_legacy_bin_shards_writes_loadable_shards(tmp_path: Path) -> None:
+    """`strip --trust` converts legacy (pre-1.6) .bin shards with torch.save: it needs the real objects.
+    Before: the shards were opened as shadow graphs and torch.save pickled ddpdoctor's own records."""
+    from ddpdoctor.cli import main
+
+    src = tmp_path / "s"
+    src.mkdir()
+    names = [f"pytorch_model-0000{i}-of-00002.bin" for i in (1, 2)]
+    for name, key in zip(names, ("module.a", "module.b"), strict=True):
+        torch.save({key: torch.ones(2)}, src / name, _use_new_zipfile_serialization=False)
+    (src / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 16}, "weight_map": {"module.a": names[0], "module.b": names[1]}}))
+    assert main(["ckpt", "strip", str(src), "-o", str(tmp_path / "o"), "--trust"]) == 0
+    assert list(torch.load(tmp_path / "o" / names[0], weights_only=True)) == ["a"]
+    assert list(torch.load(tmp_path / "o" / names[1], weights_only=True)) == ["b"]
