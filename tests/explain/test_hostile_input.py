@@ -294,3 +294,20 @@ def test_a_50_mb_single_line_streams_in_flat_memory(tmp_path: Path) -> None:
     assert result[:2] == ["RESULT", "1"], proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "[cuda-oom]" in proc.stdout
     assert int(result[2]) < 150 * 1024, f"peak RSS {int(result[2]) // 1024} MB for a 50 MB line"
+
+
+def test_the_fast_distributed_sign_agrees_with_the_regex() -> None:
+    """`_has_dist_sign` (literal finds, the regex only around them; issue 20's 22 MB/s on a log without any
+    sign) must decide exactly as `_DIST_CONTEXT` over the whole block: a missed sign turns a rank's CUDA OOM
+    into silence, a false one a plain script's exception into a DDP diagnosis."""
+    signs = ["torch/distributed/run.py", "torchrun --nproc", "[rank3]: x", "[RANK 2] y", "ProcessGroupNCCL",
+             "NCCL INFO", "Rank 7 z", "rank 0 w", "local_rank=1", "LOCAL_RANK", "DistributedDataParallel(",
+             "init_process_group(", "multiprocessing/spawn.py", "WORLD_SIZE=8", "deepspeed.launcher",
+             "accelerate launch"]
+    near_misses = ["torch/nn/modules/module.py", "franks 3", "Ranked", "rankings", "NCC L", "accelerat"]
+    for filler in (b"", b"x" * 5000, b"torch/nn/modules/module.py line 3\n" * 400):  # the last: past the cap
+        for text in [*signs, *near_misses, " ".join(near_misses)]:
+            block = bytearray(filler + text.encode() + b"\n" + filler)
+            want = explain._DIST_CONTEXT.search(block) is not None
+            assert explain._has_dist_sign(block, len(block)) is want, (text, len(filler))
+            assert want is (text in signs), text
