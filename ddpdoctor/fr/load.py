@@ -32,7 +32,7 @@ from typing import Any
 
 import ddpdoctor
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import PARTIAL_SUFFIX
+from ddpdoctor.fileio import PARTIAL_SUFFIX, read_regular
 from ddpdoctor.fr.model import NO_CALL, Call, CallTable, GroupTrace, P2POp, RankDump, StackNow
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
@@ -136,22 +136,6 @@ def check_plain(doc: Any, budget: int) -> None:
                     stack.append((child, depth + 1, False))
 
 
-def _read_file(path: str, max_bytes: int) -> bytes:
-    """A regular file's bytes, never blocking: checked before it is opened (a FIFO would block ``open``,
-    a device node may act on being opened), opened non-blocking and checked again (a swap in between)."""
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise DoctorError(f"{path}: not a regular file (a FIFO, device or socket); refused without reading it")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with open(fd, "rb", closefd=True) as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DoctorError(f"{path}: not a regular file (a FIFO, device or socket); refused without reading it")
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise DoctorError(f"{path}: over {max_bytes} bytes; no Flight Recorder dump or stacks file is that large")
-    return data
-
-
 def _head(path: str, size: int) -> bytes:
     """The first bytes of a regular file (for sniffing); empty for anything else or an unreadable file."""
     try:
@@ -252,7 +236,7 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
 def read_document(path: str) -> tuple[str, dict[str, Any]]:
     """('pickle' | 'json', the dump's top-level dict); DoctorError (exit 2) for anything else."""
     try:
-        data = _read_file(path, MAX_DUMP_BYTES)
+        data = read_regular(path, MAX_DUMP_BYTES)
     except OSError as exc:
         raise DoctorError(f"{path}: cannot read it ({exc.strerror})") from None
     # Sniffed before parsing: a checkpoint or log passed by mistake is refused at once.
@@ -503,7 +487,7 @@ def read_stacks(paths: Sequence[str]) -> dict[int, StackNow]:
     found: dict[int, StackNow] = {}
     for path in paths:
         try:
-            doc = loads_untrusted(_read_file(path, MAX_STACKS_BYTES))
+            doc = loads_untrusted(read_regular(path, MAX_STACKS_BYTES))
         except (OSError, UntrustedJSONError) as exc:
             raise DoctorError(f"{path}: cannot read this `ddpdoctor stacks --json` file "
                               f"({type(exc).__name__}: {str(exc)[:200]})") from None

@@ -11,6 +11,7 @@ from typing import Any
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.fileio import read_regular
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 from ddpdoctor.stacks.model import (
     MAX_WORLD_SIZE,
@@ -21,7 +22,6 @@ from ddpdoctor.stacks.model import (
     format_ranks,
     rank_order,
 )
-from ddpdoctor.stacks.userfile import read_regular
 
 
 def render_text(reports: Sequence[JobReport], all_threads: bool = False, source: str = "py-spy") -> str:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.fileio import read_regular
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 from ddpdoctor.stacks.ident import job_matches
 from ddpdoctor.stacks.install import STACK_DIR_ENV, default_stack_dir
 from ddpdoctor.stacks.model import MAX_WORLD_SIZE, Frame, ProcessStacks, ThreadStack
 from ddpdoctor.stacks.procfs import same_process_alive
-from ddpdoctor.stacks.userfile import read_regular
 
 # faulthandler's format (Python/traceback.c, dump_traceback / write_thread_id):
 #   "Thread 0x00007f... (most recent call first):" or "Current thread 0x... (most recent call first):"
