@@ -143,6 +143,25 @@ def open_checkpoint(path: str | Path, *, trust: bool = False, for_rewrite: bool 
     return Checkpoint(p, fmt, root, size, unsafe_globals=unsafe, zip=zf)
 
 
+def check_within_limits(p: Path, fmt: str) -> None:
+    """Replay a zip or legacy checkpoint's pickle in the bounded shadow reader before ``torch.load`` reads it.
+
+    ``torch.load`` has no limits: a 463-byte memo bomb makes it hash 2^39 leaves in C, where no deadline
+    can stop it. The shadow reader refuses it at once (DoctorError, one line). Globals are not judged here
+    (``torch.load``'s own weights-only rule does that), only the size and shape of what the pickle builds.
+    """
+    try:
+        if fmt == FORMAT_ZIP:
+            unpickler.loads(zip_rewrite.open_zip(p).read("data.pkl"), trust=True)
+        elif fmt == FORMAT_LEGACY:
+            _shadow_legacy(p, io.BytesIO(read_input(p)), trust=True)
+    except unpickler.PickleLimitError as exc:
+        raise DoctorError(limit_message(p, exc)) from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+            AttributeError, struct.error, RecursionError, MemoryError, OverflowError) as exc:
+        raise DoctorError(f"{p}: its pickle is damaged ({type(exc).__name__}: {exc})") from None
+
+
 def limit_message(p: Path, exc: unpickler.PickleLimitError) -> str:
     """``PATH: the checkpoint's pickle expands to more than N objects ...; refusing to read it``."""
     text = str(exc).replace("the pickle", "the checkpoint's pickle", 1)

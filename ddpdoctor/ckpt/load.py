@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.ckpt import filecopy, safetensors_file
 from ddpdoctor.ckpt.diff import diff_against
-from ddpdoctor.ckpt.formats import detect_format, torch_load
+from ddpdoctor.ckpt.formats import check_within_limits, detect_format, torch_load
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
 from ddpdoctor.ckpt.model import FORMAT_SAFETENSORS, FORMAT_ZIP, Checkpoint, LoadReport
 from ddpdoctor.ckpt.prefixes import plan_renames, rename_node
@@ -44,6 +44,7 @@ def load_checkpoint_into(model: nn.Module, path: str | Path, *, key: str | None 
 
         root: Any = load_file(str(p), device="cpu")
     else:
+        check_within_limits(p, fmt)  # torch.load has no limits of its own (a memo bomb hangs it in C)
         root = torch_load(p, trust=trust, mmap=fmt == FORMAT_ZIP)
     ckpt = Checkpoint(p, fmt, root, p.stat().st_size)
     rep = diff_against(ckpt, model, key)

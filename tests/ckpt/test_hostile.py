@@ -12,6 +12,7 @@ import os
 import pickle
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +265,17 @@ def test_memo_bomb_in_a_real_process_ends(tmp_path: Path) -> None:
                           "unpickler.loads(zip_rewrite.open_zip(pathlib.Path(sys.argv[1])).read('data.pkl'))",
                           str(src)], capture_output=True, text=True, timeout=90, cwd=REPO)
     assert res.returncode == 1 and "PickleLimitError: the pickle expands to more than" in res.stderr
+
+
+def test_load_checkpoint_into_refuses_the_memo_bomb(tmp_path: Path) -> None:
+    """The Python API went straight to torch.load, which has no limits: it hashed 2^39 leaves in C forever."""
+    src = h.write_torch_zip(tmp_path / "bomb.pt", h.memo_bomb())
+    code = ("import torch, ddpdoctor\n"
+            "from ddpdoctor.errors import DoctorError\n"
+            "try:\n"
+            f"    ddpdoctor.load_checkpoint_into(torch.nn.Linear(2, 2), {str(src)!r})\n"
+            "except DoctorError as exc:\n"
+            "    print('refused:', exc)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "refused:" in res.stdout and "expands to more than 50,000,000 objects" in res.stdout, res.stdout
