@@ -94,8 +94,9 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
         elastic_launch(config, entrypoint=sys.executable)("-m", "ddpdoctor", *argv)
     except SignalException as exc:
         # Ctrl-C or a scheduler's SIGTERM: the launcher has already stopped every rank.
+        # 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for a scheduler's SIGTERM.
         print(f"ddpdoctor: interrupted ({exc.sigval.name}); all local ranks stopped", file=sys.stderr)
-        return 130
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         failure = "; ".join(f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
                             for rank, f in sorted(exc.failures.items()))

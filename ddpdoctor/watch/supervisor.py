@@ -189,11 +189,13 @@ def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, s
 
 
 class _Interrupted(Exception):
-    pass
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise _Interrupted(signal.Signals(signum).name)
+    raise _Interrupted(signum)
 
 
 def _launcher_env(channel: str, master_port: int | None) -> dict[str, str]:
@@ -252,8 +254,8 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
             collect_stacks(server, agg, agg.evidence)
     except _Interrupted as exc:
         reaper.teardown(procs)
-        print(f"ddpdoctor watch: interrupted ({exc}); every rank was stopped", file=sys.stderr, flush=True)
-        raise KeyboardInterrupt(str(exc)) from None
+        # 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for a scheduler's SIGTERM.
+        raise DoctorError(f"watch interrupted ({exc}); every rank was stopped", exit_code=128 + exc.signum) from None
     finally:
         try:
             # Also after a run that ended by itself: a rank's children in new sessions outlive it otherwise.

@@ -149,7 +149,7 @@ def test_a_new_session_child_does_not_outlive_an_interrupted_watch(tmp_path: Pat
         if watch.poll() is None:
             watch.kill()
             watch.wait(timeout=30)
-    assert watch.returncode == 130, err[-2000:]
+    assert watch.returncode == 128 + sig, err[-2000:]
     assert _survivors(_pids(tmp_path)) == [], f"a start_new_session child outlived a {sig.name}ed watch"
 
 
