@@ -137,12 +137,24 @@ def _run(args: list[str]) -> int:
     return int(result) if isinstance(result, int) else 0
 
 
+def printable(text: str) -> str:
+    """``text`` with control and separator characters escaped (``\\x1b``, ``\\n``, ``\\u2028``).
+
+    Error lines quote names taken from users' files (a global in a checkpoint's pickle, a key, a path):
+    a name holding a newline or ``\\x1d`` would break the one-line error into several, and one holding
+    ``ESC[`` would drive the user's terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _guarded(command: Callable[[], int]) -> int:
     """Run ``command``; a DoctorError is one line and its exit code, anything unexpected a bug report."""
     try:
         return command()
     except DoctorError as exc:
-        print(f"ddpdoctor: error: {exc}", file=sys.stderr)
+        print(f"ddpdoctor: error: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("ddpdoctor: interrupted", file=sys.stderr)

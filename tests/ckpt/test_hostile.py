@@ -279,3 +279,13 @@ def test_load_checkpoint_into_refuses_the_memo_bomb(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "refused:" in res.stdout and "expands to more than 50,000,000 objects" in res.stdout, res.stdout
+
+
+def test_a_global_name_with_control_characters_is_one_escaped_line(tmp_path: Path, cli: Any) -> None:
+    """Found by the fuzz suite: a global named ``torch._\\x1dtils`` split the one-line error in two
+    (``\\x1d`` is a line boundary to ``str.splitlines``), and an ``ESC[2J`` in a name cleared the terminal."""
+    body = (h.glob("torch._\x1dutils", "_rebuild\x1b[2J") + pickle.EMPTY_TUPLE + pickle.REDUCE)
+    src = h.write_torch_zip(tmp_path / "ctl.pt", h.pkl(pickle.EMPTY_DICT + h.s("w") + body + pickle.SETITEM))
+    res = cli(["ckpt", "inspect", str(src)])
+    _one_line_exit_2(res, r"torch._\x1dutils._rebuild\x1b[2J")
+    assert "\x1b" not in res.stderr and "\x1d" not in res.stderr
