@@ -10,6 +10,7 @@ import typer
 
 from ddpdoctor import fileio
 from ddpdoctor.commands.options import JsonOption
+from ddpdoctor.errors import DoctorError
 
 _TRUST_HELP = ("Allow classes outside torch.load(weights_only=True)'s allowlist. The file is still only read, never "
                "run, except by strip of a legacy (pre-1.6) pickle: that converts it through "
@@ -57,6 +58,10 @@ def strip_cmd(
     Tensor data is copied by the kernel, never loaded; OUT is written to a temp file (or directory) and renamed.
     """
     fileio.validate_output_path("--json", json_out)
+    if output is not None and fileio.json_to_stdout(output):
+        # Not a file named "-" in the current folder, which is what writing it would make.
+        raise DoctorError("-o takes a file or directory name: strip writes a checkpoint, not to stdout "
+                          "(- is for --json; ./- names a file called '-')")
     from ddpdoctor.ckpt import strip_file
 
     rep = strip_file(path, output, prefixes=prefix or None, key=key, in_place=in_place, trust=trust)

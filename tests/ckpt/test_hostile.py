@@ -289,3 +289,14 @@ def test_a_global_name_with_control_characters_is_one_escaped_line(tmp_path: Pat
     res = cli(["ckpt", "inspect", str(src)])
     _one_line_exit_2(res, r"torch._\x1dutils._rebuild\x1b[2J")
     assert "\x1b" not in res.stderr and "\x1d" not in res.stderr
+
+
+def test_strip_to_dash_is_refused_not_a_file_named_dash(tmp_path: Path, cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the fuzz suite: ``-o -`` wrote the checkpoint to a file named ``-`` in the current folder."""
+    src = h.write_torch_zip(tmp_path / "c.pt", h.pkl(h.state_dict()))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    res = cli(["ckpt", "strip", str(src), "-o", "-"])
+    _one_line_exit_2(res, "-o takes a file or directory name")
+    assert list(work.iterdir()) == []
