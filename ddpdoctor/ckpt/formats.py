@@ -99,6 +99,20 @@ def _shadow_legacy(p: Path, fh: io.BytesIO, *, trust: bool) -> tuple[Any, list[s
 def open_checkpoint(path: str | Path, *, trust: bool = False, for_rewrite: bool = False) -> Checkpoint:
     """Open a checkpoint for inspection or rewriting; never runs code from it unless ``trust`` and ``for_rewrite``.
 
+    A folder on the way that this user may not enter or list is one line: ``pathlib``'s ``exists()`` and
+    ``is_dir()`` raise ``PermissionError`` there rather than answer False.
+    """
+    try:
+        return _open_checkpoint(path, trust=trust, for_rewrite=for_rewrite)
+    except PermissionError as exc:
+        where = exc.filename or path
+        raise DoctorError(f"cannot read {where}: permission denied (check the folder's and the file's "
+                          "permissions for this user)") from None
+
+
+def _open_checkpoint(path: str | Path, *, trust: bool, for_rewrite: bool) -> Checkpoint:
+    """:func:`open_checkpoint`, which turns a ``PermissionError`` anywhere on the way into one line.
+
     Zip checkpoints are replayed into a shadow graph (no imports, no tensor data read, even with
     ``trust``); safetensors headers are parsed; legacy (pre-1.6) pickles go through
     ``torch.load(weights_only=True)``, or with ``trust`` are replayed like zip ones, except when they are
