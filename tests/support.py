@@ -144,3 +144,21 @@ def wait_ready(proc: subprocess.Popen[bytes], log: Path) -> None:
                 chunk = os.read(proc.stdout.fileno(), 4096)
                 assert chunk, f"{proc.args!r} exited ({proc.wait()}):\n{log.read_text(errors='replace')}"
                 seen += chunk
+
+
+def without_root_read(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` as a process that permission checks apply to, even when the tests run as root (CI does).
+
+    Root reads a chmod-000 file through CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH; ``setpriv`` drops both from
+    the bounding set before exec, which is what an unprivileged user is for file access. Callers skip when
+    :func:`can_drop_root_read` is False.
+    """
+    if os.geteuid() != 0:
+        return list(cmd)
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search", *cmd]
+
+
+def can_drop_root_read() -> bool:
+    """Whether :func:`without_root_read` makes permission checks apply (not root, or setpriv is there)."""
+    return os.geteuid() != 0 or shutil.which("setpriv") is not None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import shutil
 import stat
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import torch
 
 from ddpdoctor.fileio import PARTIAL_SUFFIX
 from tests.ckpt import hostile as h
-from tests.support import REPO, run_cli
+from tests.support import REPO, can_drop_root_read, run_cli, without_root_read
 
 MODEL = "examples.ckpt_models:make_mlp"
 
@@ -235,16 +234,8 @@ def test_absurd_dcp_metadata(attack: str, tmp_path: Path, cli: Any) -> None:
     assert _state(d) == before and not (tmp_path / "out").exists()
 
 
-# Root reads a folder of mode 000: permission checks do not apply to a process holding CAP_DAC_OVERRIDE
-# and CAP_DAC_READ_SEARCH. CI runs as root, so there the CLI runs without those two capabilities
-# (setpriv drops them from its bounding set before exec), which is what an unprivileged user is.
-_UNPRIVILEGED = ([] if os.geteuid() != 0 else
-                 ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
-                  "--inh-caps=-dac_override,-dac_read_search"])
-
-
-@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None,
-                    reason="as root, needs setpriv (util-linux) to drop the capabilities that skip permission checks")
+@pytest.mark.skipif(not can_drop_root_read(), reason="as root, needs setpriv (util-linux) to drop the "
+                    "capabilities that skip permission checks")
 def test_checkpoint_in_an_unreadable_folder(tmp_path: Path) -> None:
     folder = tmp_path / "locked"
     folder.mkdir()
@@ -255,7 +246,7 @@ def test_checkpoint_in_an_unreadable_folder(tmp_path: Path) -> None:
         for target in (folder, folder / "c.pt"):
             for args in (["ckpt", "inspect", str(target)], ["ckpt", "strip", str(target), "-o", str(tmp_path / "o")],
                          ["ckpt", "diff", str(target), "--model", MODEL]):
-                res = subprocess.run([*_UNPRIVILEGED, sys.executable, "-m", "ddpdoctor", *args], capture_output=True,
+                res = subprocess.run(without_root_read([sys.executable, "-m", "ddpdoctor", *args]), capture_output=True,
                                      text=True, timeout=120, cwd=REPO)
                 assert res.returncode == 2, (args, res.stdout[-1000:], res.stderr[-2000:])
                 assert res.stderr.startswith("ddpdoctor: error: ") and len(res.stderr.strip().splitlines()) == 1, \

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from benchmarks.explain_throughput import ERROR_BLOCKS, realistic_lines
-from tests.support import REPO, clean_env, free_port, run_cli, torchrun_cmd
+from tests.support import (
+    REPO,
+    can_drop_root_read,
+    clean_env,
+    free_port,
+    run_cli,
+    torchrun_cmd,
+    without_root_read,
+)
 
 EXAMPLES = REPO / "examples" / "logs"
 
@@ -85,13 +93,16 @@ def test_missing_file_and_directory_exit_2_with_one_line(tmp_path: Path) -> None
         assert proc.stdout == ""  # inputs are checked before any scanning or output
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can read a chmod 000 file")
+@pytest.mark.skipif(not can_drop_root_read(), reason="as root, needs setpriv to drop the capabilities that "
+                    "skip permission checks")
 def test_unreadable_file_exits_2(tmp_path: Path) -> None:
     f = tmp_path / "secret.log"
     f.write_text("x\n")
     f.chmod(0)
-    proc = run_cli(["explain", str(f)])
-    assert proc.returncode == 2 and "cannot read" in proc.stderr
+    proc = subprocess.run(without_root_read([sys.executable, "-m", "ddpdoctor", "explain", str(f)]),
+                          capture_output=True, text=True, timeout=120, env=clean_env())
+    assert proc.returncode == 2 and "cannot read" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_binary_garbage_file_is_handled(tmp_path: Path) -> None:
