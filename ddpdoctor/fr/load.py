@@ -215,17 +215,23 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
         dumps[rank] = path
 
     for path in paths:
-        if os.path.isdir(path):
-            names = sorted(n for n in os.listdir(path) if not n.startswith(".") and not n.endswith(PARTIAL_SUFFIX))
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:  # missing, or a folder on the way this user may not enter
+            raise DoctorError(f"{path}: {(exc.strerror or str(exc)).lower()}") from None
+        if stat.S_ISDIR(mode):
+            try:
+                listed = os.listdir(path)
+            except OSError as exc:
+                raise DoctorError(f"{path}: cannot list the folder ({exc.strerror or exc})") from None
+            names = sorted(n for n in listed if not n.startswith(".") and not n.endswith(PARTIAL_SUFFIX))
             files = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
             for file in files:
                 add(file, explicit=False)
-        elif os.path.isfile(path):
+        elif stat.S_ISREG(mode):
             add(path, explicit=True)
-        elif os.path.exists(path):
-            raise DoctorError(f"{path}: not a regular file or directory")
         else:
-            raise DoctorError(f"{path}: no such file or directory")
+            raise DoctorError(f"{path}: not a regular file or directory")
     if not dumps:
         where = ", ".join(paths)
         raise DoctorError(f"no Flight Recorder dump found in {where} (files named like nccl_trace_rank_<N>; "

@@ -9,12 +9,13 @@ import os
 import pickle
 import struct
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import run_cli
+from tests.support import can_drop_root_read, clean_env, run_cli, without_root_read
 
 HANG_S = 60  # a hang in the code under test becomes TimeoutExpired: a failure, not a stuck CI run
 
@@ -108,3 +109,23 @@ def test_fifos_are_never_opened(tmp_path: Path) -> None:
     assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr
     assert json.loads(res.stdout)["world_size"] == 1
     _exit_2(run_cli(["fr", str(folder / "nccl_trace_rank_1")], timeout=HANG_S), "not a regular file")
+
+
+@pytest.mark.skipif(not can_drop_root_read(), reason="as root, needs setpriv to drop the capabilities that "
+                    "skip permission checks")
+def test_a_folder_this_user_may_not_enter_is_one_line(tmp_path: Path) -> None:
+    """A dump folder of mode 000: listing it was exit 3 (PermissionError); a dump inside it was 'no such file'."""
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    (folder / "nccl_trace_rank_0").write_bytes(b"\x80\x02}q\x00.")
+    folder.chmod(0)
+    try:
+        for target, words in ((folder, "cannot list the folder (Permission denied)"),
+                              (folder / "nccl_trace_rank_0", "permission denied")):
+            res = subprocess.run(without_root_read([sys.executable, "-m", "ddpdoctor", "fr", str(target)]),
+                                 capture_output=True, text=True, timeout=120, env=clean_env())
+            assert res.returncode == 2, res.stderr[-2000:]
+            assert res.stderr.startswith("ddpdoctor: error: ") and words in res.stderr, res.stderr
+            assert len(res.stderr.strip().splitlines()) == 1
+    finally:
+        folder.chmod(0o755)
