@@ -89,6 +89,7 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
     )
     failure = ""
+    killed = ""  # "rank 0 was killed by SIGKILL": ended from outside, which is not a ddpdoctor bug
     before = _children()
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "ddpdoctor", *argv)
@@ -100,6 +101,9 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
     except ChildFailedError as exc:
         failure = "; ".join(f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
                             for rank, f in sorted(exc.failures.items()))
+        first_rank, first = exc.get_first_failure()  # the others were stopped by the launcher after it
+        if first.exitcode < 0:
+            killed = f"rank {first_rank} was killed by {first.signal_name()}"
     except Exception as exc:
         # A fork that fails midway (EAGAIN: process table or RLIMIT_NPROC full; ENOMEM) escapes the
         # elastic launcher before it records the ranks it did start, so nothing would stop them: we do,
@@ -121,6 +125,11 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
             result = json.load(handle)
         os.unlink(result_file)
     except (OSError, ValueError):
+        if killed:
+            # Killed from outside (the OOM killer, a user, a scheduler): the machine's problem, not ours.
+            print(f"ddpdoctor: {killed} before rank 0 could report ({failure}); if nobody sent it, look for "
+                  "the OOM killer: dmesg | grep -i 'killed process'", file=sys.stderr)
+            return EXIT_PROBLEM
         print(f"ddpdoctor: rank 0 ended without a report ({failure or 'no failure reported by the launcher'})",
               file=sys.stderr)
         return EXIT_BUG
