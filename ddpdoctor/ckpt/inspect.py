@@ -24,6 +24,7 @@ from ddpdoctor.ckpt.model import (
     InspectReport,
     StateDictLoc,
     StoredObject,
+    key_text,
 )
 from ddpdoctor.ckpt.prefixes import (
     KNOWN_PREFIXES,
@@ -75,7 +76,7 @@ def _summarize(value: Any) -> str:
                 if type(value) is float or (type(value) is int and abs(value) < 1 << 63):
                     lr = f", lr={value:g}"
             return f"optimizer state: {len(state)} parameter states, {n_groups} param group(s){lr}"
-        names = ", ".join(str(k) for k, _ in pairs[:6]) + (", ..." if len(pairs) > 6 else "")
+        names = ", ".join(key_text(k) for k, _ in pairs[:6]) + (", ..." if len(pairs) > 6 else "")
         return f"mapping with {len(pairs)} keys: {names}"
     if isinstance(value, (list, tuple)):
         return f"{type(value).__name__} of {len(value)} items"
@@ -174,7 +175,7 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
     others = []
     top = mapping_pairs(ckpt.root)
     if top is not None and () not in [loc.path for loc in locs]:
-        others = [{"key": str(k), "summary": _summarize(v)} for k, v in top
+        others = [{"key": key_text(k), "summary": _summarize(v)} for k, v in top
                   if not (isinstance(k, str) and k in sd_tops)]
     findings: list[Finding] = []
 

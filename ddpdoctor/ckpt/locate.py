@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ddpdoctor.ckpt.model import StateDictLoc, TensorMeta
+from ddpdoctor.ckpt.model import StateDictLoc, TensorMeta, key_text
 from ddpdoctor.ckpt.unpickler import Global, PidRef, Reduced
 from ddpdoctor.errors import DoctorError
 
@@ -215,7 +215,7 @@ def _resolve_key(root: Any, key: str) -> StateDictLoc:
             raise DoctorError(f"--key {key}: {'/'.join(path) or 'the checkpoint'} is not a mapping")
         match = [v for k, v in pairs if k == part]
         if not match:
-            keys = ", ".join(str(k) for k, _ in pairs[:12])
+            keys = ", ".join(key_text(k) for k, _ in pairs[:12])
             raise DoctorError(f"--key {key}: no entry {part!r} in {'/'.join(path) or 'the checkpoint'} "
                               f"(its keys: {keys})")
         node = match[-1]

@@ -8,6 +8,7 @@ Findings are :class:`ddpdoctor.findings.Finding` with check id ``state_dict``, t
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,24 @@ if TYPE_CHECKING:
     from ddpdoctor.ckpt.safetensors_file import SafeTensors
     from ddpdoctor.ckpt.sharded import ShardSet
     from ddpdoctor.ckpt.zip_rewrite import TorchZip
+
+# A key as text: containers shown a few levels and items deep, strings and numbers cut (reprlib).
+_KEY_REPR = reprlib.Repr()  # attributes, not keywords: those arrived in Python 3.12
+_KEY_REPR.maxlevel, _KEY_REPR.maxstring, _KEY_REPR.maxlong, _KEY_REPR.maxother = 3, 80, 40, 80
+_KEY_REPR.maxtuple = _KEY_REPR.maxlist = _KEY_REPR.maxdict = _KEY_REPR.maxset = _KEY_REPR.maxfrozenset = 4
+
+
+def key_text(key: Any) -> str:
+    """A checkpoint key for a report, bounded in length whatever the file put there.
+
+    Keys are names (``str``) in every real checkpoint; a crafted one may use a tuple or, in an
+    ``OrderedDict``, a list holding shared references that expand to millions of items: ``str()`` of it
+    wrote a 1.9 GB ``ckpt inspect`` report from a 1.6 KiB file. ``reprlib`` stops at a few items per level.
+    """
+    if isinstance(key, str):
+        return key if len(key) <= 200 else key[:200] + "..."
+    return _KEY_REPR.repr(key)
+
 
 FORMAT_ZIP = "torch_zip"
 FORMAT_LEGACY = "torch_legacy"

@@ -307,3 +307,24 @@ def test_strip_to_dash_is_refused_not_a_file_named_dash(tmp_path: Path, cli: Any
     res = cli(["ckpt", "strip", str(src), "-o", "-"])
     _one_line_exit_2(res, "-o takes a file or directory name")
     assert list(work.iterdir()) == []
+
+
+# Found by the long fuzz run (hypothesis, tests/fuzz/test_fuzz_ckpt.py): an OrderedDict whose keys are lists
+# sharing each other 4 ways, 12 levels deep (4^11 leaves, within the reader's limits). str() of such a key
+# wrote a 1.9 GB `ckpt inspect` report from a 1.6 KiB file; it ran past the fuzz suite's 20 s bound.
+_LIST_KEY_FANOUT = (
+    b"\x80\x02ccollections\nOrderedDict\n)Rq\x00(\x8c\x0f0._fpw_module.\x00\x89\x8c\x01.]q\x01(NG?\xe0\x00\x00"
+    b"\x00\x00\x00\x00\x8c\x020.eq\x02\x8c\x08module.wq\x03](h\x03h\x03h\x03h\x03eq\x04](h\x04h\x04h\x04h\x04eq"
+    b"\x05](h\x05h\x05h\x05h\x05eq\x06](h\x06h\x06h\x06h\x06eq\x07](h\x07h\x07h\x07h\x07eq\x08](h\x08h\x08h\x08h"
+    b"\x08eq\t](h\th\th\th\teq\n](h\nh\nh\nh\neq\x0b](h\x0bh\x0bh\x0bh\x0beq\x0c](h\x0ch\x0ch\x0ch\x0ceq\r](h\rh"
+    b"\rh\rh\req\x0e](h\x0eh\x0eh\x0eh\x0eeq\x0fq\x10(\x88q\x11G\x91Z?\xfa\xb6\x80H\nNq\x12\x8c\x07module.tu."
+)
+
+
+@pytest.mark.parametrize("args", [[], ["--json", "-"]])
+def test_a_key_of_shared_lists_is_shown_in_a_few_items(tmp_path: Path, cli: Any, args: list[str]) -> None:
+    src = h.write_torch_zip(tmp_path / "keys.pt", _LIST_KEY_FANOUT)
+    res = cli(["ckpt", "inspect", str(src), "--trust", *args])
+    assert res.returncode in (0, 1), res.stderr[-2000:]
+    assert len(res.stdout) < 20_000, f"{len(res.stdout):,} characters of report from a {src.stat().st_size} B file"
+    assert "[[[" in res.stdout and "..." in res.stdout  # the key is still shown, cut by reprlib
