@@ -61,6 +61,15 @@ def _shared_sizes(n: int) -> dict[str, Any]:
     return _dump([_entry(input_sizes=sizes)] * n)
 
 
+def _tuple_bomb(levels: int) -> bytes:
+    """Opcodes of ``t(levels)``, ``t0 = 1``, ``t(k+1) = (tk, tk)`` through the memo (BINPUT/BINGET): 2^levels
+    leaves in a few hundred bytes. Written by hand: building it in Python to pickle it would hash it."""
+    body = b"K\x01q\x00"
+    for k in range(levels):
+        body += b"h" + bytes([k]) + b"h" + bytes([k]) + b"\x86q" + bytes([k + 1])  # BINGET x2, TUPLE2, BINPUT
+    return body
+
+
 def _doubling_name(levels: int) -> dict[str, Any]:
     name: Any = ("all_reduce",)
     for _ in range(levels):
@@ -77,8 +86,12 @@ def _doubling_name(levels: int) -> dict[str, Any]:
     (lambda: json.dumps(_dump([_entry(time_created_ns=1)])).replace('"time_created_ns": 1', '"time_created_ns": 1e400').encode(), "1e400"),
     (lambda: json.dumps(_dump([_entry(time_created_ns=1)])).replace('"time_created_ns": 1', '"time_created_ns": Infinity').encode(), "Infinity"),
     (lambda: json.dumps(_dump([_entry()])).replace('"ranks": "[0]"', '"ranks": "[1e400]"').encode(), "ranks"),
+    # Found by the long fuzz run: a tuple of 2^39 leaves (through the memo) as a dict KEY was hashed in C by
+    # the C unpickler's SETITEM, before any check could run: a hang no deadline stops.
+    (lambda: b"\x80\x02}" + _tuple_bomb(39) + b"K\x01s.", "a tuple used as a dict key"),
+    (lambda: pickle.dumps(_dump([_entry(state={"completed"})]), protocol=4), "a set"),  # EMPTY_SET + ADDITEMS
 ], ids=["memo-quadratic", "memo-exponential", "deep", "huge-int", "inf-float", "json-1e400", "json-infinity",
-        "ranks-1e400"])
+        "ranks-1e400", "tuple-bomb-key", "set"])
 def test_hostile_dump_is_one_line_exit_2(tmp_path: Path, build: Any, said: str) -> None:
     path = tmp_path / "nccl_trace_rank_0"
     path.write_bytes(build())
