@@ -26,10 +26,13 @@ def test_self_launch_on_a_cpu_machine_passes_and_writes_the_json_contract(tmp_pa
     assert proc.stdout.count("ddpdoctor check:") == 1
     assert "3 ranks on 1 host" in proc.stdout and "backend gloo" in proc.stdout
     data = json.loads(out.read_text())
-    # 3 ranks on a 2-core machine are crowded: the bandwidth check may warn about that, and only that.
+    # 3 ranks on a 2-core machine are crowded: the bandwidth check may warn about that. A rank starved by
+    # another process on those cores (a second job on a shared CI machine) may also be named as slow, which
+    # is then true; nothing else may warn.
     warned = [f["summary"] for f in data["findings"] if f["status"] != "pass" and f["status"] != "skip"]
     assert data["tool"] == "ddpdoctor" and data["status"] in ("pass", "warn")
-    assert all("CPU core" in s for s in warned), warned
+    crowding = [s for s in warned if "CPU core" in s]
+    assert all(s in crowding or (crowding and s.startswith("rank ") and " is slow" in s) for s in warned), warned
     assert data["world_size"] == 3 and data["backend"] == "gloo"
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 2]
     assert all(r["pid"] > 0 and r["host"] == socket.gethostname() for r in data["ranks"])
