@@ -232,6 +232,7 @@ def test_a_device_is_refused(device: str) -> None:
         pytest.skip(f"{device} missing")
     proc = run_cli(["explain", device], timeout=60)  # /dev/zero was read forever
     _one_line_exit_2(proc, "not a regular file")
+    assert proc.stdout == "" and stat.S_ISCHR(os.stat(device).st_mode)  # no diagnosis; the device untouched
 
 
 def test_stdin_from_a_pipe_still_works() -> None:

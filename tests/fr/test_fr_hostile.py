@@ -109,6 +109,7 @@ def test_stacks_file_with_infinite_pid_is_one_line_exit_2(tmp_path: Path) -> Non
                       '"threads": [{"main": true, "frames": [{"function": "f", "file": "/w/t.py", "line": 1}]}]}]}')
     res = run_cli(["fr", str(dump), str(stacks)], timeout=HANG_S)
     _exit_2(res, str(stacks), "Infinity")
+    assert res.stdout == "", res.stdout[:500]  # refused before any verdict is printed
 
 
 def test_fifos_are_never_opened(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.fuzz import pickles
 from tests.fuzz.conftest import fuzz_settings
-from tests.fuzz.harness import check_command, run_cli, workdir
+from tests.fuzz.harness import Outcome, check_command, run_cli, workdir
 
 MODEL = str(Path(__file__).with_name("fuzz_model.py")) + ":build"
 
@@ -49,11 +49,11 @@ def output_is_a_checkpoint(out: Path, src: Path | None = None) -> None:
     assert res.code in (0, 1), f"the written output {out} does not read back: exit {res.code}\n{res.err[-2000:]}"
 
 
-def all_ckpt_commands(path: Path, folder: Path, *, trust: bool = False) -> None:
-    """inspect (text and --json FILE), strip -o (JSON on stdout), diff against the seed's model."""
+def all_ckpt_commands(path: Path, folder: Path, *, trust: bool = False) -> dict[str, Outcome]:
+    """inspect (text and --json FILE), strip -o (JSON on stdout), diff against the seed's model; their outcomes."""
     extra = ["--trust"] if trust else []
     js = folder / "inspect.json"
-    check_command(["ckpt", "inspect", str(path), "--json", str(js), *extra], inputs=[path], folder=folder,
+    inspected = check_command(["ckpt", "inspect", str(path), "--json", str(js), *extra], inputs=[path], folder=folder,
                   json_out=js)
     out = folder / ("out" + (path.suffix if path.is_file() else ""))
     res = check_command(["ckpt", "strip", str(path), "-o", str(out), "--json", "-"], inputs=[path],
@@ -62,7 +62,8 @@ def all_ckpt_commands(path: Path, folder: Path, *, trust: bool = False) -> None:
         from tests.fuzz.harness import strict_json
 
         strict_json(res.out)
-    check_command(["ckpt", "diff", str(path), "--model", MODEL, *extra], inputs=[path], folder=folder)
+    diffed = check_command(["ckpt", "diff", str(path), "--model", MODEL, *extra], inputs=[path], folder=folder)
+    return {"inspect": inspected, "strip": res, "diff": diffed}
 
 
 @given(data=st.data())
@@ -173,7 +174,9 @@ def test_safetensors_headers(data: st.DataObject, seeds: Path, tmp_path: Path) -
     with workdir(tmp_path) as folder:
         path = folder / "model.safetensors"
         path.write_bytes(raw)
-        all_ckpt_commands(path, folder)
+        outcomes = all_ckpt_commands(path, folder)
+    # A header inspect refuses is one strip must not rewrite: no file comes out of a header that is not read.
+    assert outcomes["inspect"].code != 2 or outcomes["strip"].code == 2, outcomes["strip"].out[-500:]
 
 
 # --- DCP: a real torch.distributed.checkpoint.save folder whose .metadata (a pickle of

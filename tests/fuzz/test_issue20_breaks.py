@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fuzz import pickles
-from tests.fuzz.harness import check_command, run_cli, workdir
+from tests.fuzz.harness import Outcome, check_command, run_cli, workdir
 from tests.fuzz.test_fuzz_ckpt import MODEL, all_ckpt_commands
 from tests.fuzz.test_fuzz_cli import _never_launch  # noqa: F401 - the guard fixture, used by name below
 
@@ -46,11 +46,11 @@ def _dict_of(asm: pickles.Asm, items: list[tuple[str, bytes]]) -> None:
     asm.op(P.SETITEMS)
 
 
-def _ckpt_case(seeds: Path, tmp_path: Path, asm: pickles.Asm, name: str = "ckpt.pt") -> None:
+def _ckpt_case(seeds: Path, tmp_path: Path, asm: pickles.Asm, name: str = "ckpt.pt") -> dict[str, Outcome]:
     with workdir(tmp_path) as folder:
         path = folder / name
         path.write_bytes(_zip(seeds, asm))
-        all_ckpt_commands(path, folder)
+        return all_ckpt_commands(path, folder)
 
 
 def test_memo_bomb_tuple_key_2_pow_39(seeds: Path, tmp_path: Path) -> None:
@@ -64,7 +64,9 @@ def test_memo_bomb_tuple_key_2_pow_39(seeds: Path, tmp_path: Path) -> None:
         asm.op(P.BINGET + bytes([level + 1]) + P.DUP + P.TUPLE2)
         asm.put()
     asm.op(P.NONE + P.SETITEM)
-    _ckpt_case(seeds, tmp_path, asm)
+    outs = _ckpt_case(seeds, tmp_path, asm)
+    # Every command refuses it at once, in one line saying why (the harness checked the rest).
+    assert all(o.code == 2 and 'expands to more than 50,000,000 objects' in o.err for o in outs.values()), outs
 
 
 def test_dicts_sharing_one_dict_n_pow_4(seeds: Path, tmp_path: Path) -> None:
@@ -85,7 +87,9 @@ def test_dicts_sharing_one_dict_n_pow_4(seeds: Path, tmp_path: Path) -> None:
             asm.get(prev)
         asm.op(P.SETITEMS)
         asm.put()
-    _ckpt_case(seeds, tmp_path, asm)
+    outs = _ckpt_case(seeds, tmp_path, asm)
+    # Every command refuses it at once, in one line saying why (the harness checked the rest).
+    assert all(o.code == 2 and 'expands to more than 50,000,000 objects' in o.err for o in outs.values()), outs
 
 
 @pytest.mark.parametrize("where", ["epoch", "lr", "shape", "storage_size"])
@@ -117,7 +121,9 @@ def test_huge_integers_in_a_checkpoint(where: str, seeds: Path, tmp_path: Path) 
         asm.text(name)
         asm.int_(huge if where == name else 1)
     asm.op(P.SETITEMS)
-    _ckpt_case(seeds, tmp_path, asm)
+    outs = _ckpt_case(seeds, tmp_path, asm)
+    # Every command refuses it at once, in one line saying why (the harness checked the rest).
+    assert all(o.code == 2 and 'holds an integer of' in o.err for o in outs.values()), outs
 
 
 def test_integers_over_2_pow_2040_through_strip(seeds: Path, tmp_path: Path) -> None:
@@ -131,7 +137,9 @@ def test_integers_over_2_pow_2040_through_strip(seeds: Path, tmp_path: Path) -> 
     asm.text("module.big")
     asm.int_(-(1 << 9000))
     asm.op(P.SETITEMS)
-    _ckpt_case(seeds, tmp_path, asm)
+    outs = _ckpt_case(seeds, tmp_path, asm)
+    # Every command refuses it at once, in one line saying why (the harness checked the rest).
+    assert all(o.code == 2 and 'holds an integer of' in o.err for o in outs.values()), outs
 
 
 @pytest.mark.parametrize("depth", [2000, 20_000])
@@ -140,7 +148,9 @@ def test_deeply_nested_tuple_key(depth: int, seeds: Path, tmp_path: Path) -> Non
     asm.op(P.EMPTY_DICT + P.MARK)
     asm.op(P.MARK * depth + P.NONE + P.TUPLE * depth)
     asm.op(P.NONE + P.SETITEMS)
-    _ckpt_case(seeds, tmp_path, asm)
+    outs = _ckpt_case(seeds, tmp_path, asm)
+    # Every command refuses it at once, in one line saying why (the harness checked the rest).
+    assert all(o.code == 2 and 'more than 200 levels deep' in o.err for o in outs.values()), outs
 
 
 def test_strip_of_a_2000_deep_list(seeds: Path, tmp_path: Path) -> None:
@@ -150,7 +160,9 @@ def test_strip_of_a_2000_deep_list(seeds: Path, tmp_path: Path) -> None:
     asm.text("module.deep")
     asm.op((P.EMPTY_LIST + P.MARK) * 2000 + P.NONE + P.APPENDS * 2000)
     asm.op(P.SETITEMS)
-    _ckpt_case(seeds, tmp_path, asm)
+    outs = _ckpt_case(seeds, tmp_path, asm)
+    # Every command refuses it at once, in one line saying why (the harness checked the rest).
+    assert all(o.code == 2 and 'more than 200 levels deep' in o.err for o in outs.values()), outs
 
 
 def test_list_key_in_param_groups(seeds: Path, tmp_path: Path) -> None:
@@ -163,7 +175,9 @@ def test_list_key_in_param_groups(seeds: Path, tmp_path: Path) -> None:
     asm.text("param_groups")
     asm.op(P.EMPTY_LIST + P.MARK + P.EMPTY_DICT + P.MARK + P.EMPTY_LIST + P.NONE + P.SETITEMS + P.APPENDS)
     asm.op(P.SETITEMS + P.SETITEMS)
-    _ckpt_case(seeds, tmp_path, asm)
+    outs = _ckpt_case(seeds, tmp_path, asm)
+    # Every command refuses it at once, in one line saying why (the harness checked the rest).
+    assert all(o.code == 2 and 'a list used as a dict key' in o.err for o in outs.values()), outs
 
 
 @pytest.mark.parametrize("raw", ["Infinity", "9" * 5000, "[" * 100_000 + "]" * 100_000, "1e400", "NaN"])
@@ -177,7 +191,8 @@ def test_safetensors_header_values(raw: str, seeds: Path, tmp_path: Path) -> Non
     with workdir(tmp_path) as folder:
         path = folder / "model.safetensors"
         path.write_bytes(struct.pack("<Q", len(text)) + text + seed[8 + n:])
-        all_ckpt_commands(path, folder)
+        outs = all_ckpt_commands(path, folder)
+    assert all(o.code == 2 and "model.safetensors" in o.err for o in outs.values()), outs
 
 
 def test_explain_rank_and_5000_digits(tmp_path: Path) -> None:
@@ -294,4 +309,6 @@ def test_key_with_a_lone_surrogate(seeds: Path, tmp_path: Path) -> None:
     asm.op(P.EMPTY_DICT + P.MARK)
     asm.text("module.\udc80w")
     asm.op(P.NONE + P.SETITEMS)
-    _ckpt_case(seeds, tmp_path, asm)
+    outs = _ckpt_case(seeds, tmp_path, asm)
+    # inspect lists the key, escaped, instead of crashing on it.
+    assert outs["inspect"].code == 0 and "\\udc80" in outs["inspect"].out, outs["inspect"].out[-500:]
