@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -93,3 +94,56 @@ def test_absurd_flags_are_one_line_exit_2_before_anything_starts(
     assert len(err) == 1 and err[0].startswith("ddpdoctor: error: "), err
     if "--nproc" in args and args[args.index("--nproc") + 1] in _ABSURD:
         assert "this machine can run at most" in err[0] and "MiB per rank" in err[0]
+
+
+# -- torchrun's conventions for self-launched ranks (issue 28) -----------------------------------------
+# Names and meanings from torch/distributed/run.py (--log-dir, -r/--redirects, -t/--tee,
+# --local-ranks-filter, each with its underscore spelling where it has a dash; --nproc-per-node).
+
+
+def test_torchrun_log_options_reach_the_self_launched_ranks(tmp_path: Path) -> None:
+    """--tee 3 copies each rank's streams to DIR and the console ([default<local rank>]: prefixes, as
+    torchrun); --local_ranks_filter 0 keeps rank 1 off the console but not out of its files. TMPDIR is the
+    test's: the launch leaves no torchelastic_* directory there (torchrun's default would)."""
+    logs, tmp = tmp_path / "logs", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = run_cli(["check", "--only", "env,barrier", "--nproc_per_node", "2", "--log_dir", str(logs), "--tee", "3",
+                    "--local_ranks_filter", "0"], timeout=240, env=clean_env({"TMPDIR": str(tmp)}))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = [line for line in proc.stdout.splitlines() if "Result: PASS" in line]
+    assert report and all(line.startswith("[default0]:") for line in report)
+    assert "[default1]:" not in proc.stdout + proc.stderr
+    [run_dir] = list(logs.iterdir())
+    assert "Result: PASS" in (run_dir / "attempt_0" / "0" / "stdout.log").read_text()
+    assert (run_dir / "attempt_0" / "1" / "stdout.log").exists()
+    assert f"the ranks' logs are in {run_dir}/attempt_0/" in proc.stderr
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith(("torchelastic_", "ddpdoctor-logs-"))]
+
+
+def test_redirected_and_filtered_rank_0_reports_into_its_file_only(tmp_path: Path) -> None:
+    """--redirects 3 with only local rank 1 on the console: the report (rank 0's) is in rank 0's file, and
+    the exit code still comes from rank 0."""
+    logs = tmp_path / "logs"
+    proc = run_cli(["bench", "--nproc-per-node", "2", "-b", "4K", "-e", "4K", "-n", "1", "-w", "1",
+                    "--log-dir", str(logs), "--redirects", "3", "--local-ranks-filter", "1"], timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Out of bounds values" not in proc.stdout
+    [rank0] = list(logs.glob("*/attempt_0/0/stdout.log"))
+    assert "# Out of bounds values : 0 OK" in rank0.read_text()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--tee", "5"], "--tee takes 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"),
+    (["--redirects", "0:9"], "--redirects takes 0 (none)"),
+    (["--local-ranks-filter", "0,a"], "--local-ranks-filter must be a comma-separated list of local ranks"),
+    (["--nproc", "2", "--local-ranks-filter", "5"], "no such local rank among the 2 started"),
+    (["--log-dir", "FILE"], "is a file, not a directory"),
+])
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_bad_torchrun_log_options_are_one_line_exit_2(command: str, args: list[str], needle: str,
+                                                       tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "FILE").write_text("x")
+    args = [str(tmp_path / "FILE") if a == "FILE" else a for a in args]
+    assert main([command, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err

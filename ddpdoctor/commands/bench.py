@@ -249,7 +249,7 @@ def bench(
     from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
 
     validate_launch_options(nproc, backend, master_port, timeout)
-    logs = launch_logs(log_dir, redirects, tee, local_ranks_filter)
+    logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
     notes = foreign_notes({"--nthreads": nthreads, "--ngpus": ngpus, "--agg_iters": agg_iters,
                            "--parallel_init": parallel_init, "--stream_null": stream_null, "--cudagraph": cudagraph,
                            "--local_register": local_register, "--cta_policy": cta_policy,
