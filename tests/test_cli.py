@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,75 @@ def test_bad_torchrun_log_options_are_one_line_exit_2(command: str, args: list[s
     assert main([command, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+
+
+# -- shell completion (issue 28) ---------------------------------------------------------------------
+# typer writes the scripts; they call `ddpdoctor` back with _DDPDOCTOR_COMPLETE=complete_<shell> and the
+# words typed (COMP_WORDS/COMP_CWORD for bash, _TYPER_COMPLETE_ARGS for zsh).
+
+
+def _completion_env(home: Path) -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return clean_env({"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home)})
+
+
+def _bash_complete(script: str, words: list[str], env: dict[str, str]) -> list[str]:
+    """Source the script in a real bash and run the completion function as bash would for ``words``."""
+    line = " ".join(words)
+    program = (f"{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words) - 1}\n"
+               "_ddpdoctor_completion ddpdoctor\nprintf '%s\\n' \"${COMPREPLY[@]}\"\n")
+    proc = subprocess.run(["bash", "--norc", "--noprofile", "-c", program], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_bash_completion_script_completes_commands_and_options(tmp_path: Path) -> None:
+    env = _completion_env(tmp_path)
+    shown = subprocess.run(["ddpdoctor", "--show-completion", "bash"], capture_output=True, text=True, timeout=60,
+                           env=env)
+    assert shown.returncode == 0 and "_DDPDOCTOR_COMPLETE=complete_bash" in shown.stdout
+    script = shown.stdout
+    assert _bash_complete(script, ["ddpdoctor", "be"], env) == ["bench"]
+    assert set(_bash_complete(script, ["ddpdoctor", "c"], env)) == {"check", "ckpt"}
+    assert {"--log-dir", "--log_dir", "--local-ranks-filter", "--local_ranks_filter"} <= \
+        set(_bash_complete(script, ["ddpdoctor", "bench", "--lo"], env))
+    assert "--locals" in _bash_complete(script, ["ddpdoctor", "stacks", "--lo"], env)
+    assert _bash_complete(script, ["ddpdoctor", "ckpt", "st"], env) == ["strip"]
+
+
+def test_zsh_completion_script_and_its_callback_complete_commands_and_options(tmp_path: Path) -> None:
+    env = _completion_env(tmp_path)
+    shown = subprocess.run(["ddpdoctor", "--show-completion", "zsh"], capture_output=True, text=True, timeout=60,
+                           env=env)
+    assert shown.returncode == 0 and shown.stdout.startswith("#compdef ddpdoctor")
+    assert "_TYPER_COMPLETE_ARGS=" in shown.stdout and "_DDPDOCTOR_COMPLETE=complete_zsh" in shown.stdout
+
+    def zsh_callback(typed: str) -> str:  # what the script's function runs, with the words zsh passes
+        proc = subprocess.run(["ddpdoctor"], capture_output=True, text=True, timeout=60,
+                              env={**env, "_TYPER_COMPLETE_ARGS": typed, "_DDPDOCTOR_COMPLETE": "complete_zsh"})
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert '"watch":' in zsh_callback("ddpdoctor wa") and '"check":' not in zsh_callback("ddpdoctor wa")
+    assert '"--nonblocking":' in zsh_callback("ddpdoctor stacks --non")
+    if shutil.which("zsh"):  # the script itself must at least parse in a real zsh
+        check = subprocess.run(["zsh", "-n"], input=shown.stdout, capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize("shell, installed", [("bash", ".bash_completions/ddpdoctor.sh"), ("zsh", ".zfunc/_ddpdoctor")])
+def test_install_completion_writes_the_script_for_the_shell_named(shell: str, installed: str, tmp_path: Path) -> None:
+    env = _completion_env(tmp_path)
+    proc = subprocess.run(["ddpdoctor", "--install-completion", shell], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / installed
+    assert f"{shell} completion installed in {script}" in proc.stdout
+    assert f"_DDPDOCTOR_COMPLETE=complete_{shell}" in script.read_text()
+
+
+def test_completion_for_an_unknown_shell_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--show-completion", "tcsh"]) == 2
+    assert capsys.readouterr().err.strip() == ("ddpdoctor: error: --show-completion takes one of bash, zsh, fish, "
+                                               "powershell, pwsh (or nothing: the shell it runs in), got: 'tcsh'")
