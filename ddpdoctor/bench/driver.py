@@ -162,7 +162,7 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
                         progress.done += 1
                         progress.clear()
                         op_rows.append(row)
-                        out(table_row(row))
+                        out(table_row(row, nranks))
                 out(table_footer(op_rows, config.min_busbw_gbps) + "\n")
                 rows.extend(op_rows)
         if config.pairs:

@@ -97,7 +97,14 @@ def _layout(t: Timing | None) -> str:
     return f"  {nccl_float(t.time_us, 7)}  {nccl_float(t.algbw_gbps, 6)}  {nccl_float(t.busbw_gbps, 6)}  {wrong:>6}"
 
 
-def table_row(r: Row) -> str:
+def nccl_count(r: Row, nranks: int) -> int:
+    """The count column as nccl-tests prints it: the count it passes to NCCL, which for all_gather,
+    reduce_scatter and all_to_all is each rank's share (``paramcount`` in their GetCollByteCount), while
+    ``size`` is the whole buffer."""
+    return r.count // nranks if OPS[r.op].scaled_by_nranks and nranks > 0 else r.count
+
+
+def table_row(r: Row, nranks: int = 1) -> str:
     """One row in nccl-tests' layout (util.cu writeBenchmarkLinePreamble/Body); the slowest rank of the row's
     main layout (out-of-place where there is one) and its time at the end."""
     out_of_place, in_place = r.out_of_place, r.in_place
@@ -106,7 +113,7 @@ def table_row(r: Row) -> str:
         out_of_place, in_place = (main, None) if OPS[r.op].out_of_place else (None, main)
     main_t = out_of_place or in_place
     assert main_t is not None
-    line = (f"{r.bytes:>12}  {r.count:>12}  {r.dtype:>8}  {r.redop:>6}  {r.root:>6}"
+    line = (f"{r.bytes:>12}  {nccl_count(r, nranks):>12}  {r.dtype:>8}  {r.redop:>6}  {r.root:>6}"
             f"{_layout(out_of_place)}{_layout(in_place)}  {nccl_float(main_t.max_time_us, 8)}  {main_t.slowest_rank:>7}")
     return line + (f"  {r.timestamp}" if r.timestamp else "")
 
@@ -182,7 +189,8 @@ def nccl_tests_json(config: BenchConfig, rows: Sequence[Row], devices: Sequence[
     """
     results = []
     for r in rows:
-        entry: dict[str, Any] = {"size": r.bytes, "count": r.count, "type": r.dtype, "redop": r.redop,
+        entry: dict[str, Any] = {"size": r.bytes, "count": nccl_count(r, len(devices)), "type": r.dtype,
+                                 "redop": r.redop,
                                  "root": f"{r.root:6d}"}
         for key, timing in (("out_of_place", r.out_of_place), ("in_place", r.in_place)):
             entry[key] = None if timing is None else {

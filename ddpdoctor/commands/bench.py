@@ -174,7 +174,7 @@ def _foreign(long: str) -> Any:
 
 
 def bench(
-    test: Optional[str] = typer.Argument(None, metavar="[NCCL_TEST]", help="An nccl-tests binary name "
+    test: Optional[str] = typer.Argument(None, metavar="[BINARY]", help="An nccl-tests binary name "
                                          "(all_reduce_perf, all_gather_perf, ...; a path works): pick the op as "
                                          "that binary would, so a pasted nccl-tests command line runs as is."),
     op: Optional[str] = typer.Option(None, "--op", help="all_reduce (default), all_gather, reduce_scatter, "

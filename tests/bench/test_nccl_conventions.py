@@ -114,6 +114,8 @@ def test_split_ops_show_both_layouts_each_checked(tmp_path: Path) -> None:
     assert "cputime" in proc.stdout
     _, table_rows = _table(proc.stdout)
     assert all(len(_layout(r, 0)) == 4 and len(_layout(r, 1)) == 4 for r in table_rows)  # all_gather: both
+    # nccl-tests' count column is what it passes to NCCL: each rank's share for all_gather (paramcount).
+    assert table_rows[0].split()[:2] == ["1024", "128"]
 
     nccl = json.loads(theirs.read_text())
     assert set(nccl) >= {"version", "start_time", "args", "env", "nccl_version", "config", "devices", "results",
@@ -121,6 +123,7 @@ def test_split_ops_show_both_layouts_each_checked(tmp_path: Path) -> None:
     assert nccl["config"]["validation"] == 3 and nccl["config"]["nthreads"] == 1
     assert len(nccl["devices"]) == 2 and nccl["out_of_bounds"] == {"count": 0, "okay": "true"}
     first = nccl["results"][0]
+    assert first["size"] == 1024 and first["count"] == 128
     assert first["type"] == "float" and first["root"] == "    -1"  # "%6i", a string, as nccl-tests writes it
     assert set(first["out_of_place"]) == {"cpu_time", "alg_bw", "bus_bw", "nwrong"}  # -C 1: cpu_time
     assert nccl["average_bus_bandwidth"]["okay"] == "unchecked"
