@@ -19,6 +19,7 @@ from __future__ import annotations
 from ddpdoctor.bench.analysis import (
     AVERAGES,
     BLOCKING,
+    DTYPE_BYTES,
     MIB,
     BenchConfig,
     PairResult,
@@ -41,7 +42,7 @@ from ddpdoctor.bench.measure import gather, measure_pairs, measure_row
 from ddpdoctor.bench.nccl_tests import FOREIGN_FLAGS, foreign_notes, min_busbw_from_env, op_from_binary
 from ddpdoctor.bench.render import check_plot_available
 
-__all__ = ["AVERAGES", "BLOCKING", "FOREIGN_FLAGS", "MIB", "BenchConfig", "PairResult", "Row", "Timing",
+__all__ = ["AVERAGES", "BLOCKING", "DTYPE_BYTES", "FOREIGN_FLAGS", "MIB", "BenchConfig", "PairResult", "Row", "Timing",
            "analyse_pairs", "avg_busbw", "bytes_per_rank", "check_plot_available", "foreign_notes", "gather",
            "human_bytes", "measure_pairs", "measure_row", "min_busbw_from_env", "min_row_bytes", "op_from_binary",
            "parse_dtype", "parse_dtypes", "parse_ops", "parse_redops", "parse_size", "run_bench", "size_sweep"]

@@ -219,8 +219,10 @@ class OpRunner:
         import torch.distributed as dist
 
         op, inp, out = self.op, self.input, self.output
+        # sum is the default op: the call is then exactly the plain `dist.all_reduce(tensor)`.
+        reduction = {} if self.redop == "sum" else {"op": reduce_op(self.redop)}
         if op == "all_reduce":
-            return functools.partial(dist.all_reduce, inp, reduce_op(self.redop))
+            return functools.partial(dist.all_reduce, inp, **reduction)
         if op == "broadcast":
             return functools.partial(dist.broadcast, inp, self.root)
         if op == "all_gather":
@@ -229,7 +231,7 @@ class OpRunner:
             return functools.partial(gather, out, inp)
         if op == "reduce_scatter":
             scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            return functools.partial(scatter, out, inp, reduce_op(self.redop))
+            return functools.partial(scatter, out, inp, **reduction)
         if op == "all_to_all":
             return functools.partial(dist.all_to_all_single, out, inp)
         if op == "sendrecv":

@@ -11,6 +11,7 @@ import typer
 from ddpdoctor.bench import (
     AVERAGES,
     BLOCKING,
+    DTYPE_BYTES,
     FOREIGN_FLAGS,
     BenchConfig,
     bytes_per_rank,
@@ -26,7 +27,6 @@ from ddpdoctor.bench import (
     parse_size,
     size_sweep,
 )
-from ddpdoctor.bench.analysis import DTYPE_BYTES
 from ddpdoctor.commands.options import (
     BackendOption,
     JsonOption,
