@@ -37,7 +37,7 @@ def build_app(command: str | None = None) -> typer.Typer:
     app = typer.Typer(
         name="ddpdoctor",
         help="Diagnose PyTorch DistributedDataParallel jobs: before training, while running, after a hang or crash.",
-        add_completion=False,
+        add_completion=True,
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
@@ -109,7 +109,35 @@ def _escape_unencodable_output() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+# Shells typer writes completion scripts for.
+COMPLETION_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _completion_for(flag: str, shell: str) -> int:
+    """``--show-completion SHELL`` / ``--install-completion SHELL``: for that shell, not the detected one.
+
+    typer's own options detect the running shell and take no value, so ``--show-completion zsh`` typed in
+    bash would print bash's script and drop ``zsh`` unsaid; with a shell named, the same typer functions
+    are called for that shell.
+    """
+    from typer._completion_shared import get_completion_script, install
+
+    if shell not in COMPLETION_SHELLS:
+        raise DoctorError(f"{flag} takes one of {', '.join(COMPLETION_SHELLS)} (or nothing: the shell it runs in), "
+                          f"got: {shell!r}")
+    complete_var = "_DDPDOCTOR_COMPLETE"
+    if flag == "--show-completion":
+        print(get_completion_script(prog_name="ddpdoctor", complete_var=complete_var, shell=shell))
+        return 0
+    installed_shell, path = install(shell=shell, prog_name="ddpdoctor", complete_var=complete_var)
+    print(f"{installed_shell} completion installed in {path}")
+    print("Completion will take effect once you restart the terminal")
+    return 0
+
+
 def _run(args: list[str]) -> int:
+    if len(args) == 2 and args[0] in ("--show-completion", "--install-completion") and not args[1].startswith("-"):
+        return _completion_for(args[0], args[1])
     # The click exceptions typer raises: from click itself, or from the copy newer typer releases vendor.
     click_exc = sys.modules[typer.BadParameter.__module__]
     command = next((arg for arg in args if not arg.startswith("-")), None)

@@ -2,7 +2,7 @@
 
 Run it under torchrun with the Flight Recorder enabled, then read the dumps:
 
-    TORCH_FR_BUFFER_SIZE=2000 torchrun --nproc-per-node 3 examples/fr_hang.py --mode mismatch --out /tmp/fr
+    mkdir -p /tmp/fr && TORCH_FR_BUFFER_SIZE=2000 torchrun --nproc-per-node 3 examples/fr_hang.py --mode mismatch --out /tmp/fr
     ddpdoctor fr /tmp/fr
 
 Modes (the faulty rank is --rank, default 1):
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--hang", type=float, default=4.0, help="seconds before a hung rank writes its dump")
     parser.add_argument("--grace", type=float, default=3.0, help="seconds a rank waits after its dump")
     parser.add_argument("--steps", type=int, default=6)
-    args = parser.parse_args()
+    args = _checked(parser.parse_args())
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.hang + 60))
     rank = dist.get_rank()
     faulty = rank == args.rank and args.mode != "healthy"
@@ -105,6 +105,19 @@ def main() -> None:
     timer.cancel()
     write_dump(args.out, args.format)
     dist.destroy_process_group()
+
+
+def _checked(args: argparse.Namespace) -> argparse.Namespace:
+    """--out must be an existing folder, checked before any process group exists: a typo or a missing
+    `mkdir` is then one line (from the first rank; the others leave quietly) and exit 2 at once, instead of
+    every rank's traceback when its dump cannot be written and the wait for the peers that went with it.
+    (Defined after main so that the line numbers docs/fr.md quotes stay put.)"""
+    if not os.path.isdir(args.out):
+        if os.environ.get("RANK", "0") == "0":
+            why = "is not a folder" if os.path.exists(args.out) else "does not exist"
+            os.write(2, f"fr_hang.py: --out {args.out} {why}: create it first (mkdir -p {args.out})\n".encode())
+        raise SystemExit(2)
+    return args
 
 
 if __name__ == "__main__":

@@ -78,5 +78,18 @@ fi
     || "$PY" -m pip install --no-deps --no-index --find-links "$WHEELS" -e .
 "$PY" -c "import ddpdoctor, torch; print(f'ddpdoctor {ddpdoctor.__version__} installed next to torch {torch.__version__}')"
 
+# --- bench ---
+# Issue 29 item 5: bench's row against a plain all_reduce loop on NCCL, interleaved in one process, several
+# rounds per size; the median ratios (target >= 0.97x at every size) go to the log for the closing note.
+# Placed before the suite, whose `exec` ends this script.
+BENCH_OUT=${OUT:-$(mktemp -d)}
+echo "== bench vs plain loop (NCCL, one GPU): $BENCH_OUT/bench_vs_raw.log"
+if ! timeout 240 "$PY" benchmarks/bench_vs_raw.py --backend nccl --nproc 1 --rounds 7 --max-mib 256 \
+        > "$BENCH_OUT/bench_vs_raw.log" 2>&1; then
+    echo "bench_vs_raw: failed or timed out; see $BENCH_OUT/bench_vs_raw.log"
+fi
+tail -n 7 "$BENCH_OUT/bench_vs_raw.log" || true
+# --- end bench ---
+
 echo "== tests/gpu"
 exec "$PY" -m pytest -q -ra tests/gpu "$@"

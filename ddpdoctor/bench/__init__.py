@@ -4,7 +4,10 @@
   its data classes, the pair analysis and the verdict.
 - :mod:`~ddpdoctor.bench.ops`: the collectives, their timing, inputs whose exact result is known.
 - :mod:`~ddpdoctor.bench.measure`: one size of one op, and the pairwise link test, measured on every rank.
-- :mod:`~ddpdoctor.bench.render`: the nccl-tests table, the pair list, the JSON document, the plot.
+- :mod:`~ddpdoctor.bench.render`: the nccl-tests table, the pair list, the JSON documents (ours and
+  nccl-tests' ``-J``), the plot.
+- :mod:`~ddpdoctor.bench.nccl_tests`: a pasted nccl-tests command line: its binary name, the flags ddpdoctor
+  does not implement (a note or a refusal with the reason), ``NCCL_TESTS_MIN_BW``.
 - :mod:`~ddpdoctor.bench.driver`: what every rank does in ``ddpdoctor bench``; rank 0 prints.
 
 The ``bandwidth`` check measures with the same functions (:func:`measure_row`, :func:`measure_pairs`).
@@ -14,24 +17,32 @@ No torch at import.
 from __future__ import annotations
 
 from ddpdoctor.bench.analysis import (
+    AVERAGES,
+    BLOCKING,
+    DTYPE_BYTES,
     MIB,
     BenchConfig,
     PairResult,
     Row,
+    Timing,
     analyse_pairs,
     avg_busbw,
     bytes_per_rank,
     human_bytes,
     min_row_bytes,
     parse_dtype,
+    parse_dtypes,
     parse_ops,
+    parse_redops,
     parse_size,
     size_sweep,
 )
 from ddpdoctor.bench.driver import run_bench
 from ddpdoctor.bench.measure import gather, measure_pairs, measure_row
+from ddpdoctor.bench.nccl_tests import FOREIGN_FLAGS, foreign_notes, min_busbw_from_env, op_from_binary
 from ddpdoctor.bench.render import check_plot_available
 
-__all__ = ["MIB", "BenchConfig", "PairResult", "Row", "analyse_pairs", "avg_busbw", "bytes_per_rank",
-           "check_plot_available", "gather", "human_bytes", "measure_pairs", "measure_row", "min_row_bytes", "parse_dtype", "parse_ops", "parse_size", "run_bench",
-           "size_sweep"]
+__all__ = ["AVERAGES", "BLOCKING", "DTYPE_BYTES", "FOREIGN_FLAGS", "MIB", "BenchConfig", "PairResult", "Row", "Timing",
+           "analyse_pairs", "avg_busbw", "bytes_per_rank", "check_plot_available", "foreign_notes", "gather",
+           "human_bytes", "measure_pairs", "measure_row", "min_busbw_from_env", "min_row_bytes", "op_from_binary",
+           "parse_dtype", "parse_dtypes", "parse_ops", "parse_redops", "parse_size", "run_bench", "size_sweep"]

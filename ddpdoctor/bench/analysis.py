@@ -40,9 +40,19 @@ class OpSpec:
     name: str
     # all_gather, reduce_scatter, all_to_all: a row's size is the whole result, each rank gives size / n.
     scaled_by_nranks: bool
-    # nccl-tests' redop/root columns.
+    # nccl-tests' redop/root columns ("none" for ops that do not reduce; -1 for ops without a root).
     redop: str
     root: int
+    # The two buffer layouts nccl-tests times (src/common.cu: BenchTime for in_place 0, then 1) that
+    # torch.distributed offers for this op: all_reduce and broadcast exist only in place (one tensor),
+    # all_to_all_single and send/recv only with separate buffers. The other column is left blank, as
+    # nccl-tests leaves a layout it does not run (writeBenchMarkLineNullBody).
+    out_of_place: bool = True
+    in_place: bool = True
+
+    @property
+    def reduces(self) -> bool:
+        return self.redop != "none"
 
     def bus_factor(self, nranks: int) -> float:
         """busbw / algbw, from nccl-tests doc/PERFORMANCE.md."""
@@ -62,12 +72,25 @@ class OpSpec:
 
 
 OPS: dict[str, OpSpec] = {
-    "all_reduce": OpSpec("all_reduce", False, "sum", -1),
+    "all_reduce": OpSpec("all_reduce", False, "sum", -1, out_of_place=False),
     "all_gather": OpSpec("all_gather", True, "none", -1),
     "reduce_scatter": OpSpec("reduce_scatter", True, "sum", -1),
-    "broadcast": OpSpec("broadcast", False, "none", 0),
-    "all_to_all": OpSpec("all_to_all", True, "none", -1),
-    "sendrecv": OpSpec("sendrecv", False, "none", -1),
+    "broadcast": OpSpec("broadcast", False, "none", 0, out_of_place=False),
+    "all_to_all": OpSpec("all_to_all", True, "none", -1, in_place=False),
+    "sendrecv": OpSpec("sendrecv", False, "none", -1, in_place=False),
+}
+# The nccl-tests binary of each op (its first word on a pasted nccl-tests command line).
+NCCL_TESTS_BINARIES: dict[str, str] = {
+    "all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather", "reduce_scatter_perf": "reduce_scatter",
+    "broadcast_perf": "broadcast", "alltoall_perf": "all_to_all", "sendrecv_perf": "sendrecv",
+}
+# nccl-tests binaries with no counterpart here, and why.
+UNMEASURED_BINARIES: dict[str, str] = {
+    "reduce_perf": "ncclReduce (DDP never calls reduce; torch.distributed.reduce is not measured)",
+    "gather_perf": "gather (torch.distributed.gather is not measured)",
+    "scatter_perf": "scatter (torch.distributed.scatter is not measured)",
+    "hypercube_perf": "the hypercube exchange pattern",
+    "alltoallv_perf": "all-to-all with per-rank sizes (a traffic matrix)",
 }
 OP_NAMES: tuple[str, ...] = tuple(OPS)
 
@@ -84,6 +107,9 @@ _DTYPE_ALIASES: dict[str, str] = {
 DTYPE_BYTES: dict[str, int] = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1, "uint8": 1,
                                "int32": 4, "int64": 8}
 
+
+# A sweep with more sizes than this is refused (-i 1 from 1 to 1G would never end).
+MAX_SWEEP_SIZES = 10_000
 
 # Sizes beyond this are refused at parse time (1 PiB: more than any machine's memory), so absurd digits
 # never reach arithmetic; sizes that merely exceed this machine's memory are refused by the memory check.
@@ -132,13 +158,82 @@ def min_row_bytes(ops: Sequence[str], dtype: str, nranks: int) -> tuple[int, str
     return element, f"one {dtype} is {element} byte{'s' if element != 1 else ''}"
 
 
+# nccl-tests type names (src/common.cu, test_typenames) that PyTorch's process groups cannot run: refused
+# with the reason rather than measured as something else.
+UNSUPPORTED_DTYPES: dict[str, str] = {
+    "uint32": "PyTorch's process groups have no uint32 collectives (c10d's NCCL type map in NCCLUtils.hpp has "
+              "none, and gloo has none)",
+    "uint64": "PyTorch's process groups have no uint64 collectives (c10d's NCCL type map in NCCLUtils.hpp has "
+              "none, and gloo has none)",
+    "f8e4m3": "float8 is not measured: PyTorch's NCCL process group refuses float8 reductions and gloo has no "
+              "float8",
+    "f8e5m2": "float8 is not measured: PyTorch's NCCL process group refuses float8 reductions and gloo has no "
+              "float8",
+}
+
+
 def parse_dtype(text: str) -> str:
     """The nccl-tests type name for what the user typed (float, fp16, bf16, int8, ...)."""
     name = text.strip().lower()
     name = _DTYPE_ALIASES.get(name, name)
+    if name in UNSUPPORTED_DTYPES:
+        raise DoctorError(f"-d/--dtype {text.strip()}: {UNSUPPORTED_DTYPES[name]}")
     if name not in DTYPES:
-        raise DoctorError(f"-d/--dtype must be one of {', '.join(DTYPES)} (or fp32, fp16, bf16...), got: {text!r}")
+        raise DoctorError(f"-d/--dtype must be one of {', '.join(DTYPES)} or all (nccl-tests' names; fp32, fp16, "
+                          f"bf16... also work), got: {text!r}")
     return name
+
+
+def parse_dtypes(text: str) -> list[str]:
+    """``-d``: one type, a comma list, or ``all`` (every type, as nccl-tests' ``-d all``)."""
+    if text.strip().lower() == "all":
+        return list(DTYPES)
+    names: list[str] = []
+    for part in text.split(","):
+        name = parse_dtype(part)
+        if name not in names:
+            names.append(name)
+    return names
+
+
+# nccl-tests' -o names (src/common.cu, test_opnames; "all" runs sum, prod, max, min, avg in that order) and
+# the torch.distributed.ReduceOp member each maps to.
+REDOPS: dict[str, str] = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}
+UNSUPPORTED_REDOPS: dict[str, str] = {
+    "mulsum": "nccl-tests' mulsum is ncclRedOpCreatePreMulSum, which torch.distributed offers only through a "
+              "private API; use sum",
+}
+
+
+def parse_redops(text: str) -> list[str]:
+    """``-o``: one reduction op, a comma list, or ``all`` (sum, prod, max, min, avg: nccl-tests' order).
+
+    Whether the backend can run each op on each type is found out by running it once before the sweep
+    (gloo, for one, averages floating types but not integers); see :mod:`ddpdoctor.bench.driver`.
+    """
+    wanted = text.strip().lower()
+    if wanted == "all":
+        return list(REDOPS)
+    ops: list[str] = []
+    for part in wanted.split(","):
+        name = part.strip()
+        if name in UNSUPPORTED_REDOPS:
+            raise DoctorError(f"-o/--redop {name}: {UNSUPPORTED_REDOPS[name]}")
+        if name not in REDOPS:
+            raise DoctorError(f"-o/--redop must be one of {', '.join(REDOPS)} or all (nccl-tests' names), got: "
+                              f"{part.strip()!r}")
+        if name not in ops:
+            ops.append(name)
+    return ops
+
+
+# nccl-tests' -a (src/common.cu: "report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>").
+AVERAGES: dict[int, str] = {0: "rank 0's", 1: "the ranks' average", 2: "the fastest rank's", 3: "the slowest rank's"}
+# nccl-tests' -z (README "Test operation"): 0 non-blocking, 1 wait and barrier after each call, 2 wait after
+# each call, 3 wait after each call and barrier, the barrier left out of the time.
+BLOCKING: dict[int, str] = {0: "non-blocking", 1: "wait and barrier after each call",
+                            2: "wait after each call, no barrier",
+                            3: "wait and barrier after each call; time excludes the barrier"}
 
 
 def parse_ops(text: str) -> list[str]:
@@ -161,11 +256,21 @@ def parse_ops(text: str) -> list[str]:
     return wanted
 
 
-def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
-    """The sizes nccl-tests visits: min, min*f, ... up to max (max itself is not added if skipped)."""
+def size_sweep(min_bytes: int, max_bytes: int, step_factor: float, step_bytes: int | None = None) -> list[int]:
+    """The sizes nccl-tests visits: min, min*f, ... up to max (max itself is not added if skipped); with
+    ``step_bytes`` (nccl-tests' ``-i``) min, min+i, min+2i, ... instead."""
     if min_bytes > max_bytes:
         raise DoctorError(f"-b/--min-bytes ({human_bytes(min_bytes)}) is larger than -e/--max-bytes "
                           f"({human_bytes(max_bytes)})")
+    if step_bytes is not None:
+        if step_bytes < 1:
+            raise DoctorError(f"-i/--stepbytes must be at least 1 byte, got: {step_bytes}")
+        steps = (max_bytes - min_bytes) // step_bytes + 1
+        if steps > MAX_SWEEP_SIZES:
+            raise DoctorError(f"-i/--stepbytes {human_bytes(step_bytes)} from {human_bytes(min_bytes)} to "
+                              f"{human_bytes(max_bytes)} is {steps} sizes; at most {MAX_SWEEP_SIZES} (use a larger -i, "
+                              "or -f)")
+        return list(range(min_bytes, max_bytes + 1, step_bytes))
     if not step_factor > 1 and min_bytes != max_bytes:
         raise DoctorError(f"-f/--step-factor must be greater than 1, got: {step_factor:g}")
     sizes = [min_bytes]
@@ -203,8 +308,9 @@ class BenchConfig:
     sizes: tuple[int, ...] = (MIB,)
     iters: int = 20
     warmup: int = 5
-    dtype: str = "float"
-    check: bool = True
+    dtypes: tuple[str, ...] = ("float",)
+    # nccl-tests' -c: checked calls per measured layout (each on fresh inputs; 0 = no check).
+    check_iters: int = 1
     pairs: bool = False
     min_busbw_gbps: float | None = None
     json_path: str | None = None
@@ -212,16 +318,70 @@ class BenchConfig:
     backend: str = "auto"
     timeout_s: float = 60.0
     op_label: str = "all_reduce"
+    # nccl-tests' -o, -r, -a, -z, -C, -S, -N, -J.
+    redops: tuple[str, ...] = ("sum",)
+    root: int = 0
+    average: int = 1
+    blocking: int = 0
+    cputime: bool = False
+    timestamps: bool = False
+    run_cycles: int = 1
+    nccl_json_path: str | None = None
+    # Where the threshold came from, for the verdict: "--min-busbw", or "90 % of NCCL_TESTS_MIN_BW=22.2".
+    min_busbw_label: str = "--min-busbw"
+    # The command line and step as given, for nccl-tests' JSON ("args", "config").
+    argv: tuple[str, ...] = ()
+    step_bytes: int | None = None
+    step_factor: float = 2.0
+
+    @property
+    def dtype(self) -> str:
+        """The first type: the one the pair test and the plot title use."""
+        return self.dtypes[0]
+
+    @property
+    def check(self) -> bool:
+        return self.check_iters > 0
 
     @property
     def pair_bytes(self) -> int:
         """Message size of the pairwise link test: the sweep's largest size."""
         return max(self.sizes)
 
+    def redops_for(self, op: str) -> tuple[str, ...]:
+        """The reduction ops a row of ``op`` runs with: ``-o``'s for reductions, "none" otherwise."""
+        return self.redops if OPS[op].reduces else ("none",)
+
+
+@dataclass
+class Timing:
+    """One layout (out-of-place or in-place) of one row, combined over the ranks."""
+
+    time_us: float  # as -a says: the ranks' average (default), rank 0's, the fastest's or the slowest's
+    max_time_us: float
+    slowest_rank: int
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int | None  # None when not checked (-c 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"time_us": self.time_us, "max_time_us": self.max_time_us, "slowest_rank": self.slowest_rank,
+                "algbw_gbps": self.algbw_gbps, "busbw_gbps": self.busbw_gbps, "wrong": self.wrong}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Timing | None:
+        if data is None:
+            return None
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+
 
 @dataclass
 class Row:
-    """One size of one op, combined over all ranks."""
+    """One size of one op, combined over all ranks.
+
+    The top-level numbers are the out-of-place layout's where torch.distributed has one, else the in-place
+    layout's (all_reduce, broadcast); ``out_of_place`` and ``in_place`` hold each layout measured.
+    """
 
     op: str
     bytes: int
@@ -235,36 +395,74 @@ class Row:
     wrong: int | None  # None when -c 0
     # The sweep's size before rounding to whole elements per rank (what -b/-e/-f asked for).
     requested_bytes: int = 0
+    redop: str = "sum"
+    root: int = -1
+    out_of_place: Timing | None = None
+    in_place: Timing | None = None
+    timestamp: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "bytes": self.bytes, "count": self.count, "dtype": self.dtype,
+        data = {"op": self.op, "bytes": self.bytes, "count": self.count, "dtype": self.dtype,
                 "time_us": self.time_us, "max_time_us": self.max_time_us, "algbw_gbps": self.algbw_gbps,
                 "busbw_gbps": self.busbw_gbps, "wrong": self.wrong, "slowest_rank": self.slowest_rank,
-                "requested_bytes": self.requested_bytes}
+                "requested_bytes": self.requested_bytes, "redop": self.redop, "root": self.root,
+                "out_of_place": self.out_of_place.to_json() if self.out_of_place else None,
+                "in_place": self.in_place.to_json() if self.in_place else None}
+        if self.timestamp:
+            data["timestamp"] = self.timestamp
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Row:
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+        fields = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        for layout in ("out_of_place", "in_place"):
+            if layout in fields:
+                fields[layout] = Timing.from_json(fields[layout])
+        return cls(**fields)
+
+    def timings(self) -> list[Timing]:
+        return [t for t in (self.out_of_place, self.in_place) if t is not None]
+
+
+def combine_timing(op: str, size: int, times_us: Sequence[float], wrong: Sequence[int | None] | None,
+                   average: int = 1) -> Timing:
+    """Each rank's time for one layout of one size -> one figure, as nccl-tests' ``-a`` says (default 1: the
+    ranks' average); the slowest rank and its time are kept whatever ``-a`` is."""
+    nranks = len(times_us)
+    slowest = max(range(nranks), key=lambda r: times_us[r])
+    chosen = {0: times_us[0], 2: min(times_us), 3: times_us[slowest]}.get(average, sum(times_us) / nranks)
+    spec = OPS[op]
+    wrongs = None if wrong is None or any(w is None for w in wrong) else int(sum(w or 0 for w in wrong))
+    return Timing(chosen, times_us[slowest], slowest, spec.algbw_gbps(size, chosen),
+                  spec.busbw_gbps(size, nranks, chosen), wrongs)
+
+
+def make_row(op: str, size: int, count: int, dtype: str, out_of_place: Timing | None, in_place: Timing | None,
+             requested: int = 0, redop: str = "sum", root: int = -1, timestamp: str = "") -> Row:
+    """A row from its measured layouts; the top-level numbers are the out-of-place layout's when there is one."""
+    main = out_of_place or in_place
+    assert main is not None, "a row measures at least one layout"
+    return Row(op, size, count, dtype, main.time_us, main.max_time_us, main.slowest_rank, main.algbw_gbps,
+               main.busbw_gbps, main.wrong, requested or size, redop, root, out_of_place, in_place, timestamp)
 
 
 def combine_row(op: str, size: int, count: int, dtype: str, times_us: Sequence[float],
                 wrong: Sequence[int] | None, requested: int = 0) -> Row:
-    """Each rank's time for one size -> one row: nccl-tests' default (-a 1) reports the ranks' average."""
-    nranks = len(times_us)
-    avg = sum(times_us) / nranks
-    slowest = max(range(nranks), key=lambda r: times_us[r])
-    spec = OPS[op]
-    return Row(op, size, count, dtype, avg, times_us[slowest], slowest, spec.algbw_gbps(size, avg),
-               spec.busbw_gbps(size, nranks, avg), None if wrong is None else int(sum(wrong)),
-               requested or size)
+    """Each rank's time for one size -> one row of the op's single layout (the ranks' average, -a 1)."""
+    timing = combine_timing(op, size, times_us, wrong)
+    layout = {"out_of_place": timing} if OPS[op].out_of_place else {"in_place": timing}
+    return make_row(op, size, count, dtype, layout.get("out_of_place"), layout.get("in_place"), requested,
+                    OPS[op].redop, OPS[op].root)
 
 
 def avg_busbw(rows: Sequence[Row]) -> float | None:
-    """Average busbw over the sizes >= 1 MiB (small sizes measure latency, not bandwidth).
+    """Average busbw over the sizes >= 1 MiB (small sizes measure latency, not bandwidth), every measured
+    layout counted (nccl-tests averages out-of-place and in-place alike).
 
     The requested size counts: 1 MiB of all_gather on 3 ranks is 1048572 bytes, still a 1 MiB row.
     """
-    big = [r.busbw_gbps for r in rows if max(r.bytes, r.requested_bytes) >= MIB]
+    big = [bw for r in rows if max(r.bytes, r.requested_bytes) >= MIB
+           for bw in ([t.busbw_gbps for t in r.timings()] or [r.busbw_gbps])]
     return sum(big) / len(big) if big else None
 
 
@@ -499,14 +697,19 @@ def fmt_bw(value: float) -> str:
     return f"{value:.2f}" if value >= 0.01 or value == 0 else f"{value:.4f}"
 
 
+def wrong_total(row: Row) -> int:
+    """Wrong elements in every layout of the row."""
+    return sum(t.wrong or 0 for t in row.timings()) if row.timings() else (row.wrong or 0)
+
+
 def problems(config: BenchConfig, rows: Sequence[Row], analysis: PairAnalysis | None) -> list[str]:
-    """What makes the run exit 1: wrong values, busbw under --min-busbw (like NCCL_TESTS_MIN_BW), a slow host."""
+    """What makes the run exit 1: wrong values, busbw under --min-busbw (or NCCL_TESTS_MIN_BW), a slow host."""
     found: list[str] = []
     for op in config.ops:
         op_rows = [r for r in rows if r.op == op]
-        wrong = sum(r.wrong or 0 for r in op_rows)
+        wrong = sum(wrong_total(r) for r in op_rows)
         if wrong:
-            bad = [human_bytes(r.bytes) for r in op_rows if r.wrong]
+            bad = list(dict.fromkeys(human_bytes(r.bytes) for r in op_rows if wrong_total(r)))
             found.append(f"{op}: {wrong} wrong values (at {', '.join(bad)}): data is corrupted in transit; "
                          "check NCCL_PROTO/NCCL_ALGO overrides, NIC offloads and GPU memory errors")
         if config.min_busbw_gbps is not None and op_rows:
@@ -514,8 +717,9 @@ def problems(config: BenchConfig, rows: Sequence[Row], analysis: PairAnalysis | 
             measured = avg if avg is not None else sum(r.busbw_gbps for r in op_rows) / len(op_rows)
             over = "" if avg is not None else " (over all sizes: none >= 1 MiB)"
             if measured < config.min_busbw_gbps:
-                found.append(f"{op}: average busbw {fmt_bw(measured)} GB/s{over} is below --min-busbw "
-                             f"{config.min_busbw_gbps:g} GB/s")
+                what = (f"--min-busbw {config.min_busbw_gbps:g} GB/s" if config.min_busbw_label == "--min-busbw"
+                        else f"{config.min_busbw_gbps:g} GB/s ({config.min_busbw_label})")
+                found.append(f"{op}: average busbw {fmt_bw(measured)} GB/s{over} is below {what}")
     if analysis is not None and analysis.slow_hosts:
         found.append(f"slow host{'s' if len(analysis.slow_hosts) > 1 else ''}: {', '.join(analysis.slow_hosts)}")
     return found

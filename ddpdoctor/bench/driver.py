@@ -9,12 +9,16 @@ Only rank 0 prints; like ``check``, its exit code carries the result and the oth
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ddpdoctor.bench.analysis import BenchConfig, PairAnalysis, Row, analyse_pairs, human_bytes, problems
-from ddpdoctor.bench.measure import measure_pairs, measure_row
+from ddpdoctor.bench.measure import measure_pairs, measure_row, probe_combinations
 from ddpdoctor.bench.render import (
+    nccl_tests_json,
+    preamble,
     progress_line,
     render_pairs,
     result_json,
@@ -24,8 +28,11 @@ from ddpdoctor.bench.render import (
     write_plot,
 )
 from ddpdoctor.check import CheckOptions
-from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, short_error
+from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, short_error
 from ddpdoctor.runtime.launcher import LaunchInfo
+
+if TYPE_CHECKING:
+    from ddpdoctor.check import RankRun
 
 
 class _Progress:
@@ -43,6 +50,41 @@ class _Progress:
         if self.enabled:
             sys.stderr.write("\r" + " " * 120 + "\r")
             sys.stderr.flush()
+
+
+def _now() -> str:
+    """Local time as nccl-tests stamps its rows and JSON (util.cu TIME_STRING_FORMAT)."""
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _plan(config: BenchConfig, device: object) -> tuple[list[tuple[str, str, str]], dict[tuple[str, str, str], str]]:
+    """Every (op, dtype, redop) asked for, in nccl-tests' order (type, then reduction), less those this
+    backend refuses (found by running each once on the smallest buffer), and the refused ones with why."""
+    wanted = [(op, dtype, redop) for op in config.ops for dtype in config.dtypes for redop in config.redops_for(op)]
+    refused = probe_combinations(wanted, device, config.root)
+    return [c for c in wanted if c not in refused], refused
+
+
+def _devices(run: RankRun, device: object) -> list[tuple[int, int, str, str]]:
+    """(rank, pid, host, device) of every rank, for nccl-tests' "Using devices" lines: ranks that self-bind
+    by local rank, as ddpdoctor's runtime does (cuda:<local rank>) or the CPU."""
+    kind = getattr(device, "type", str(device))
+    return [(r, p.pid, p.host, "cpu" if kind == "cpu" else f"{kind}:{p.local_rank}") for r, p in sorted(run.peers.items())]
+
+
+def _nccl_version(backend: str) -> int | None:
+    """NCCL's version code as nccl-tests records it (major*10000 + minor*100 + patch), None without NCCL."""
+    if backend != "nccl":
+        return None
+    try:
+        import torch
+
+        major, minor, patch = (int(x) for x in torch.cuda.nccl.version()[:3])
+    except Exception:  # a build without NCCL, or an odd version tuple: the field is informative only
+        return None
+    return major * 10000 + minor * 100 + patch
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -81,24 +123,48 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     hosts = {r: p.host for r, p in run.peers.items()}
     nranks = info.world_size
     n_hosts = len(set(hosts.values()))
-    progress = _Progress(len(config.ops) * len(config.sizes) + (1 if config.pairs else 0), lead)
+    start_time = _now()
     rows: list[Row] = []
     analysis: PairAnalysis | None = None
-    step = ""
+    step = "checking which types and reductions this backend runs"
+    devices = _devices(run, device)
+    progress = _Progress(0, lead)
     try:
-        for op in config.ops:
-            op_rows: list[Row] = []
-            out(table_header(op, nranks, run.backend, n_hosts, config.iters, config.warmup))
-            for size in config.sizes:
-                step = f"{op} at {human_bytes(size)}"
-                progress.show(step)
-                row = measure_row(op, size, config.dtype, config.iters, config.warmup, config.check, device)
-                progress.done += 1
-                progress.clear()
-                op_rows.append(row)
-                out(table_row(row))
-            out(table_footer(op_rows) + "\n")
-            rows.extend(op_rows)
+        plan, skipped = _plan(config, device)
+        if lead:
+            for (op, dtype, redop), why in skipped.items():
+                print(f"ddpdoctor bench: note: {run.backend} cannot run {op} with -d {dtype}"
+                      + (f" -o {redop}" if redop != "none" else "") + f" ({why}); left out", file=sys.stderr, flush=True)
+        if not plan:
+            if lead:
+                print(f"ddpdoctor bench: error: {run.backend} runs none of the asked op/type/reduction combinations "
+                      "(see the notes above)", file=sys.stderr, flush=True)
+                write_result_file(EXIT_USAGE)
+            return EXIT_USAGE if lead else EXIT_OK
+        out(preamble(config, devices))
+        progress.total = len(plan) * len(config.sizes) * config.run_cycles + (1 if config.pairs else 0)
+        for _cycle in range(config.run_cycles):
+            for op in config.ops:
+                combos = [(dtype, redop) for o, dtype, redop in plan if o == op]
+                if not combos:
+                    continue
+                op_rows: list[Row] = []
+                out("#\n" + table_header(op, nranks, run.backend, n_hosts, config.iters, config.warmup,
+                                         config.cputime, config.timestamps, config.average))
+                for dtype, redop in combos:
+                    for size in config.sizes:
+                        step = f"{op} at {human_bytes(size)}" + (f" ({dtype}, {redop})" if len(combos) > 1 else "")
+                        progress.show(step)
+                        row = measure_row(op, size, dtype, config.iters, config.warmup, config.check_iters, device,
+                                          redop=redop, root=config.root, average=config.average,
+                                          blocking=config.blocking, cputime=config.cputime,
+                                          timestamp=_now if config.timestamps else None)
+                        progress.done += 1
+                        progress.clear()
+                        op_rows.append(row)
+                        out(table_row(row, nranks))
+                out(table_footer(op_rows, config.min_busbw_gbps) + "\n")
+                rows.extend(op_rows)
         if config.pairs:
             step = "the pairwise sendrecv test"
             progress.show(step)
@@ -123,6 +189,11 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
         return EXIT_OK
     if config.json_path:
         emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis))
+    if config.nccl_json_path:
+        from ddpdoctor.fileio import write_json_atomic
+
+        write_json_atomic(config.nccl_json_path, nccl_tests_json(config, rows, devices, start_time, _now(),
+                                                                 os.environ, _nccl_version(run.backend)))
     if config.plot_path:
         write_plot(config.plot_path, rows, f"ddpdoctor bench: {nranks} ranks, {run.backend}, {config.dtype}")
     found = problems(config, rows, analysis)

@@ -9,7 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddpdoctor.bench.analysis import OPS, PairResult, Row, combine_row, pair_schedule, row_count, suspects
+from ddpdoctor.bench.analysis import (
+    OPS,
+    PairResult,
+    Row,
+    Timing,
+    combine_timing,
+    make_row,
+    pair_schedule,
+    row_count,
+    suspects,
+)
 
 
 def gather(value: Any) -> list[Any]:
@@ -21,21 +31,76 @@ def gather(value: Any) -> list[Any]:
     return out
 
 
-def measure_row(op: str, size: int, dtype: str, iters: int, warmup: int, check: bool, device: Any) -> Row:
-    """One size of one op, timed on every rank and combined (avg, max, slowest rank, summed #wrong)."""
+def measure_row(op: str, size: int, dtype: str, iters: int, warmup: int, check: bool | int, device: Any, *,
+                redop: str | None = None, root: int = 0, average: int = 1, blocking: int = 0,
+                cputime: bool = False, timestamp: Callable[[], str] | None = None) -> Row:
+    """One size of one op, timed on every rank and combined (avg, max, slowest rank, summed #wrong).
+
+    Each layout torch.distributed offers for the op is measured in nccl-tests' order, out-of-place then
+    in-place, each on its own buffers: :func:`ddpdoctor.bench.ops.timed_loop`, then ``check`` untimed
+    checked calls (``True`` is one). All ranks' numbers travel in one ``all_gather_object`` at the end.
+    """
     import torch.distributed as dist
 
     from ddpdoctor.bench.ops import OpRunner, timed_loop, world_barrier
 
+    spec = OPS[op]
+    redop = redop or spec.redop
     rank, nranks = dist.get_rank(), dist.get_world_size()
     count = row_count(size, dtype, op, nranks)
-    runner = OpRunner(op, count, dtype, rank, nranks, device)
-    time_us = timed_loop(runner.call, iters, warmup, device, world_barrier())
-    wrong = runner.wrong() if check else None
-    per_rank = gather((time_us, wrong))
-    element = runner.input.element_size()
-    return combine_row(op, count * element, count, dtype, [t for t, _ in per_rank],
-                       None if not check else [w for _, w in per_rank], requested=size)
+    calls = int(check)
+    mine: dict[str, tuple[float, int | None]] = {}
+    element = 0
+    for layout, in_place in (("out_of_place", False), ("in_place", True)):
+        if not (spec.in_place if in_place else spec.out_of_place):
+            continue
+        runner = OpRunner(op, count, dtype, rank, nranks, device, redop=redop if spec.reduces else "sum", root=root,
+                          in_place=in_place)
+        element = runner.input.element_size()
+        time_us = timed_loop(runner.call, iters, warmup, device, world_barrier(), blocking=blocking, cputime=cputime)
+        mine[layout] = (time_us, runner.wrong(calls) if calls else None)
+        del runner  # its buffers go before the next layout's are made
+    per_rank: list[dict[str, tuple[float, int | None]]] = gather(mine)
+    timings: dict[str, Timing] = {}
+    for layout in mine:
+        times = [theirs[layout][0] for theirs in per_rank]
+        wrong = None if not calls else [theirs[layout][1] for theirs in per_rank]
+        timings[layout] = combine_timing(op, count * element, times, wrong, average)
+    return make_row(op, count * element, count, dtype, timings.get("out_of_place"), timings.get("in_place"),
+                    requested=size, redop=redop, root=root if op == "broadcast" else spec.root,
+                    timestamp=timestamp() if timestamp else "")
+
+
+def probe_combinations(combos: list[tuple[str, str, str]], device: Any, root: int = 0) -> dict[tuple[str, str, str], str]:
+    """Run each (op, dtype, redop) once on the smallest buffer; what the backend refused, with its error.
+
+    Backends differ in what they reduce (gloo in torch 2.13 averages floating types but raises "result type
+    Float can't be cast to the desired output type Int" for integers; older gloo refuses ReduceOp.AVG).
+    The refusal comes on every rank alike (it is the same code on the same types), so every rank goes on
+    to the gather; the driver leaves those combinations out and says so.
+    """
+    import torch.distributed as dist
+
+    from ddpdoctor.bench.ops import OpRunner
+
+    rank, nranks = dist.get_rank(), dist.get_world_size()
+    failed: dict[str, str] = {}
+    for op, dtype, redop in combos:
+        spec = OPS[op]
+        try:
+            runner = OpRunner(op, nranks, dtype, rank, nranks, device, redop=redop if spec.reduces else "sum",
+                              root=root, in_place=not spec.out_of_place)
+            runner.call()
+        except (RuntimeError, ValueError, TypeError) as exc:
+            from ddpdoctor.errors import typed_error
+
+            failed[f"{op}|{dtype}|{redop}"] = typed_error(exc)
+    merged: dict[tuple[str, str, str], str] = {}
+    for theirs in gather(failed):
+        for key, why in theirs.items():
+            op, dtype, redop = key.split("|")
+            merged.setdefault((op, dtype, redop), why)
+    return merged
 
 
 # A suspect link is measured this many more times, in rounds shaped like the one that found it.

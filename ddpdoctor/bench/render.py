@@ -7,43 +7,128 @@ plotting).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.bench.analysis import OPS, BenchConfig, PairAnalysis, Row, avg_busbw, fmt_bw, human_bytes
+from ddpdoctor.bench.analysis import (
+    AVERAGES,
+    BLOCKING,
+    OPS,
+    BenchConfig,
+    PairAnalysis,
+    Row,
+    Timing,
+    avg_busbw,
+    fmt_bw,
+    human_bytes,
+    wrong_total,
+)
 from ddpdoctor.errors import DoctorError
 
 
-def table_header(op: str, world_size: int, backend: str, hosts: int, iters: int, warmup: int) -> str:
-    """nccl-tests' header: size, count, type, redop, root, time, algbw, busbw, #wrong (+ max, slowest)."""
-    return "\n".join([
-        f"# ddpdoctor bench: {op}, {world_size} rank{'s' if world_size != 1 else ''} on {hosts} "
-        f"host{'s' if hosts != 1 else ''}, backend {backend}, iters {iters}, warmup {warmup}",
-        f"#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} "
-        f"{'busbw':>8} {'#wrong':>7} {'max':>10} {'slowest':>8}",
-        f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} "
-        f"{'(GB/s)':>8} {'':>7} {'(us)':>10} {'rank':>8}",
-    ])
+def nccl_float(value: float, width: int) -> str:
+    """A number in ``width`` characters the way nccl-tests prints its columns (util.cu getFloatStr):
+    two decimals if they fit, else one, else none, else exponent notation."""
+    for fmt in (f"{{:>{width}.2f}}", f"{{:>{width}.1f}}", f"{{:>{width}.0f}}"):
+        text = fmt.format(value)
+        if len(text) <= width:
+            return text
+    return (f"{{:>{width}.1e}}" if width >= 7 else f"{{:>{width}.0e}}").format(value)
 
 
-def table_row(r: Row) -> str:
-    spec = OPS[r.op]
-    wrong = "N/A" if r.wrong is None else str(r.wrong)
-    return (f"{r.bytes:>12} {r.count:>12} {r.dtype:>8} {spec.redop:>6} {spec.root:>5} {r.time_us:>10.1f} "
-            f"{fmt_bw(r.algbw_gbps):>8} {fmt_bw(r.busbw_gbps):>8} {wrong:>7} {r.max_time_us:>10.1f} "
-            f"{r.slowest_rank:>8}")
+def preamble(config: BenchConfig, devices: Sequence[tuple[int, int, str, str]]) -> str:
+    """nccl-tests' run header (util.cu writeDeviceReport): the parameters, then one line per rank.
+
+    ``devices``: (rank, pid, host, device) for every rank. nccl-tests' nThread and nGpus are always 1 here
+    (one rank per process, one device per rank); graph and unalign 0 (not implemented).
+    """
+    step = (f"{config.step_bytes}(bytes)" if config.step_bytes is not None else f"{config.step_factor:g}(factor)")
+    lines = [f"# nThread 1 nGpus 1 minBytes {config.sizes[0]} maxBytes {config.sizes[-1]} step: {step} "
+             f"warmup iters: {config.warmup} iters: {config.iters} agg iters: 1 validation: {config.check_iters} "
+             "graph: 0 unalign: 0"]
+    if config.blocking:
+        lines.append(f"# Blocking Enabled: {BLOCKING[config.blocking]}")
+    lines += ["#", "# Using devices"]
+    lines += [f"#  Rank {rank:2d} Group  0 Pid {pid:6d} on {host:>10} device {device}"
+              for rank, pid, host, device in devices]
+    return "\n".join(lines)
 
 
-def table_footer(rows: Sequence[Row]) -> str:
-    """nccl-tests' footer; the average busbw counts only sizes >= 1 MiB."""
-    wrong_total = sum(r.wrong or 0 for r in rows)
-    checked = any(r.wrong is not None for r in rows)
-    lines = [f"# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}"
-             if checked else "# Out of bounds values : not checked (-c 0)"]
+def table_header(op: str, world_size: int, backend: str, hosts: int, iters: int, warmup: int,
+                 cputime: bool = False, timestamps: bool = False, average: int = 1) -> str:
+    """nccl-tests' table header (util.cu writeResultHeader): size, count, type, redop, root, then time,
+    algbw, busbw and #wrong out-of-place and in-place; ddpdoctor adds the slowest rank and its time."""
+    time = "cputime" if cputime else "time"
+    spec = OPS[op]
+    missing = [name for name, has in (("out-of-place", spec.out_of_place), ("in-place", spec.in_place)) if not has]
+    title = (f"# ddpdoctor bench: {op}, {world_size} rank{'s' if world_size != 1 else ''} on {hosts} "
+             f"host{'s' if hosts != 1 else ''}, backend {backend}, iters {iters}, warmup {warmup}")
+    lines = [title]
+    if missing:
+        lines.append(f"# {missing[0]}: torch.distributed has no {missing[0]} {op} ({_ONE_LAYOUT[op]}); its columns "
+                     "stay blank")
+    if average != 1:
+        lines.append(f"# time: {AVERAGES[average]} (-a {average}); max and slowest rank: the slowest rank's")
+    ts_label, ts_unit = ("  timestamp", "  (local)") if timestamps else ("", "")
+    lines += [
+        f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}           out-of-place                       in-place",
+        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {time:>7}  {'algbw':>6}  "
+        f"{'busbw':>6}  {'#wrong':>6}  {time:>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}  {'max':>8}  "
+        f"{'slowest':>7}{ts_label}",
+        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  "
+        f"{'(GB/s)':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}  {'(us)':>8}  "
+        f"{'rank':>7}{ts_unit}",
+    ]
+    return "\n".join(lines)
+
+
+# Why an op has one layout only.
+_ONE_LAYOUT = {"all_reduce": "dist.all_reduce works on one tensor", "broadcast": "dist.broadcast works on one tensor",
+               "all_to_all": "all_to_all_single takes separate output and input",
+               "sendrecv": "send and recv take separate buffers"}
+_BLANK = " " * 33  # one layout's four columns, as nccl-tests leaves a layout it does not run
+
+
+def _layout(t: Timing | None) -> str:
+    if t is None:
+        return _BLANK
+    wrong = "N/A" if t.wrong is None else f"{t.wrong:g}"
+    return f"  {nccl_float(t.time_us, 7)}  {nccl_float(t.algbw_gbps, 6)}  {nccl_float(t.busbw_gbps, 6)}  {wrong:>6}"
+
+
+def nccl_count(r: Row, nranks: int) -> int:
+    """The count column as nccl-tests prints it: the count it passes to NCCL, which for all_gather,
+    reduce_scatter and all_to_all is each rank's share (``paramcount`` in their GetCollByteCount), while
+    ``size`` is the whole buffer."""
+    return r.count // nranks if OPS[r.op].scaled_by_nranks and nranks > 0 else r.count
+
+
+def table_row(r: Row, nranks: int = 1) -> str:
+    """One row in nccl-tests' layout (util.cu writeBenchmarkLinePreamble/Body); the slowest rank of the row's
+    main layout (out-of-place where there is one) and its time at the end."""
+    out_of_place, in_place = r.out_of_place, r.in_place
+    if out_of_place is None and in_place is None:  # a row from an older JSON: its one layout
+        main = Timing(r.time_us, r.max_time_us, r.slowest_rank, r.algbw_gbps, r.busbw_gbps, r.wrong)
+        out_of_place, in_place = (main, None) if OPS[r.op].out_of_place else (None, main)
+    main_t = out_of_place or in_place
+    assert main_t is not None
+    line = (f"{r.bytes:>12}  {nccl_count(r, nranks):>12}  {r.dtype:>8}  {r.redop:>6}  {r.root:>6}"
+            f"{_layout(out_of_place)}{_layout(in_place)}  {nccl_float(main_t.max_time_us, 8)}  {main_t.slowest_rank:>7}")
+    return line + (f"  {r.timestamp}" if r.timestamp else "")
+
+
+def table_footer(rows: Sequence[Row], min_busbw: float | None = None) -> str:
+    """nccl-tests' footer (util.cu writeResultFooter); the average busbw counts only sizes >= 1 MiB, and says
+    OK or FAILED against the threshold when there is one."""
+    wrong = sum(wrong_total(r) for r in rows)
+    checked = any(w is not None for r in rows for w in ([t.wrong for t in r.timings()] or [r.wrong]))
+    lines = [f"# {'Out of bounds values':<20} : {wrong} {'OK' if wrong == 0 else 'FAILED'}"
+             if checked else f"# {'Out of bounds values':<20} : not checked (-c 0)"]
     avg = avg_busbw(rows)
-    lines.append(f"# Avg bus bandwidth    : {fmt_bw(avg)} GB/s (sizes >= 1 MiB)" if avg is not None
-                 else "# Avg bus bandwidth    : n/a (no size >= 1 MiB in the sweep)")
+    verdict = "" if min_busbw is None or avg is None else (" OK" if avg >= min_busbw else " FAILED")
+    lines.append(f"# {'Avg bus bandwidth':<20} : {fmt_bw(avg)} GB/s (sizes >= 1 MiB){verdict}" if avg is not None
+                 else f"# {'Avg bus bandwidth':<20} : n/a (no size >= 1 MiB in the sweep)")
     return "\n".join(lines)
 
 
@@ -74,7 +159,9 @@ def result_json(config: BenchConfig, world_size: int, backend: str, rows: Sequen
     """The --json document (README: "ddpdoctor bench --json")."""
     data: dict[str, Any] = {
         "op": config.op_label, "world_size": world_size, "backend": backend, "dtype": config.dtype,
-        "iters": config.iters, "warmup": config.warmup,
+        "dtypes": list(config.dtypes), "redops": list(config.redops), "iters": config.iters,
+        "warmup": config.warmup, "check_iters": config.check_iters, "average": config.average,
+        "blocking": config.blocking, "cputime": config.cputime,
         "rows": [r.to_json() for r in rows], "avg_busbw_gbps": avg_busbw(rows),
         "per_op": {op: {"avg_busbw_gbps": avg_busbw([r for r in rows if r.op == op])}
                    for op in config.ops},
@@ -85,6 +172,57 @@ def result_json(config: BenchConfig, world_size: int, backend: str, rows: Sequen
         data["slow_hosts"] = list(analysis.slow_hosts)
         data["slow_links"] = [p.to_json() for p in analysis.slow_links]
     return data
+
+
+# nccl-tests' JSON file version (util.cu JSON_FILE_VERSION) whose layout nccl_tests_json follows.
+NCCL_TESTS_JSON_VERSION = 1
+
+
+def nccl_tests_json(config: BenchConfig, rows: Sequence[Row], devices: Sequence[tuple[int, int, str, str]],
+                    start_time: str, end_time: str, environ: Mapping[str, str], nccl_version: int | None) -> dict[str, Any]:
+    """The document nccl-tests writes with ``-J FILE.json`` (util.cu jsonOutputInit, writeDeviceReport,
+    writeBenchmarkLine*, writeResultFooter), so tools that read nccl-tests' JSON read ours.
+
+    Two differences, on purpose: ``env`` lists only the NCCL_*, TORCH_*, GLOO_*, CUDA_* and MASTER_*
+    variables (nccl-tests dumps the whole environment, secrets included), and ``root`` is the rank as
+    nccl-tests formats it ("%6i", a string). Times are in microseconds, bandwidths in GB/s, as there.
+    """
+    results = []
+    for r in rows:
+        entry: dict[str, Any] = {"size": r.bytes, "count": nccl_count(r, len(devices)), "type": r.dtype,
+                                 "redop": r.redop,
+                                 "root": f"{r.root:6d}"}
+        for key, timing in (("out_of_place", r.out_of_place), ("in_place", r.in_place)):
+            entry[key] = None if timing is None else {
+                "cpu_time" if config.cputime else "time": timing.time_us, "alg_bw": timing.algbw_gbps,
+                "bus_bw": timing.busbw_gbps, "nwrong": None if timing.wrong is None else float(timing.wrong)}
+        entry["actual_iterations"] = config.iters
+        entry["experiment_name"] = r.op
+        results.append(entry)
+    wrong = sum(wrong_total(r) for r in rows)
+    bws = [t.busbw_gbps for r in rows for t in r.timings()]
+    avg = sum(bws) / len(bws) if bws else 0.0
+    okay: Any = "unchecked" if config.min_busbw_gbps is None else avg >= config.min_busbw_gbps
+    step = {"step_bytes": config.step_bytes} if config.step_bytes is not None else {"step_factor": config.step_factor}
+    return {
+        "version": NCCL_TESTS_JSON_VERSION, "start_time": start_time, "args": ["ddpdoctor", *config.argv],
+        "env": [f"{k}={v}" for k, v in sorted(environ.items())
+                if k.startswith(("NCCL_", "TORCH_", "GLOO_", "CUDA_", "MASTER_"))],
+        "nccl_version": nccl_version,
+        "config": {"nthreads": 1, "ngpus": 1, "minimum_bytes": config.sizes[0], "maximum_bytes": config.sizes[-1],
+                   **step, "warmup_iters": config.warmup, "iterations": config.iters, "aggregated_iterations": 1,
+                   "validation": config.check_iters, "graph": 0, "blocking_collectives": str(bool(config.blocking)).lower(),
+                   "per_iter_timing": "false", "per_iter_skip": 0, "parallel_init": "false"},
+        "devices": [{"rank": rank, "group": 0, "pid": pid, "hostname": host, "device": -1 if device == "cpu"
+                     else int(device.rsplit(":", 1)[-1] or 0), "device_hex": "", "device_info": device}
+                    for rank, pid, host, device in devices],
+        "results": results,
+        # nccl-tests averages every row and layout (no 1 MiB floor), as here.
+        "out_of_bounds": {"count": wrong, "okay": "true" if wrong == 0 else "false"},
+        "average_bus_bandwidth": {"bandwidth": avg, "okay": okay if okay == "unchecked" else str(okay).lower()},
+        "errors": [],
+        "end_time": end_time,
+    }
 
 
 def check_plot_available() -> None:

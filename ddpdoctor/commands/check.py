@@ -11,15 +11,24 @@ import typer
 from ddpdoctor.commands.options import (
     BackendOption,
     JsonOption,
+    LocalRanksFilterOption,
+    LogDirOption,
     MasterPortOption,
     NprocOption,
+    RedirectsOption,
+    TeeOption,
     TimeoutOption,
+    launch_logs,
     validate_min_busbw,
 )
 from ddpdoctor.errors import DoctorError
 
 if TYPE_CHECKING:
     from ddpdoctor.check import Check
+
+# The check ids --only/--skip take, in registry order, written out so `check --help` needs no import of the
+# checks (tests/test_docs.py keeps it equal to ddpdoctor.checks.CHECK_IDS and docs/checks.md).
+CHECK_IDS_HELP = "env, gpu, port, barrier, connectivity, bandwidth, unused_params, state_dict"
 
 
 def _split_ids(values: list[str]) -> list[str]:
@@ -41,8 +50,10 @@ def check(
     nproc: NprocOption = None,
     backend: BackendOption = "auto",
     timeout: TimeoutOption = 30.0,
-    only: list[str] = typer.Option([], "--only", help="Run only these check ids (repeat or comma-separate)."),
-    skip: list[str] = typer.Option([], "--skip", help="Skip these check ids (repeat or comma-separate)."),
+    only: list[str] = typer.Option([], "--only", metavar="IDS", help="Run only these checks (repeat or comma-separate): "
+                                   f"{CHECK_IDS_HELP}."),
+    skip: list[str] = typer.Option([], "--skip", metavar="IDS", help="Skip these checks (repeat or comma-separate): "
+                                   f"{CHECK_IDS_HELP}."),
     json_path: JsonOption = None,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every finding's details."),
     master_port: MasterPortOption = None,
@@ -52,6 +63,10 @@ def check(
     batch: Optional[str] = typer.Option(None, "--batch", help="MODULE:FN returning an input batch (unused_params)."),
     input_shape: Optional[str] = typer.Option(None, "--input-shape", help="Random input batch shape, e.g. 4,16."),
     min_busbw: Optional[float] = typer.Option(None, "--min-busbw", help="bandwidth check: fail below this GB/s."),
+    log_dir: LogDirOption = None,
+    redirects: RedirectsOption = "0",
+    tee: TeeOption = "0",
+    local_ranks_filter: LocalRanksFilterOption = "",
 ) -> None:
     """Check connectivity, ports, env consistency and more on every rank; one report from rank 0."""
     from ddpdoctor.check import CheckOptions, RunConfig, run_rank
@@ -61,6 +76,7 @@ def check(
     from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
 
     validate_launch_options(nproc, backend, master_port, timeout)
+    logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
     validate_output_path("--json", json_path)
     validate_min_busbw(min_busbw)
     if checkpoint is not None and not os.path.exists(checkpoint):
@@ -77,7 +93,7 @@ def check(
     config = RunConfig(checks=checks, backend=backend, options=options, json_path=json_path)
     raise typer.Exit(run_here_or_self_launch(
         functools.partial(run_rank, config=config), argv=invocation_args(), nproc=nproc, backend=backend,
-        master_port=master_port, timeout=timeout))
+        master_port=master_port, timeout=timeout, logs=logs))
 
 
 def register(app: typer.Typer) -> None:

@@ -44,7 +44,7 @@ def strip_cmd(
                                "modified without --in-place)."),
     output: str = typer.Option(None, "-o", "--output", metavar="OUT", help="Where to write the stripped checkpoint: a "
                                "file; for a DCP directory a new directory, or one torch.save file if OUT ends in "
-                               ".pt/.pth/.bin; for a shard set a new directory."),
+                               ".pt/.pth/.bin/.ckpt; for a shard set a new directory."),
     prefix: list[str] = typer.Option(None, "--prefix", metavar="P", help="Wrapper to remove (repeatable); default: all of "
                                      "module. (at the start of keys), _orig_mod., _fsdp_wrapped_module., _fpw_module., "
                                      "_checkpoint_wrapped_module. (at any depth)."),

@@ -24,8 +24,9 @@ def ras(
 ) -> None:
     """Ask NCCL's RAS service (NCCL >= 2.24) for the job's dead/unresponsive ranks and operation counts.
 
-    Exit 0: every rank answered; 1: dead or unresponsive ranks, or RAS did not answer in time; 2: no RAS
-    service at the address.
+    Exit 0: every rank answered; 1: dead or unresponsive ranks, or the service did not answer in time or
+    broke off its reply; 2: no RAS service at the address (nothing listens, the host does not resolve, or
+    what answers is not RAS) or a bad option.
     """
     from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
     from ddpdoctor.ras import (

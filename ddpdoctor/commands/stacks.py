@@ -35,6 +35,10 @@ def stacks(
     job: Optional[str] = typer.Option(None, "--job", metavar="ID", help="Only this job: torchrun run id, SLURM job id (or "
                                       "job.step), the torchrun agent's pid, or the job key ddpdoctor prints."),
     native: bool = typer.Option(False, "--native", help="Pass --native to py-spy (C/C++ frames too)."),
+    locals_level: int = typer.Option(0, "--locals", "-l", count=True, help="Pass --locals to py-spy: each frame's "
+                                     "local variables (repeat, -ll, for more detail, as py-spy)."),
+    nonblocking: bool = typer.Option(False, "--nonblocking", help="Pass --nonblocking to py-spy: read the ranks "
+                                     "without pausing them (less intrusive; a stack may be torn)."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
     json_path: JsonOption = None,
     signal_mode: bool = typer.Option(False, "--signal", help="No py-spy: signal ranks that called "
@@ -50,7 +54,8 @@ def stacks(
     from ddpdoctor.stacks import StacksOptions, run_stacks
 
     raise typer.Exit(run_stacks(StacksOptions(list(pid), job, native, all_threads, json_path, signal_mode,
-                                              _text(stack_dir), timeout)))
+                                              _text(stack_dir), timeout, locals_level=locals_level,
+                                              nonblocking=nonblocking)))
 
 
 def merge(

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from ddpdoctor.ras.client import (
                                   DEFAULT_ADDR,
+                                  NotRas,
                                   RasError,
                                   RasReply,
                                   RasTimeout,
                                   RasUnavailable,
+                                  RasUnresolvable,
                                   parse_addr,
                                   query,
                                   ras_addr_from_env,
@@ -30,11 +32,13 @@ from ddpdoctor.ras.verdict import PROBLEM, RasVerdict, ask, judge, probe, render
 __all__ = [
                                   "DEFAULT_ADDR",
                                   "PROBLEM",
+                                  "NotRas",
                                   "RasError",
                                   "RasReply",
                                   "RasStatus",
                                   "RasTimeout",
                                   "RasUnavailable",
+                                  "RasUnresolvable",
                                   "RasVerdict",
                                   "ask",
                                   "judge",

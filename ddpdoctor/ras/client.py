@@ -19,6 +19,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_PORT = 28028  # NCCL_RAS_CLIENT_PORT in src/ras/ras_internal.h
 DEFAULT_ADDR = f"localhost:{DEFAULT_PORT}"
@@ -31,7 +32,17 @@ class RasError(Exception):
 
 
 class RasUnavailable(RasError):
-    """Nothing answers at the address (no NCCL >= 2.24 job there, RAS disabled, wrong NCCL_RAS_ADDR)."""
+    """No RAS service at the address: nothing listens there (no NCCL >= 2.24 job, RAS disabled, wrong
+    NCCL_RAS_ADDR), its host does not resolve, or what answers does not speak RAS. The address is wrong,
+    so the commands treat it as bad input (exit 2), not as a finding about the job."""
+
+
+class RasUnresolvable(RasUnavailable):
+    """The host of the address does not resolve (DNS, /etc/hosts): a typo, not a job problem."""
+
+
+class NotRas(RasUnavailable):
+    """Something listens at the address but answered the handshake as no RAS service would."""
 
 
 class RasTimeout(RasError):
@@ -142,6 +153,58 @@ class _Conn:
         return body.decode(errors="replace")
 
 
+def _resolve(host: str, port: int, addr: str, deadline_s: float) -> list[Any]:
+    """The addresses ``host`` resolves to (``getaddrinfo`` tuples, in its order), looked up within the deadline.
+
+    A name that does not resolve is named as such (``socket.gaierror``: "Name or service not known"), not
+    as a job that is not running; ``getaddrinfo`` has no timeout of its own and a dead name server can
+    hold it for tens of seconds, so it runs in a daemon thread that is abandoned at the deadline.
+    """
+    import threading
+
+    found: list[object] = []
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a label IDNA cannot encode
+            found.append(exc)
+
+    worker = threading.Thread(target=lookup, name="ddpdoctor-ras-resolve", daemon=True)
+    worker.start()
+    worker.join(max(deadline_s, 0.001))
+    if not found:
+        raise RasUnresolvable(f"the host {host!r} of the RAS address {addr} did not resolve within {deadline_s:g} s "
+                              "(the name service does not answer): use the host's IP address")
+    result = found[0]
+    if isinstance(result, BaseException):
+        why = getattr(result, "strerror", None) or str(result) or type(result).__name__
+        raise RasUnresolvable(f"the host {host!r} of the RAS address {addr} does not resolve ({why}): check the "
+                              "host name in --addr or NCCL_RAS_ADDR, or use an IP address")
+    infos = result if isinstance(result, list) else []
+    if not infos:
+        raise RasUnresolvable(f"the host {host!r} of the RAS address {addr} resolves to no address")
+    return infos
+
+
+def _connect(infos: list[Any], deadline: float) -> socket.socket:
+    """Connect to the first resolved address that accepts (as ``socket.create_connection`` does), each
+    attempt bounded by what is left of the deadline; the last error when none accepts."""
+    error: OSError = OSError("no address")
+    for family, kind, proto, _name, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.connect(sockaddr)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+            if isinstance(exc, TimeoutError):
+                break
+    raise error
+
+
 def query(addr: str, *, deadline_s: float = 5.0, fmt: str = "json", verbose: bool = False,
           ras_timeout_s: int | None = None) -> RasReply:
     """One ``STATUS`` exchange with the RAS service at ``addr``; raises :class:`RasError` subclasses.
@@ -153,21 +216,24 @@ def query(addr: str, *, deadline_s: float = 5.0, fmt: str = "json", verbose: boo
     host, port = parse_addr(addr)
     start = time.monotonic()
     deadline = start + deadline_s
+    infos = _resolve(host, port, addr, deadline_s)
     try:
-        sock = socket.create_connection((host, port), timeout=max(deadline_s, 0.001))
+        sock = _connect(infos, deadline)
     except TimeoutError:
         raise RasTimeout(f"connecting to NCCL RAS at {addr} timed out after {deadline_s:g} s") from None
     except OSError as exc:
+        where = "this host" if host in ("localhost", "127.0.0.1", "::1") else host
         raise RasUnavailable(
-            f"no NCCL RAS service at {addr} ({exc.strerror or exc}): is an NCCL >= 2.24 job running on this "
-            "host with RAS enabled (NCCL_RAS_ENABLE, default on), and does --addr match its NCCL_RAS_ADDR?"
+            f"no NCCL RAS service at {addr} ({exc.strerror or exc}): is an NCCL >= 2.24 job running on {where} "
+            "with RAS enabled (NCCL_RAS_ENABLE, default on), and does --addr match its NCCL_RAS_ADDR?"
         ) from None
     with sock:
         conn = _Conn(sock, deadline, addr)
         conn.send_line(f"CLIENT PROTOCOL {PROTOCOL}")
         hello = conn.read_line("waiting for its protocol handshake")
         if not hello.upper().startswith("SERVER PROTOCOL "):
-            raise RasError(f"{addr} is not an NCCL RAS service: it answered {hello[:80]!r} to the handshake")
+            raise NotRas(f"{addr} is not an NCCL RAS service: it answered {hello[:80]!r} to the handshake "
+                         "(NCCL answers 'SERVER PROTOCOL n'); is --addr/NCCL_RAS_ADDR the port of another service?")
         words = hello.split()
         server_protocol = int(words[2]) if len(words) > 2 and words[2].isdigit() else None
         timeout = ras_timeout_s if ras_timeout_s is not None else max(1, int(deadline_s) - 1)

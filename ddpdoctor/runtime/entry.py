@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.runtime.launcher import LaunchInfo
+from ddpdoctor.runtime.selflaunch import LaunchLogs
 
 BACKENDS = ("auto", "gloo", "nccl")
 MAX_TIMEOUT_S = 86400
@@ -78,15 +79,21 @@ def resolve_master_addr(info: LaunchInfo, timeout_s: float) -> None:
 
 
 def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, argv: list[str], nproc: int | None,
-                            backend: str, master_port: int | None, timeout: float) -> int:
+                            backend: str, master_port: int | None, timeout: float,
+                            logs: LaunchLogs | None = None) -> int:
     """Rank 0's exit code after self-launch; under a launcher this process leaves with its rank's code."""
     from ddpdoctor.runtime import launcher
 
     info = launcher.detect()
     if info.is_launched:
-        if info.rank == 0 and info.launcher != "local" and (nproc is not None or master_port is not None):
-            print(f"ddpdoctor: note: --nproc/--master-port apply to self-launch only; running as one rank of "
-                  f"the {info.launcher} job (world size {info.world_size})", file=sys.stderr)
+        if info.rank == 0 and info.launcher != "local":
+            ignored = [flag for flag, given in (("--nproc", nproc is not None), ("--master-port", master_port is not None),
+                                                ("--log-dir/--redirects/--tee/--local-ranks-filter",
+                                                 logs is not None and not logs.default)) if given]
+            if ignored:
+                print(f"ddpdoctor: note: {', '.join(ignored)} apply to self-launch only; running as one rank of "
+                      f"the {info.launcher} job (world size {info.world_size}), whose launcher decides",
+                      file=sys.stderr)
         resolve_master_addr(info, timeout)
         code = run_here(info)
         sys.stdout.flush()
@@ -99,4 +106,4 @@ def run_here_or_self_launch(run_here: Callable[[LaunchInfo], int], *, argv: list
     require_usable_backend(backend)  # before starting any rank: every one of them would fail the same way
     if master_port is None and os.environ.get("MASTER_PORT"):
         master_port = info.master_port  # validated by the launcher detection
-    return self_launch(argv, nproc or default_nproc(), master_port, timeout)
+    return self_launch(argv, nproc or default_nproc(), master_port, timeout, logs)

@@ -9,12 +9,16 @@ process exits with rank 0's code (1 when a problem was found).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 import tempfile
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError
@@ -23,6 +27,122 @@ from ddpdoctor.ports import busy_port_message, free_port, port_is_free
 
 SELF_LAUNCHED_ENV = "DDPDOCTOR_SELF_LAUNCHED"
 RESULT_FILE_ENV = "DDPDOCTOR_RESULT_FILE"
+
+
+# torchrun's syntax for -r/--redirects and -t/--tee (torch/distributed/elastic/multiprocessing/api.py, Std):
+# one of 0 (none), 1 (stdout), 2 (stderr), 3 (both) for every local rank, or LOCAL_RANK:VALUE pairs.
+_STD_VALUE = re.compile(r"^[0123]$")
+_STD_MAPPING = re.compile(r"^(\d:[0123],)*(\d:[0123])$")
+_STD_HELP = ("0 (none), 1 (stdout), 2 (stderr) or 3 (both), for every local rank or as LOCAL_RANK:VALUE pairs "
+             "like 0:3,1:2")
+
+
+@dataclass(frozen=True)
+class LaunchLogs:
+    """Where self-launched ranks' output goes: torchrun's ``--log-dir``, ``--redirects``, ``--tee`` and
+    ``--local-ranks-filter``, with torchrun's meanings (``torch/distributed/run.py``), handed to the same
+    elastic launcher torchrun uses (``DefaultLogsSpecs``).
+
+    - ``log_dir``: base directory; each run writes ``<log_dir>/<run id>_<random>/attempt_0/<local rank>/``
+      ``stdout.log``, ``stderr.log`` (and ``error.json``). Created if missing, as torchrun does.
+    - ``redirects``: send those streams of those local ranks to the files only.
+    - ``tee``: send them to the files and still to the console (each line prefixed ``[default<rank>]:``).
+    - ``local_ranks_filter``: only these local ranks' streams reach the console (files keep everything).
+
+    With none of them given, nothing is written anywhere: the launcher is told ``os.devnull``, so no
+    ``torchelastic_*`` temporary directory is left behind for every run.
+    """
+
+    log_dir: str | None = None
+    redirects: str = "0"
+    tee: str = "0"
+    local_ranks_filter: str = ""
+
+    @property
+    def wants_files(self) -> bool:
+        return self.log_dir is not None or self.redirects != "0" or self.tee != "0"
+
+    @property
+    def default(self) -> bool:
+        return not self.wants_files and not self.local_ranks_filter
+
+    def filter_ranks(self) -> set[int] | None:
+        if not self.local_ranks_filter:
+            return None
+        return {int(part) for part in self.local_ranks_filter.split(",")}
+
+    def validate(self, nproc: int | None = None) -> None:
+        """DoctorError (exit 2, one line) for a value torchrun would refuse, before any rank starts."""
+        for flag, value in (("--redirects", self.redirects), ("--tee", self.tee)):
+            if not (_STD_VALUE.match(value) or _STD_MAPPING.match(value)):
+                raise DoctorError(f"{flag} takes {_STD_HELP} (torchrun's syntax), got: {value!r}")
+        if self.local_ranks_filter:
+            parts = self.local_ranks_filter.split(",")
+            if not all(p.strip().isdigit() and len(p.strip()) <= 6 for p in parts):
+                raise DoctorError("--local-ranks-filter must be a comma-separated list of local ranks, e.g. "
+                                  f"--local-ranks-filter 0,1 (torchrun's syntax), got: {self.local_ranks_filter!r}")
+            wanted = {int(p) for p in parts}
+            if nproc is not None and not any(r < nproc for r in wanted):
+                raise DoctorError(f"--local-ranks-filter {self.local_ranks_filter}: no such local rank among the "
+                                  f"{nproc} started (0-{nproc - 1}); nothing would reach the console")
+        if self.log_dir is not None:
+            if not self.log_dir.strip():
+                raise DoctorError("--log-dir takes a directory, got an empty name")
+            if os.path.exists(self.log_dir) and not os.path.isdir(self.log_dir):
+                raise DoctorError(f"--log-dir {self.log_dir!r} is a file, not a directory")
+            parent = os.path.dirname(os.path.abspath(self.log_dir))
+            if not os.path.isdir(self.log_dir) and not os.access(_existing_ancestor(parent), os.W_OK):
+                raise DoctorError(f"--log-dir {self.log_dir!r} cannot be created: {_existing_ancestor(parent)} is not "
+                                  "writable")
+
+
+def _existing_ancestor(path: str) -> str:
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def _logs_config(logs: LaunchLogs, nproc: int) -> tuple[dict[str, Any], str | None]:
+    """The LaunchConfig fields for ``logs`` on this torch, and a temporary log directory we created (or None).
+
+    torch >= 2.3 takes a ``logs_specs`` object; older releases had ``log_dir``/``redirects``/``tee`` fields
+    and no console filter.
+    """
+    from torch.distributed.launcher.api import LaunchConfig
+
+    names = {f.name for f in dataclasses.fields(LaunchConfig)}
+    created = None
+    log_dir = logs.log_dir
+    if logs.default:
+        log_dir = os.devnull
+    elif log_dir is None:
+        # torchrun's own fallback for a filter or redirect without --log-dir is a temporary directory.
+        log_dir = created = tempfile.mkdtemp(prefix="ddpdoctor-logs-")
+    if "logs_specs" in names:
+        from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+
+        specs = DefaultLogsSpecs(log_dir=log_dir, redirects=Std.from_str(logs.redirects), tee=Std.from_str(logs.tee),
+                                 local_ranks_filter=logs.filter_ranks())
+        return {"logs_specs": specs}, created
+    if logs.local_ranks_filter:
+        raise DoctorError("--local-ranks-filter needs torch >= 2.3 (this torch's launcher has no console filter)")
+    from torch.distributed.elastic.multiprocessing.api import Std
+
+    fields: dict[str, Any] = {"redirects": Std.from_str(logs.redirects), "tee": Std.from_str(logs.tee)}
+    if "log_dir" in names and not logs.default:
+        fields["log_dir"] = log_dir
+    return fields, created
+
+
+def _run_log_dirs(base: str, run_id: str) -> list[str]:
+    """The run's directories torch created under ``base`` (``<run id>_<random>``)."""
+    try:
+        return sorted(os.path.join(base, d) for d in os.listdir(base) if d.startswith(f"{run_id}_"))
+    except OSError:
+        return []
 
 
 def write_result_file(code: int, report: dict[str, Any] | None = None) -> None:
@@ -58,6 +178,23 @@ def _stop_new_children(before: set[int]) -> int:
     return len(new)
 
 
+def _report_log_dir(logs: LaunchLogs, run_id: str, temporary: str | None) -> None:
+    """Say where the ranks' log files are (torchrun only logs it at INFO level); a temporary directory that
+    holds nothing the user asked for (a console filter alone) is removed."""
+    if logs.default:
+        return
+    base = logs.log_dir or temporary
+    if base is None:
+        return
+    if not logs.wants_files:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        return
+    runs = _run_log_dirs(base, run_id)
+    where = runs[-1] if runs else base
+    print(f"ddpdoctor: the ranks' logs are in {where}/attempt_0/<local rank>/", file=sys.stderr)
+
+
 def choose_port(requested: int | None) -> int:
     """The user's port if free (DoctorError with the holder if not), else a free one."""
     if requested is None:
@@ -67,12 +204,15 @@ def choose_port(requested: int | None) -> int:
     return requested
 
 
-def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeout_s: float) -> int:
+def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeout_s: float,
+                logs: LaunchLogs | None = None) -> int:
     """Run ``python -m ddpdoctor ARGV`` on ``nproc`` local ranks; rank 0's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    logs = logs or LaunchLogs()
+    logs.validate(nproc)
     port = choose_port(master_port)
     # The launcher narrates its work at WARNING level ("Sending process ... closing signal"): noise here.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -82,11 +222,14 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
     saved = {k: os.environ.get(k) for k in (RESULT_FILE_ENV, SELF_LAUNCHED_ENV)}
     os.environ[RESULT_FILE_ENV] = result_file
     os.environ[SELF_LAUNCHED_ENV] = "1"
+    run_id = f"ddpdoctor-{uuid.uuid4().hex[:12]}"
+    log_fields, temporary_log_dir = _logs_config(logs, nproc)
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ddpdoctor-{uuid.uuid4().hex[:12]}",
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id,
+        # role "default": torchrun's, so --tee prefixes lines "[default0]:" as torchrun does.
         rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}",
         rdzv_configs={"rank": 0, "timeout": int(max(10, rdzv_timeout_s))},
-        max_restarts=0, monitor_interval=0.1, start_method="spawn",
+        max_restarts=0, monitor_interval=0.1, start_method="spawn", role="default", **log_fields,
     )
     failure = ""
     killed = ""  # "rank 0 was killed by SIGKILL": ended from outside, which is not a ddpdoctor bug
@@ -120,6 +263,7 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        _report_log_dir(logs, run_id, temporary_log_dir)
     try:
         with open(result_file) as handle:
             result = json.load(handle)

@@ -31,14 +31,18 @@ class StacksOptions:
     stack_dir: str | None = None
     timeout: float = 30.0
     ras: bool = True  # also ask NCCL's RAS service (NCCL_RAS_ADDR set, or the default port answering)
+    locals_level: int = 0  # py-spy --locals, repeated (py-spy's -ll shows more)
+    nonblocking: bool = False  # py-spy --nonblocking: read without pausing the ranks
 
 
 def run(opts: StacksOptions) -> int:
     """Find the ranks, read their stacks, print the grouped report; the exit code (0 agree, 1 not)."""
     validate_output_path("--json", opts.json_path)
     if opts.signal_mode:
-        if opts.native:
-            raise DoctorError("--native needs py-spy; --signal dumps only Python frames (drop one of them)")
+        for flag, given in (("--native", opts.native), ("--locals", opts.locals_level > 0),
+                            ("--nonblocking", opts.nonblocking)):
+            if given:
+                raise DoctorError(f"{flag} needs py-spy; --signal dumps only Python frames (drop one of them)")
         from ddpdoctor.stacks.signal_dumps import collect
 
         return finish(collect(opts.pid, opts.job, opts.stack_dir, opts.timeout), "signal", opts.json_path,
@@ -51,7 +55,8 @@ def run(opts: StacksOptions) -> int:
         raise DoctorError(f"no DDP rank processes{where} found on this machine (looked for RANK/LOCAL_RANK "
                           "with TORCHELASTIC_RUN_ID or SLURM step ids, and children of torchrun); pass "
                           "--pid PID, or run as the job's user or root to read other users' processes")
-    processes = dump_all(cands, native=opts.native, timeout=opts.timeout)
+    processes = dump_all(cands, native=opts.native, timeout=opts.timeout, locals_level=opts.locals_level,
+                         nonblocking=opts.nonblocking)
     return finish(processes, "py-spy", opts.json_path, opts.all_threads, ras=_ask_ras() if opts.ras else None)
 
 

@@ -29,7 +29,7 @@ from ddpdoctor.errors import DoctorError
 from ddpdoctor.safejson import loads_untrusted
 from ddpdoctor.stacks import procfs
 from ddpdoctor.stacks.ident import identity, is_rank_env, job_matches
-from ddpdoctor.stacks.model import Frame, ProcessStacks, ThreadStack
+from ddpdoctor.stacks.model import Frame, Local, ProcessStacks, ThreadStack
 from ddpdoctor.stacks.procfs import same_process_alive
 
 # torchrun, `python -m torch.distributed.run` and the deprecated launcher all start ranks as children.
@@ -214,12 +214,21 @@ def _classify(stderr: str, cand: Candidate) -> str:
 def _threads_from_py_spy(doc: object, pid: int) -> list[ThreadStack]:
     threads = []
     for t in doc if isinstance(doc, list) else []:
-        frames = [Frame(str(f.get("name", "?")), str(f.get("filename", "?")), int(f.get("line") or 0))
+        frames = [Frame(str(f.get("name", "?")), str(f.get("filename", "?")), int(f.get("line") or 0),
+                        _locals_from_py_spy(f.get("locals")))
                   for f in t.get("frames", [])]
         name = str(t.get("thread_name") or "")
         main = t.get("os_thread_id") == pid or name == "MainThread"
         threads.append(ThreadStack(int(t.get("thread_id") or 0), name, main, frames))
     return threads
+
+
+def _locals_from_py_spy(found: object) -> tuple[Local, ...]:
+    """py-spy's ``"locals": [{"name", "addr", "arg", "repr"}, ...]`` (``dump --json --locals``), absent without it."""
+    if not isinstance(found, list):
+        return ()
+    return tuple(Local(str(v.get("name", "?")), str(v.get("repr") if v.get("repr") is not None else "?"),
+                       bool(v.get("arg", False))) for v in found if isinstance(v, dict))
 
 
 def _die_with_parent() -> Callable[[], None] | None:
@@ -273,9 +282,20 @@ def _stop(running: Sequence[tuple[Candidate, subprocess.Popen[str]]]) -> None:
             popen.communicate(timeout=5)
 
 
-def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0) -> list[ProcessStacks]:
+def py_spy_dump_args(pid: int, native: bool = False, locals_level: int = 0, nonblocking: bool = False) -> list[str]:
+    """The ``py-spy dump`` arguments for one rank: py-spy's own flags, passed through as py-spy spells them
+    (``--native``; ``--locals`` repeated for more detail, as py-spy's ``-ll``; ``--nonblocking``)."""
+    return (["dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+            + ["--locals"] * locals_level + (["--nonblocking"] if nonblocking else []))
+
+
+def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0, locals_level: int = 0,
+             nonblocking: bool = False) -> list[ProcessStacks]:
     """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds; every
     candidate's stacks, or its error (a one-line reason the user can act on).
+
+    ``nonblocking`` reads the ranks without pausing them (py-spy's ``--nonblocking``: no ptrace stop, so a
+    rank in a tight loop is not slowed, at the price of a stack that may be torn between two moments).
 
     py-spy never outlives us: each child gets a death signal (:func:`_die_with_parent`), and a SIGTERM
     (or Ctrl-C) while they run kills and reaps them before :class:`Terminated` ends the command.
@@ -291,7 +311,7 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
         for cand in cands:
             if cand.proc.error is not None:
                 continue
-            cmd = [exe, "dump", "--json", "--pid", str(cand.proc.pid)] + (["--native"] if native else [])
+            cmd = [exe, *py_spy_dump_args(cand.proc.pid, native, locals_level, nonblocking)]
             running.append((cand, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                    stdin=subprocess.DEVNULL, text=True, preexec_fn=preexec)))
         _collect(running, timeout)

@@ -26,12 +26,29 @@ MAX_WORLD_SIZE = 1 << 20
 
 
 @dataclass(frozen=True)
+class Local:
+    """A local variable of a frame as py-spy's ``--locals`` reads it: its name and py-spy's repr of it."""
+
+    name: str
+    repr: str
+    arg: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "repr": self.repr, "arg": self.arg}
+
+
+@dataclass(frozen=True)
 class Frame:
-    """One stack frame; ``file`` as the process knows it (usually absolute)."""
+    """One stack frame; ``file`` as the process knows it (usually absolute).
+
+    ``locals`` (``stacks --locals``) are shown, never compared: two ranks at the same line with a different
+    step counter still wait at the same place.
+    """
 
     function: str
     file: str
     line: int
+    locals: tuple[Local, ...] = field(default=(), compare=False, hash=False)
 
     @property
     def short_file(self) -> str:
@@ -49,7 +66,11 @@ class Frame:
         return f"{self.short_file}:{self.line} in {self.function}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"function": self.function, "file": self.file, "line": self.line, "where": self.where()}
+        data: dict[str, Any] = {"function": self.function, "file": self.file, "line": self.line,
+                                "where": self.where()}
+        if self.locals:
+            data["locals"] = [v.to_dict() for v in self.locals]
+        return data
 
 
 @dataclass

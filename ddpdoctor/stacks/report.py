@@ -17,6 +17,7 @@ from ddpdoctor.stacks.model import (
     MAX_WORLD_SIZE,
     Frame,
     JobReport,
+    Local,
     ProcessStacks,
     ThreadStack,
     format_ranks,
@@ -57,12 +58,27 @@ def render_text(reports: Sequence[JobReport], all_threads: bool = False, source:
             for thread in threads:
                 lines.append(f"    thread {thread.name or thread.thread_id}"
                              f"{' (main)' if thread.main else ''} of {rep.label}, innermost first:")
-                lines.extend(f"      {frame.where()}" for frame in thread.frames)
+                for frame in thread.frames:
+                    lines.append(f"      {frame.where()}")
+                    lines.extend(f"          {_local_line(v)}" for v in frame.locals)
             hidden = len(rep.threads) - len(threads)
             if hidden > 0:
                 lines.append(f"    ({hidden} other thread(s) not shown; --all-threads shows them)")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+# py-spy already shortens long reprs; a line of the report stays readable beyond that.
+MAX_LOCAL_CHARS = 160
+
+
+def _local_line(local: Local) -> str:
+    """``name = repr`` of one local (``--locals``), on one line: control characters escaped, long reprs cut."""
+    text = local.repr if local.repr.isprintable() else "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in local.repr)
+    if len(text) > MAX_LOCAL_CHARS:
+        text = text[:MAX_LOCAL_CHARS - 3] + "..."
+    return f"{local.name} = {text}" + ("  (argument)" if local.arg else "")
 
 
 def _count(n: int) -> str:
@@ -118,7 +134,11 @@ def _optional_str(entry: Mapping[str, Any], key: str) -> str | None:
 
 
 def _frame(f: Mapping[str, Any]) -> Frame:
-    return Frame(str(f["function"]), str(f["file"]), int(_int_field(f, "line", optional=False) or 0))
+    found = f.get("locals") or []
+    if not isinstance(found, list):
+        raise ValueError(f"locals is {found!r}, not a list")
+    local_vars = tuple(Local(str(v["name"]), str(v["repr"]), bool(v.get("arg", False))) for v in found)
+    return Frame(str(f["function"]), str(f["file"]), int(_int_field(f, "line", optional=False) or 0), local_vars)
 
 
 def _process(p: Mapping[str, Any]) -> ProcessStacks:

@@ -195,7 +195,7 @@ def test_under_torchrun_with_pairs(tmp_path: Path) -> None:
     (["-b", "1M", "-e", "1K"], "is larger than -e/--max-bytes"),
     (["--op", "allreduc"], "--op must be one of"),
     (["-d", "float8"], "-d/--dtype must be one of"),
-    (["-c", "2"], "-c/--check takes 0"),
+    (["-c", "-1"], "-c/--check takes how many checked calls"),
 ])
 def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
     proc = run_cli(["bench", *args], timeout=60)

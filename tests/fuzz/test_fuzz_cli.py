@@ -37,7 +37,7 @@ REFUSED_LAUNCH = [["--nproc", "0"], ["--nproc", "-3"], ["--nproc", "999999999999
 # Each refusal must hold whatever random flags come before it (its own values come last and win): -e 1T
 # alone is not refused when -f inf stops the sweep at -b, nor -b 1 -e 1 with -d int8 (one whole element).
 REFUSED_BENCH = [["-b", "9" * 400], ["-b", "1", "-e", "1", "-d", "float"], ["-b", "0"], ["-b", "1T", "-e", "1T"],
-                 ["-n", "0"], ["-w", "-1"], ["-c", "7"], ["-f", "nan", "-b", "1M", "-e", "2M"],
+                 ["-n", "0"], ["-w", "-1"], ["-c", "-1"], ["-f", "nan", "-b", "1M", "-e", "2M"],
                  ["-d", "complex999"], ["--op", "bogus"]]
 
 OPTIONS: dict[str, list[str]] = {

@@ -163,3 +163,56 @@ def test_json_document_fields() -> None:
     doc = to_json(_verdict("dead.json"))
     assert set(doc) >= {"addr", "status", "nccl_version", "dead_ranks", "unresponsive_ranks",
                         "dead_processes", "communicators", "elapsed_s", "error"}
+
+
+# ---- the wrong address: named for what it is, exit 2 (issue 28) ---------------------------------------
+
+
+def test_a_host_that_does_not_resolve_is_named_as_a_dns_failure_exit_2() -> None:
+    """`.invalid` never resolves (RFC 2606): the line must say the name does not resolve, not that no job
+    runs "on this host"."""
+    proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "ras", "--addr", "nosuchhost.invalid:1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "'nosuchhost.invalid'" in proc.stderr and "does not resolve" in proc.stderr
+    assert "running on" not in proc.stderr and "job" not in proc.stderr
+
+
+def test_nothing_listening_on_another_host_does_not_say_this_host() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "ras", "--addr", f"127.0.0.2:{port}"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "job running on 127.0.0.2" in proc.stderr and "this host" not in proc.stderr
+
+
+def test_a_service_that_is_not_ras_is_the_wrong_address_exit_2_as_help_says() -> None:
+    """A real server answering the handshake as an HTTP server would: not a RAS service, so bad input
+    (exit 2, what `ras --help` promises for "what answers is not RAS"), not a finding about the job."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(100)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    import threading
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "ras", "--addr", f"127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        server.close()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is not an NCCL RAS service" in proc.stderr
+    assert "'HTTP/1.1 400 Bad Request'" in proc.stderr
+    help_text = " ".join(CliRunner().invoke(build_app("ras"), ["ras", "--help"]).output.split())
+    assert "2: no RAS service at the address (nothing listens, the host does not resolve, or what answers is not " \
+           "RAS)" in help_text
