@@ -144,7 +144,7 @@ def test_real_run_in_fresh_process_prints_no_traceback_or_warning() -> None:
 
 @pytest.mark.slow
 def test_real_cli_check_only_gpu_reports_skip_on_every_rank() -> None:
-    """`ddpdoctor check --only gpu` self-launches 2 ranks here: one skip row with the reason, exit 0."""
+    """`ddpdoctor check --only gpu` self-launches 2 ranks here: one skip row with the reason, a SKIP result."""
     port = free_port()
     proc = run_cli(["check", "--only", "gpu", "--nproc", "2", "--master-port", str(port), "--timeout", "60"],
                    timeout=240)
@@ -156,6 +156,8 @@ def test_real_cli_check_only_gpu_reports_skip_on_every_rank() -> None:
     assert len(rows) == 1, proc.stdout
     assert "skip" in rows[0] and "all (0-1)" in rows[0] and "CPU-only build" in rows[0]
     assert "pass" not in rows[0]
+    # Nothing was checked: the run says so instead of passing (the exit code stays 0: nothing is wrong).
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("Result: SKIP: nothing was checked")
 
 
 def test_no_cuda_reason_names_the_cause() -> None:
