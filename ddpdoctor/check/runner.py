@@ -124,6 +124,11 @@ class RankRun:
         if self.waits is not None:
             self.waits.begin(what, total_s, since)
 
+    def starting(self) -> None:
+        """The first wait, counted from the user's Enter: the launcher, Python and torch start in every rank."""
+        now = time.monotonic()
+        self._wait("starting the ranks and the control plane", since=now - max(0.0, time.time() - self.started_epoch))
+
     def _waited(self) -> None:
         if self.waits is not None:
             self.waits.end()
@@ -184,8 +189,7 @@ class RankRun:
         False when this rank cannot take part (it has said why on stderr).
         """
         t = time.monotonic()
-        # From the user's Enter: the launcher, Python and torch starting in every rank come first.
-        self._wait("starting the ranks and the control plane", since=t - max(0.0, time.time() - self.started_epoch))
+        self.starting()
         if not self.connect():
             self._waited()
             return False
@@ -528,10 +532,12 @@ def _remedy_for_exception(exc: BaseException) -> str:
 
 def run_rank(info: LaunchInfo, config: RunConfig) -> int:
     """The whole run on one rank; returns the process exit code (the caller leaves with os._exit)."""
+    run = RankRun(info, config)
+    run.starting()  # shown while torch loads: seconds on a loaded node
     # Importing torch takes seconds on a loaded node; it must not eat into the rendezvous deadline.
     import torch.distributed  # noqa: F401
 
-    run = RankRun(info, config)
+    run.start = time.monotonic()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)
     try:

@@ -36,7 +36,7 @@ from ddpdoctor.bench import (
     measure_row,
 )
 from ddpdoctor.check import Check, CheckContext, all_findings, collapse
-from ddpdoctor.env.load import other_runnable
+from ddpdoctor.env import other_runnable
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import format_rank_list
 

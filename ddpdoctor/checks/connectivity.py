@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from ddpdoctor.check import Check, CheckContext, all_findings, collapse
-from ddpdoctor.check.causes import COLLECTIVE_FAILED
+from ddpdoctor.check import COLLECTIVE_FAILED, Check, CheckContext, all_findings, collapse
 from ddpdoctor.errors import short_error
 from ddpdoctor.findings import FAIL, PASS, Finding, RankInfo
 from ddpdoctor.runtime.device import barrier_kwargs

@@ -49,9 +49,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddpdoctor.check import Check, CheckContext
-from ddpdoctor.env import sysfs
-from ddpdoctor.env.gpu_facts import gather_rank_facts, normalize_uuid
-from ddpdoctor.env.xid import APPLICATION, UNKNOWN, xid_info
+from ddpdoctor.env import gather_rank_facts, normalize_uuid, sysfs, xid, xid_info
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase
 
@@ -145,24 +143,24 @@ def xid_problems(pre: Mapping[str, Any], job_pids: Iterable[int] = ()) -> list[t
     for event in pre.get("xid_events") or []:
         groups[(int(event["xid"]), _bucket(event, uptime, started, pids))].append(event)
     found = []
-    for (xid, bucket), events in sorted(groups.items(), key=lambda kv: (kv[0][0], _BUCKETS.index(kv[0][1]))):
-        info = xid_info(xid)
+    for (number, bucket), events in sorted(groups.items(), key=lambda kv: (kv[0][0], _BUCKETS.index(kv[0][1]))):
+        info = xid_info(number)
         last = events[-1]
         recent = bucket in (DURING_RUN, LAST_HOUR)
-        if info.origin == APPLICATION:
+        if info.origin == xid.APPLICATION:
             status = WARN if bucket == DURING_RUN else PASS
-        elif info.origin == UNKNOWN:
+        elif info.origin == xid.UNKNOWN:
             status = WARN if recent else PASS
         else:
             status = FAIL if recent else WARN
         times = f"{len(events)} time{'s' if len(events) > 1 else ''} {bucket}"
-        problem = (f"Xid {xid} ({info.meaning}) {times}, last {_when(last, uptime, pre.get('boot_epoch'))}"
+        problem = (f"Xid {number} ({info.meaning}) {times}, last {_when(last, uptime, pre.get('boot_epoch'))}"
                    f"{_by_whom(last, pids)}" + (f": {last['message']}" if last.get("message") else ""))
         if status == PASS:
             problem = f"note: {problem}; " + ("an application's fault, not the GPU's: nothing to do"
-                                              if info.origin == APPLICATION else "old: nothing to do now")
+                                              if info.origin == xid.APPLICATION else "old: nothing to do now")
             remedy = ""
-        elif status == WARN and info.origin not in (APPLICATION, UNKNOWN):
+        elif status == WARN and info.origin not in (xid.APPLICATION, xid.UNKNOWN):
             remedy = f"unless the GPU was reset or the node rebooted since: {info.action}"
         else:
             remedy = info.action

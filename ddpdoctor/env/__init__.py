@@ -11,11 +11,16 @@
 
 from __future__ import annotations
 
-from ddpdoctor.env import facts, gpu_facts, kernel_log, nvml, sysfs, xid
+from ddpdoctor.env import facts, gpu_facts, kernel_log, load, nvml, sysfs, xid
 from ddpdoctor.env.facts import nccl_version
+from ddpdoctor.env.gpu_facts import gather_preflight, gather_rank_facts, match_nvml_gpu, normalize_uuid
 from ddpdoctor.env.kernel_log import XidEvent, bus_key, parse_xid_events, read_kernel_log
+from ddpdoctor.env.load import other_runnable
 from ddpdoctor.env.nvml import collect_host_gpu_facts
 from ddpdoctor.env.report import collect, render
+from ddpdoctor.env.xid import XidInfo, xid_info
 
-__all__ = ["XidEvent", "bus_key", "collect", "collect_host_gpu_facts", "facts", "gpu_facts", "kernel_log",
-           "nccl_version", "nvml", "parse_xid_events", "read_kernel_log", "render", "sysfs", "xid"]
+__all__ = ["XidEvent", "XidInfo", "bus_key", "collect", "collect_host_gpu_facts", "facts", "gather_preflight",
+           "gather_rank_facts", "gpu_facts", "kernel_log", "load", "match_nvml_gpu", "nccl_version",
+           "normalize_uuid", "nvml", "other_runnable", "parse_xid_events", "read_kernel_log", "render", "sysfs",
+           "xid", "xid_info"]
