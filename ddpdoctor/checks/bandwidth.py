@@ -16,6 +16,8 @@ that looks slow is measured again, with the other pairs of its round beside it, 
 best sample stays below typical by more than the run's own spread. Where ranks outnumber the cores they may
 run on (or share a GPU), that is said once, with the numbers, as the likely cause of any slowness; the sweep
 is cut to 1 MiB there, since it would only measure the contention. The full sweep is ``ddpdoctor bench``.
+Other processes' runnable threads on the ranks' cores count toward that crowding (and a --min-busbw failure
+on such cores says so), but do not cut the sweep: they come and go.
 """
 
 from __future__ import annotations
@@ -105,7 +107,10 @@ def _run(ctx: CheckContext) -> list[Finding]:
     placements = dict(enumerate(gather(mine)))
     # Every rank computes the same from the same gathered data, so all run the same collectives.
     crowded = crowding(placements)
-    sizes = OVERSUBSCRIBED_SIZES if crowded else SIZES
+    # Only our own ranks outnumbering the cores (or sharing a GPU) make the full sweep pointless; other
+    # processes come and go, so the sweep stays whole and the findings say they were there.
+    oversubscribed = any((e["cores"] and len(e["ranks"]) > e["cores"]) or e["shared_gpus"] for e in crowded)
+    sizes = OVERSUBSCRIBED_SIZES if oversubscribed else SIZES
     rows = [measure_row("all_reduce", size, "float", ITERS, WARMUP, True, device) for size in sizes]
     hosts = {r: ctx.peers[r].host if r in ctx.peers else f"rank{r}" for r in range(ctx.world_size)}
     pairs = measure_pairs(hosts, PAIR_BYTES, "float", PAIR_ITERS, PAIR_WARMUP, device)

@@ -146,3 +146,14 @@ def test_real_header_time_is_the_time_the_user_waited() -> None:
     # The report is printed right after the header's time is taken: the two clocks agree to within the
     # time a line takes to reach us, whatever the load (before: 1.1 s shown for 3.8-5.1 s waited).
     assert abs(printed - took) <= max(1.0, 0.15 * printed), (printed, header)
+
+
+@pytest.mark.slow
+def test_real_bench_also_says_what_it_waits_for() -> None:
+    env = clean_env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    res = subprocess.run([sys.executable, "-m", "ddpdoctor", "bench", "--timeout", "12", "-b", "1M", "-e", "1M",
+                          "--json", "-"], env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 1, res.stderr
+    assert "ddpdoctor: waiting for rank 1 to join: 10/12 s" in res.stderr.splitlines(), res.stderr
+    assert "waiting" not in res.stdout
