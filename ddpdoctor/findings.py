@@ -40,7 +40,11 @@ class Finding:
             raise ValueError(f"status must be one of {STATUSES}, got: {self.status!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The finding as JSON; ``caused_by`` only when set (``check``'s report writes it on every finding)."""
+        data = asdict(self)
+        if data["caused_by"] is None:
+            del data["caused_by"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Finding:

@@ -100,7 +100,7 @@ def _findings_json(ordered: list[Finding]) -> list[dict[str, Any]]:
     for finding in ordered:
         data = finding.to_json()
         cause = cause_of(finding, ordered)
-        if data.get("caused_by") is not None and cause is not None:
-            data["caused_by"] = {**data["caused_by"], "index": index[id(cause)]}
+        data["caused_by"] = ({**data["caused_by"], "index": index[id(cause)]}
+                             if data.get("caused_by") is not None and cause is not None else None)
         out.append(data)
     return out
