@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.gpu.support import TARGETS, one_rank_env
-from tests.support import run_cli
+from tests.support import clean_env, free_port, run_cli, torchrun_cmd
 
 pytestmark = pytest.mark.requires_cuda
 
@@ -26,6 +26,15 @@ def _run(target: str, log: Path, env: dict[str, str], *args: str, timeout: float
     with open(log, "wb") as out:
         proc = subprocess.run([sys.executable, str(TARGETS / target), *args], stdout=out, stderr=subprocess.STDOUT,
                               env=env, timeout=timeout)
+    return proc.returncode
+
+
+def _torchrun(target: str, log: Path) -> int:
+    """Run a target as a one-rank torchrun job (as training jobs run), its whole output in ``log``."""
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "1", "--master-port", str(free_port()), str(TARGETS / target)]
+    with open(log, "wb") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=clean_env({"CUDA_VISIBLE_DEVICES": "0"}),
+                              timeout=240)
     return proc.returncode
 
 
@@ -82,16 +91,18 @@ def test_fr_reads_the_watchdogs_dump_and_names_the_collective_that_never_complet
 
 def test_explain_names_a_real_cuda_out_of_memory(tmp_path: Path) -> None:
     log = tmp_path / "oom.log"
-    assert _run("cuda_oom.py", log, one_rank_env()) != 0
+    assert _torchrun("cuda_oom.py", log) != 0
     code, doc = _explain(log)
-    assert code == 1 and _ids(doc)[0] == "cuda-oom", (doc, log.read_text(errors="replace")[-2000:])
+    ids = _ids(doc)
+    assert code == 1 and ids and ids[0] == "cuda-oom", (ids, log.read_text(errors="replace")[-3000:])
 
 
 def test_explain_names_a_real_device_side_assert(tmp_path: Path) -> None:
     log = tmp_path / "assert.log"
-    assert _run("cuda_device_assert.py", log, one_rank_env()) != 0
+    assert _torchrun("cuda_device_assert.py", log) != 0
     code, doc = _explain(log)
-    assert code == 1 and "cuda-kernel-error" in _ids(doc), (doc, log.read_text(errors="replace")[-2000:])
+    ids = _ids(doc)
+    assert code == 1 and ids and ids[0] == "cuda-kernel-error", (ids, log.read_text(errors="replace")[-3000:])
 
 
 def test_explain_raises_no_alarm_on_a_healthy_nccl_debug_info_run(tmp_path: Path) -> None:
