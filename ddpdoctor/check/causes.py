@@ -92,6 +92,8 @@ RULES: tuple[Rule, ...] = (
          _NCCL),
     Rule("ranks_without_gpu", Match("gpu", kinds=frozenset({"ranks_without_gpu"})), PROCESS_GROUP_FAILURES,
          _NCCL),
+    # --backend nccl on a host without a GPU: no process group at all on that rank.
+    Rule("backend_unusable", Match("connectivity", kinds=frozenset({"backend_unusable"})), PROCESS_GROUP_FAILURES),
     # A rank that never joined or went silent leaves the others without a process group, or stuck in
     # the collective it never entered.
     Rule("rank_missing", Match("barrier", kinds=frozenset({NEVER_JOINED, WENT_SILENT})), PROCESS_GROUP_FAILURES),

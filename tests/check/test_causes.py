@@ -169,6 +169,16 @@ def test_ranks_that_never_joined_explain_the_skipped_checks() -> None:
     assert [f.caused_by["rule"] for f in report.findings[1:] if f.caused_by] == ["rank_missing", "rank_missing"]
 
 
+def test_a_backend_this_host_cannot_run_explains_the_skips() -> None:
+    # Under torchrun with --backend nccl on a host without a GPU: the runner's finding, then every skip.
+    unusable = Finding("connectivity", FAIL, "--backend nccl needs a CUDA GPU and none is visible on cpu-node; use "
+                       "--backend gloo (or auto)", [0, 1], "run with --backend gloo or auto on hosts without GPUs",
+                       {"kind": "backend_unusable"})
+    report = _report([unusable, _skipped("bandwidth", "--backend nccl needs a CUDA GPU")])
+    assert report.findings[0].caused_by is None
+    assert report.findings[1].caused_by is not None and report.findings[1].caused_by["rule"] == "backend_unusable"
+
+
 def test_folding_is_stable_through_the_json_and_every_rule_names_real_check_ids() -> None:
     report = _report([Finding("gpu", FAIL, "dup", [0, 1], "fix", {"kind": "duplicate_gpu"}),
                       _init_failed(DUPLICATE_GPU)])
