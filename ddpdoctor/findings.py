@@ -31,13 +31,20 @@ class Finding:
     ranks: list[int] = field(default_factory=list)
     remedy: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    # Set on rank 0 when another finding explains this one (design.md, "one cause, one finding"): the
+    # cause's check, summary and the rule that linked them (``ddpdoctor.check.causes``); None on a root.
+    caused_by: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got: {self.status!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The finding as JSON; ``caused_by`` only when set (``check``'s report writes it on every finding)."""
+        data = asdict(self)
+        if data["caused_by"] is None:
+            del data["caused_by"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Finding:
@@ -48,7 +55,13 @@ class Finding:
             ranks=[int(r) for r in data.get("ranks", [])],
             remedy=str(data.get("remedy", "")),
             details=dict(data.get("details", {})),
+            caused_by=dict(data["caused_by"]) if isinstance(data.get("caused_by"), dict) else None,
         )
+
+    @property
+    def kind(self) -> str:
+        """What this finding is about, machine-readably (``details["kind"]``): causal rules match on it."""
+        return str(self.details.get("kind", ""))
 
 
 @dataclass(frozen=True)

@@ -1,35 +1,93 @@
 #!/usr/bin/env bash
 # Run ddpdoctor's GPU suite (tests/gpu) on a machine with an NVIDIA GPU and a CUDA build of torch already
-# installed, without network access.
+# installed, without network access, in under SUITE_LIMIT seconds (default 300), and print one summary line.
 #
 #   scripts/gpu-tests.sh [WHEEL_DIR] [-- PYTEST_ARGS...]
+#
+# Every step is a call to `step NAME TIMEOUT CMD...` (or `pytest_step NAME TIMEOUT PYTEST_ARGS...`; a shell
+# function as CMD runs as `bash -c FUNCTION` after `export -f FUNCTION`): it runs
+# under `timeout` (never past what is left of SUITE_LIMIT), its output goes to $OUT/NAME.log, and its result
+# (pass, fail with the exit code, timeout, or skipped when no time is left) is recorded for the summary and
+# in $OUT/steps.txt. A failing step does not stop the others. Each engineer's scenarios are a section below.
+# OUT defaults to a new folder under /tmp; PYTEST_ARGS after `--` go to every pytest step.
 #
 # The project is installed next to the preinstalled torch without touching it (pip --no-deps, no build
 # isolation). Its other dependencies are installed from WHEEL_DIR (default: ./wheels, or $GPU_TEST_WHEELS)
 # only where missing. Fill that folder beforehand on a machine with network, for the GPU machine's Python
-# version and platform, e.g. for Python 3.11 on x86_64:
+# version and platform, e.g. for Python 3.12 on x86_64:
 #
-#   pip download --dest wheels --only-binary=:all: --python-version 3.11 \
+#   pip download --dest wheels --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
 #       py-spy typer tabulate psutil nvidia-ml-py pytest numpy setuptools wheel
 #
 # (pip download also fetches their dependencies: click, rich, shellingham, typing-extensions, ...).
-# It prints the device, driver, torch, CUDA and NCCL versions first, so the log says what it ran on.
-set -euo pipefail
+set -uo pipefail  # no -e: a failing step is recorded and the suite goes on
 
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEELS=${GPU_TEST_WHEELS:-wheels}
 if [[ $# -gt 0 && $1 != "--" ]]; then WHEELS=$1; shift; fi
 [[ ${1:-} == "--" ]] && shift
+PYTEST_ARGS=("$@")
+OUT=${OUT:-$(mktemp -d /tmp/ddpdoctor-gpu-tests.XXXXXX)}
+mkdir -p "$OUT"
+: >"$OUT/steps.txt"
+SUITE_LIMIT=${SUITE_LIMIT:-300}
+SUITE_START=$SECONDS
+PASSED=() FAILED=() TIMED_OUT=() SKIPPED=()
 
-echo "== versions"
-if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=index,name,uuid,driver_version,pci.bus_id,memory.total --format=csv,noheader || true
-else
-    echo "nvidia-smi: not found"
-fi
-"$PY" - <<'PY'
+# step NAME TIMEOUT CMD...: CMD under `timeout`, output in $OUT/NAME.log, the result recorded.
+step() {
+    local name=$1 limit=$2 left rc took result
+    shift 2
+    left=$((SUITE_LIMIT - (SECONDS - SUITE_START)))
+    if ((left < 5)); then
+        SKIPPED+=("$name")
+        printf '%-24s %-14s %4ss  %s\n' "$name" "skipped" 0 "(no time left of ${SUITE_LIMIT} s)" | tee -a "$OUT/steps.txt"
+        return 0
+    fi
+    ((limit > left)) && limit=$left
+    local start=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    took=$((SECONDS - start))
+    if ((rc == 0)); then
+        result=pass; PASSED+=("$name")
+    elif ((rc == 124 || rc == 137)); then
+        result="timeout(${limit}s)"; TIMED_OUT+=("$name")
+    else
+        result="fail(rc=$rc)"; FAILED+=("$name")
+    fi
+    printf '%-24s %-14s %4ss  %s\n' "$name" "$result" "$took" "$OUT/$name.log" | tee -a "$OUT/steps.txt"
+    if ((rc != 0)); then tail -n 25 "$OUT/$name.log" | sed 's/^/    | /'; fi
+    return 0
+}
+
+# pytest_step NAME TIMEOUT PYTEST_ARGS...: one pytest run as a step (skip reasons shown: -ra).
+pytest_step() {
+    local name=$1 limit=$2
+    shift 2
+    step "$name" "$limit" "$PY" -m pytest -q -ra -p no:cacheprovider "$@" ${PYTEST_ARGS[@]+"${PYTEST_ARGS[@]}"}
+}
+
+summary() {
+    local n=$((${#PASSED[@]} + ${#FAILED[@]} + ${#TIMED_OUT[@]} + ${#SKIPPED[@]}))
+    local line="gpu-tests: ${#PASSED[@]}/$n steps passed"
+    ((${#FAILED[@]})) && line+=", failed: ${FAILED[*]}"
+    ((${#TIMED_OUT[@]})) && line+=", timed out: ${TIMED_OUT[*]}"
+    ((${#SKIPPED[@]})) && line+=", skipped: ${SKIPPED[*]}"
+    line+="; $((SECONDS - SUITE_START)) s of ${SUITE_LIMIT}; logs in $OUT"
+    echo "$line" | tee "$OUT/summary.txt"
+    ((${#FAILED[@]} + ${#TIMED_OUT[@]} + ${#SKIPPED[@]} == 0))
+}
+
+versions() {
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=index,name,uuid,driver_version,pci.bus_id,memory.total --format=csv,noheader || true
+    else
+        echo "nvidia-smi: not found"
+    fi
+    "$PY" - <<'PY'
 import platform
 import torch
 print(f"python {platform.python_version()} ({platform.platform()})")
@@ -40,7 +98,9 @@ try:
     print("NCCL " + ".".join(map(str, torch.cuda.nccl.version())))
 except Exception as exc:  # a CPU build has no NCCL
     print(f"NCCL: unavailable ({exc})")
+raise SystemExit(0 if torch.cuda.is_available() else 1)
 PY
+}
 
 install_from_wheels() {
     if [[ -d $WHEELS ]]; then
@@ -51,15 +111,15 @@ install_from_wheels() {
     fi
 }
 
-echo "== dependencies"
-missing=()
-for mod in typer:typer tabulate:tabulate psutil:psutil pynvml:nvidia-ml-py pytest:pytest numpy:numpy; do
-    "$PY" -c "import ${mod%%:*}" 2>/dev/null || missing+=("${mod##*:}")
-done
-command -v py-spy >/dev/null || "$PY" -c "import shutil,sys,os; sys.exit(0 if os.path.exists(os.path.join(os.path.dirname(sys.executable),'py-spy')) else 1)" || missing+=(py-spy)
-# Building the editable install without network needs setuptools >= 64 and a bdist_wheel command
-# (setuptools >= 70.1 has one; older ones need the wheel package).
-"$PY" - <<'PY' || missing+=(setuptools wheel)
+install() {
+    local missing=()
+    for mod in typer:typer tabulate:tabulate psutil:psutil pynvml:nvidia-ml-py pytest:pytest numpy:numpy; do
+        "$PY" -c "import ${mod%%:*}" 2>/dev/null || missing+=("${mod##*:}")
+    done
+    command -v py-spy >/dev/null || "$PY" -c "import os,sys; sys.exit(0 if os.path.exists(os.path.join(os.path.dirname(sys.executable),'py-spy')) else 1)" || missing+=(py-spy)
+    # Building the editable install without network needs setuptools >= 64 and a bdist_wheel command
+    # (setuptools >= 70.1 has one; older ones need the wheel package).
+    "$PY" - <<'PY' || missing+=(setuptools wheel)
 import sys
 import setuptools
 major = int(setuptools.__version__.split(".")[0])
@@ -70,26 +130,45 @@ except ImportError:
     has_wheel = (major, int(setuptools.__version__.split(".")[1])) >= (70, 1)
 sys.exit(0 if major >= 64 and has_wheel else 1)
 PY
-if [[ ${#missing[@]} -gt 0 ]]; then
-    echo "installing from $WHEELS: ${missing[*]}"
-    install_from_wheels "${missing[@]}"
-fi
-"$PY" -m pip install --no-deps --no-build-isolation --no-index -e . >/dev/null \
-    || "$PY" -m pip install --no-deps --no-index --find-links "$WHEELS" -e .
-"$PY" -c "import ddpdoctor, torch; print(f'ddpdoctor {ddpdoctor.__version__} installed next to torch {torch.__version__}')"
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        echo "installing from $WHEELS: ${missing[*]}"
+        install_from_wheels "${missing[@]}" || return 1
+    fi
+    "$PY" -m pip install --no-deps --no-build-isolation --no-index -e . >/dev/null \
+        || "$PY" -m pip install --no-deps --no-index --find-links "$WHEELS" -e . || return 1
+    "$PY" -c "import ddpdoctor, torch; print(f'ddpdoctor {ddpdoctor.__version__} installed next to torch {torch.__version__}')"
+}
 
-# --- bench ---
+export PY WHEELS
+export -f versions install install_from_wheels  # so that `timeout` can run them through bash
+step versions 60 bash -c versions
+cat "$OUT/versions.log"
+if [[ ! " ${PASSED[*]} " == *" versions "* ]]; then
+    echo "no usable CUDA GPU here: the GPU suite would only skip" >&2
+    summary
+    exit 1
+fi
+step install 180 bash -c install
+
+# --- check, explain, fr, env (issue 29) -----------------------------------------------------------------
+# The README's `ddpdoctor check`, two ranks on one GPU, NCCL_SOCKET_IFNAME=ib0; explain on logs made here
+# (a watchdog timeout and its Flight Recorder dump, an OOM, a device-side assert, a healthy NCCL_DEBUG=INFO
+# run); fr on the timeout's dump; the GPU facts; env, stacks, ras.
+pytest_step check-scenarios 200 tests/gpu/test_gpu_check.py tests/gpu/test_gpu_binding.py
+pytest_step explain-fr 200 tests/gpu/test_gpu_explain_fr.py
+pytest_step fr-real-dump 100 "tests/gpu/test_gpu_watch_fr.py::test_fr_reads_a_real_nccl_flight_recorder_dump"
+pytest_step gpu-facts 100 tests/gpu/test_gpu_facts.py
+pytest_step env-stacks-ras 150 tests/gpu/test_gpu_env_stacks_ras.py
+
+# --- bench ----------------------------------------------------------------------------------------------
 # Issue 29 item 5: bench's row against a plain all_reduce loop on NCCL, interleaved in one process, several
-# rounds per size; the median ratios (target >= 0.97x at every size) go to the log for the closing note.
-# Placed before the suite, whose `exec` ends this script.
-BENCH_OUT=${OUT:-$(mktemp -d)}
-echo "== bench vs plain loop (NCCL, one GPU): $BENCH_OUT/bench_vs_raw.log"
-if ! timeout 240 "$PY" benchmarks/bench_vs_raw.py --backend nccl --nproc 1 --rounds 7 --max-mib 256 \
-        > "$BENCH_OUT/bench_vs_raw.log" 2>&1; then
-    echo "bench_vs_raw: failed or timed out; see $BENCH_OUT/bench_vs_raw.log"
-fi
-tail -n 7 "$BENCH_OUT/bench_vs_raw.log" || true
-# --- end bench ---
+# rounds per size; the median ratios (target >= 0.97x at every size) are in bench-vs-raw.log.
+pytest_step bench 150 tests/gpu/test_gpu_bench.py tests/gpu/test_bench_vs_plain.py
+step bench-vs-raw 120 "$PY" benchmarks/bench_vs_raw.py --backend nccl --nproc 1 --rounds 7 --max-mib 256
+tail -n 7 "$OUT/bench-vs-raw.log" 2>/dev/null || true
 
-echo "== tests/gpu"
-exec "$PY" -m pytest -q -ra tests/gpu "$@"
+# --- watch ----------------------------------------------------------------------------------------------
+# (the watch engineer's section: the watch scenarios)
+pytest_step watch 150 "tests/gpu/test_gpu_watch_fr.py::test_watch_passes_a_healthy_nccl_ddp_job_through"
+
+summary

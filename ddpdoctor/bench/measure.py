@@ -162,18 +162,17 @@ def _rank_and_size() -> tuple[int, int]:
 def _run_rounds(rounds: list[list[tuple[int, int]]], rank: int, send: Any, recv: Any, iters: int, warmup: int,
                 device: Any) -> dict[tuple[int, int], float]:
     """Each round's pairs exchange together; every pair's time (the slower end's), on every rank."""
-    import torch.distributed as dist
-
     from ddpdoctor.bench.ops import timed_loop
+    from ddpdoctor.runtime.device import bound_barrier
 
     mine: dict[str, float] = {}
     for pairs in rounds:
-        dist.barrier()
+        bound_barrier()
         for a, b in pairs:
             if rank in (a, b):
                 peer = b if rank == a else a
                 mine[f"{a},{b}"] = timed_loop(_exchange_with(send, recv, peer), iters, warmup, device)
-    dist.barrier()
+    bound_barrier()
     times: dict[tuple[int, int], float] = {}
     for theirs in gather(mine):
         for key, t in theirs.items():

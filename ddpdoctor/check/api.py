@@ -54,6 +54,8 @@ class CheckContext:
     deadline: float = field(default_factory=lambda: time.monotonic() + 30.0)
     # Every rank that joined: rank -> host, local rank, pid (to name ranks in findings).
     peers: Mapping[int, RankInfo] = field(default_factory=dict)
+    # When the user's command started (wall clock, ``ddpdoctor.runtime.clock``): "during this run" begins.
+    started_epoch: float | None = None
 
     def remaining_s(self) -> float:
         """Seconds left before the runtime abandons this check."""
@@ -100,6 +102,9 @@ def collapse(findings: list[Finding]) -> list[Finding]:
             details = dict(detail_sets[0])
         else:
             details = {"per_rank": {str(r): f.details for f in group for r in f.ranks}}
+            kinds = {f.kind for f in group}
+            if len(kinds) == 1 and "" not in kinds:  # what the finding is about survives the merge
+                details["kind"] = kinds.pop()
         result.append(Finding(check, status, summary, ranks, remedy, details))
     return result
 

@@ -23,11 +23,20 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 from ddpdoctor.check.api import Check, CheckContext, CheckOptions, collapse
+from ddpdoctor.check.causes import (
+    CHECK_RAISED,
+    CHECK_TIMEOUT,
+    NEVER_JOINED,
+    PG_INIT_FAILED,
+    PG_UNUSABLE,
+    WENT_SILENT,
+)
 from ddpdoctor.check.model import Report
 from ddpdoctor.check.report import render_table, short_rank_list
 from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError, short_error
@@ -35,9 +44,12 @@ from ddpdoctor.fileio import emit_json, json_to_stdout
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.backend import resolve_backend
+from ddpdoctor.runtime.clock import command_started_epoch
 from ddpdoctor.runtime.control import ControlPlane, connect_store, wait_until_reachable
 from ddpdoctor.runtime.deadline import innermost_line, run_with_deadline
+from ddpdoctor.runtime.device import init_device_kwargs
 from ddpdoctor.runtime.launcher import LaunchInfo
+from ddpdoctor.runtime.progress import SHOW_AFTER_S, WaitDisplay
 from ddpdoctor.runtime.selflaunch import write_result_file
 
 CLAIM_SETTLE_S = 0.3
@@ -55,6 +67,8 @@ class RunConfig:
     json_path: str | None = None
     # None: when a selected check needs it. `bench` runs no checks and always needs one.
     process_group: bool | None = None
+    # Rank 0 shows what it waits for on stderr (``runtime.progress``); off for simulated runs.
+    show_waits: bool = True
 
     @property
     def timeout_s(self) -> float:
@@ -90,6 +104,8 @@ class RankRun:
         self.config = config
         self.me = RankInfo(info.rank, info.local_rank, socket.gethostname(), os.getpid())
         self.start = time.monotonic()
+        # The user's clock: when the command they typed started (before this rank and its torch import).
+        self.started_epoch = command_started_epoch(info.launcher)
         self.control: ControlPlane | None = None
         self.peers: dict[int, RankInfo] = {}
         self.runtime_findings: list[Finding] = []
@@ -100,6 +116,38 @@ class RankRun:
         self.pg_problem: str | None = None  # why the process group under test is unusable, once joined
         # Where this rank's time went (seconds per phase and per check): the JSON's ``phases_s``.
         self.phases: dict[str, float] = {}
+        # Rank 0 is the one the user watches: it says what it waits for (never silent for long).
+        self.waits: WaitDisplay | None = WaitDisplay() if info.rank == 0 and config.show_waits else None
+        self._named_at = 0.0
+
+    def _wait(self, what: str, total_s: float | None = None, since: float | None = None) -> None:
+        if self.waits is not None:
+            self.waits.begin(what, total_s, since)
+
+    def starting(self) -> None:
+        """The first wait, counted from the user's Enter: the launcher, Python and torch start in every rank."""
+        now = time.monotonic()
+        self._wait("starting the ranks and the control plane", since=now - max(0.0, time.time() - self.started_epoch))
+
+    def _waited(self) -> None:
+        if self.waits is not None:
+            self.waits.end()
+
+    def _naming(self, template: str, prefix: str) -> Callable[[list[str]], None]:
+        """A ``wait_keys`` callback that names the ranks still missing (``{}`` in ``template``), refreshed
+        once a second while the wait is shown (the look-ups are per key)."""
+        def on_poll(keys: list[str]) -> None:
+            waits, control = self.waits, self.control
+            if waits is None or control is None or waits.waiting_for() < SHOW_AFTER_S:
+                return
+            now = time.monotonic()
+            if now - self._named_at < 1.0:
+                return
+            self._named_at = now
+            missing = [int(k[len(prefix):]) for k in control.absent(keys)]
+            if missing:
+                waits.update(template.format(_phrase(missing)))
+        return on_poll
 
     def _phase(self, name: str, since: float) -> float:
         now = time.monotonic()
@@ -141,13 +189,17 @@ class RankRun:
         False when this rank cannot take part (it has said why on stderr).
         """
         t = time.monotonic()
+        self.starting()
         if not self.connect():
+            self._waited()
             return False
         t = self._phase("connect", t)
         if self.rendezvous() is None:
+            self._waited()
             return False
         t = self._phase("rendezvous", t)
         self.pg_problem = self.init_process_group()
+        self._waited()
         self._phase("init_process_group", t)
         return True
 
@@ -160,7 +212,11 @@ class RankRun:
         control.put(f"claimant/{self.info.rank}/{claim}", self.me.to_json())
         if self.info.rank == 0:
             deadline = self.start + timeout
-            present = control.wait_keys([f"hello/{r}" for r in range(ws)], deadline)
+            others = "the other rank" if ws == 2 else f"the other {ws - 1} ranks"
+            self._wait(f"waiting for {others} to join", timeout, self.start)
+            present = control.wait_keys([f"hello/{r}" for r in range(ws)], deadline,
+                                        self._naming("waiting for {} to join", "hello/"))
+            self._waited()
             # A moment for a second process claiming the same rank (a broken task layout) to show up too,
             # so the report can name both; everyone else is already waiting for the plan anyway.
             time.sleep(CLAIM_SETTLE_S)
@@ -191,7 +247,8 @@ class RankRun:
         except DoctorError as exc:  # under torchrun/srun: every rank reports it, rank 0 names the hosts
             self.backend, self.device = self.config.backend, "cpu"
             self.runtime_findings.append(Finding("connectivity", FAIL, str(exc), [self.info.rank],
-                                                 "run with --backend gloo or auto on hosts without GPUs"))
+                                                 "run with --backend gloo or auto on hosts without GPUs",
+                                                 {"kind": "backend_unusable"}))
             return str(exc)
         if not self.config.needs_process_group:
             return "no selected check needs it"
@@ -205,19 +262,25 @@ class RankRun:
         timeout = self.config.timeout_s
         from datetime import timedelta
 
+        # Bound to its GPU (device_id): NCCL neither guesses the device nor warns that it did.
+        bind = init_device_kwargs(self.backend, self.device)
+
         def init() -> None:
             dist.init_process_group(self.backend, store=store, rank=self.info.rank,
-                                    world_size=self.info.world_size, timeout=timedelta(seconds=timeout))
+                                    world_size=self.info.world_size, timeout=timedelta(seconds=timeout), **bind)
 
+        self._wait(f"initialising the {self.backend} process group", timeout)
         outcome = run_with_deadline(init, timeout, "ddpdoctor-pg-init")
+        self._waited()
         if outcome.ok:
             return None
         why = (f"did not finish within {timeout:g} s" if outcome.timed_out
-               else short_error(outcome.error) if outcome.error else "failed")
+               else _backend_error(outcome.error) if outcome.error else "failed")
         self.runtime_findings.append(Finding(
             "connectivity", FAIL, f"init_process_group({self.backend}) failed: {why}", [self.info.rank],
             "the ranks reached each other's store but not each other: check firewalls between nodes and "
-            "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME", {"error": outcome.error_text or outcome.stack_at_timeout}))
+            "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME",
+            {"kind": PG_INIT_FAILED, "error": outcome.error_text or outcome.stack_at_timeout}))
         return f"init_process_group failed on this rank: {why}"
 
     def run_checks(self, pg_problem: str | None) -> None:
@@ -230,8 +293,11 @@ class RankRun:
             if check.rank0_only and self.info.rank != 0:
                 continue
             if check.needs_process_group and pg_problem is not None:
+                if any(f.check == check.id and f.status in (FAIL, ERROR) for f in self.runtime_findings):
+                    continue  # its failure is already reported (connectivity: the init that failed)
                 self.runtime_findings.append(Finding(
-                    check.id, SKIP, f"not run: the process group is not usable ({pg_problem})", [self.info.rank]))
+                    check.id, SKIP, f"not run: the process group is not usable ({pg_problem})", [self.info.rank],
+                    details={"kind": PG_UNUSABLE}))
                 continue
             ctx = CheckContext(
                 rank=self.info.rank, world_size=self.info.world_size, local_rank=self.info.local_rank,
@@ -240,16 +306,18 @@ class RankRun:
                 master_addr=self.info.master_addr, master_port=self.info.master_port,
                 process_group=dist.group.WORLD if dist.is_initialized() else None,
                 store=self.control.prefixed(f"check/{check.id}/"), options=self.config.options,
-                deadline=time.monotonic() + timeout, peers=self.peers)
+                deadline=time.monotonic() + timeout, peers=self.peers, started_epoch=self.started_epoch)
             began = time.monotonic()
+            self._wait(f"running the {check.id} check", timeout, began)
             outcome = run_with_deadline(functools.partial(check.run, ctx), timeout, f"ddpdoctor-{check.id}")
+            self._waited()
             self._phase(f"check:{check.id}", began)
             if outcome.timed_out:
                 where = innermost_line(outcome.stack_at_timeout)
                 self.runtime_findings.append(Finding(
                     check.id, ERROR, f"did not finish within {timeout:g} s (stuck at: {where or 'unknown'})",
                     [self.info.rank], "a peer is stuck or dead (see ranks that did not report); raise --timeout "
-                    "only if the network is known to be slow", {"stack": outcome.stack_at_timeout}))
+                    "only if the network is known to be slow", {"kind": CHECK_TIMEOUT, "stack": outcome.stack_at_timeout}))
                 if check.needs_process_group:
                     pg_problem = f"{check.id} was abandoned while inside a collective"
             elif outcome.error is not None:
@@ -257,7 +325,7 @@ class RankRun:
                 self.runtime_findings.append(Finding(
                     check.id, ERROR, f"the check raised {type(outcome.error).__name__}: {short_error(outcome.error)}"[:300],
                     [self.info.rank], _remedy_for_exception(outcome.error),
-                    {"traceback": outcome.error_text, "internal": internal}))
+                    {"kind": CHECK_RAISED, "traceback": outcome.error_text, "internal": internal}))
                 if check.needs_process_group:
                     pg_problem = f"{check.id} raised {type(outcome.error).__name__}"
             else:
@@ -299,7 +367,10 @@ class RankRun:
         results: dict[int, dict[str, Any]] = {}
         finished: set[int] = set()
         if self.control is not None:
-            present = self.control.wait_keys([f"done/{r}" for r in joined], deadline)
+            self._wait("waiting for the other ranks to report", max(0.0, deadline - began), began)
+            present = self.control.wait_keys([f"done/{r}" for r in joined], deadline,
+                                             self._naming("waiting for {} to report", "done/"))
+            self._waited()
             finished = {int(key.split("/")[1]) for key in present}
             for rank in joined:
                 partial = self.control.get_nowait(f"result/{rank}")
@@ -329,8 +400,8 @@ class RankRun:
             ranks = [self.me]
         phases = _slowest_phases(results)
         phases["collect"] = round(time.monotonic() - began, 4)
-        return Report(ws, backend, self.info.launcher, ranks, findings,
-                      [c.id for c in self.config.checks], time.monotonic() - self.start, phases)
+        return Report(ws, backend, self.info.launcher, ranks, findings, [c.id for c in self.config.checks],
+                      time.monotonic() - self.start, phases, max(0.0, time.time() - self.started_epoch)).fold()
 
     def _duplicate_claims(self) -> list[Finding]:
         """Two processes that both think they are rank N: the launcher's task layout is wrong."""
@@ -359,7 +430,7 @@ class RankRun:
                 f"never joined within {timeout:g} s", never,
                 "those ranks never started ddpdoctor or could not reach MASTER_ADDR:MASTER_PORT "
                 f"({self.info.master_addr}:{self.info.master_port}); look at their own output, and at "
-                "`ddpdoctor stacks` on their hosts if they are stuck", {"unreported": True}))
+                "`ddpdoctor stacks` on their hosts if they are stuck", {"kind": NEVER_JOINED, "unreported": True}))
         silent = [r for r in joined if r not in finished]
         last_of = {r: (self.control.get_nowait(f"progress/{r}") if self.control is not None else None)
                    for r in silent}
@@ -376,7 +447,8 @@ class RankRun:
                     "barrier", FAIL, f"{_phrase(ranks)}{on} did not report: joined, then went silent"
                     + (f" during the '{last}' check" if last else ""), ranks,
                     "those ranks died or hang: check their exit status / dmesg (OOM killer) on their hosts, or "
-                    "run `ddpdoctor stacks` there while they hang", {"unreported": True, "last_check": last,
+                    "run `ddpdoctor stacks` there while they hang", {"kind": WENT_SILENT, "unreported": True,
+                                                                   "last_check": last,
                                                                    "hosts": hosts}))
             return missing
         for rank in silent:
@@ -387,7 +459,8 @@ class RankRun:
                 "barrier", FAIL, f"rank {rank}{where} did not report: it joined, then went silent"
                 + (f" during the '{last}' check" if last else ""), [rank],
                 "the rank died or hangs: check its exit status / dmesg (OOM killer) on its host, or run "
-                "`ddpdoctor stacks` there while it hangs", {"unreported": True, "last_check": last,
+                "`ddpdoctor stacks` there while it hangs", {"kind": WENT_SILENT, "unreported": True,
+                                                            "last_check": last,
                                                             "host": peer.host if peer else None,
                                                             "pid": peer.pid if peer else None}))
         return missing
@@ -396,6 +469,8 @@ class RankRun:
         """Print the report (or ``--json -``: the JSON instead), write --json and the self-launch result file;
         the exit code."""
         _ignore_signals()  # the report is printed once, whole
+        if self.waits is not None:
+            self.waits.close()
         json_path = self.config.json_path
         if not json_to_stdout(json_path):
             print(render_table(report, verbose=self.config.options.verbose), flush=True)
@@ -428,6 +503,20 @@ def _slowest_phases(results: dict[int, dict[str, Any]]) -> dict[str, float]:
     return slowest
 
 
+def _backend_error(exc: BaseException) -> str:
+    """The first line of a process-group error, and NCCL's "Last error:" line when there is one: its first
+    line says only "internal error" or "invalid usage"; the cause ("Bootstrap : no socket interface found",
+    "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000") is the line after."""
+    text = str(exc)
+    first = short_error(exc)
+    lines = [line.strip() for line in text.splitlines()]
+    if "Last error:" in lines:
+        last = next((line for line in lines[lines.index("Last error:") + 1:] if line), "")
+        if last and last not in first:
+            return f"{first}; last error: {last}"
+    return first
+
+
 def _is_peer_failure(exc: BaseException) -> bool:
     """A collective that breaks mid-check (a peer died, a link broke) is the job's problem, not ours."""
     text = f"{type(exc).__module__}.{type(exc).__name__} {exc}".lower()
@@ -443,10 +532,12 @@ def _remedy_for_exception(exc: BaseException) -> str:
 
 def run_rank(info: LaunchInfo, config: RunConfig) -> int:
     """The whole run on one rank; returns the process exit code (the caller leaves with os._exit)."""
+    run = RankRun(info, config)
+    run.starting()  # shown while torch loads: seconds on a loaded node
     # Importing torch takes seconds on a loaded node; it must not eat into the rendezvous deadline.
     import torch.distributed  # noqa: F401
 
-    run = RankRun(info, config)
+    run.start = time.monotonic()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)
     try:

@@ -229,8 +229,9 @@ def simulate(world_size: int, checks: Sequence[Check], bad: Mapping[int, str] | 
     if sorted(c.id for c in checks) != ["barrier", "connectivity"]:
         raise ValueError("simulate() posts the findings of the barrier and connectivity checks: pass those two")
     config = RunConfig(checks=list(checks), backend="gloo",
-                       options=CheckOptions(timeout_s=timeout_s), process_group=False)
+                       options=CheckOptions(timeout_s=timeout_s), process_group=False, show_waits=False)
     run = RankRun(info, config)
+    run.started_epoch = time.time()  # this process is rank 0: the user's command starts here
     run.me = RankInfo(0, 0, _host_of(0, ranks_per_host)[0], 100_000)
     run.control = ControlPlane(_Prefixed(f"ddpdoctor/{run_id}/", raw))
     errors: list[str] = []

@@ -16,6 +16,8 @@ that looks slow is measured again, with the other pairs of its round beside it, 
 best sample stays below typical by more than the run's own spread. Where ranks outnumber the cores they may
 run on (or share a GPU), that is said once, with the numbers, as the likely cause of any slowness; the sweep
 is cut to 1 MiB there, since it would only measure the contention. The full sweep is ``ddpdoctor bench``.
+Other processes' runnable threads on the ranks' cores count toward that crowding (and a --min-busbw failure
+on such cores says so), but do not cut the sweep: they come and go.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from ddpdoctor.bench import (
     measure_row,
 )
 from ddpdoctor.check import Check, CheckContext, all_findings, collapse
-from ddpdoctor.findings import FAIL, PASS, WARN, Finding, RankInfo
+from ddpdoctor.env import other_runnable
+from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import format_rank_list
 
 MEASURED = "measured"
@@ -50,12 +53,17 @@ OUTLIER_RATIO = 1.5
 
 
 def _placement(ctx: CheckContext) -> dict[str, Any]:
-    """Where this rank may run: its host, the CPUs in its affinity mask, its device."""
+    """Where this rank may run: its host, the CPUs in its affinity mask, its device, and how many threads of
+    other processes (not this job's) want those CPUs now."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux: every CPU
         cpus = list(range(os.cpu_count() or 1))
-    return {"host": ctx.host, "cpus": cpus, "device": ctx.device}
+    ours = {p.pid for p in ctx.peers.values() if p.host == ctx.host}
+    if ctx.launcher in ("local", "torchrun"):
+        ours.add(os.getppid())  # the launcher's agent is this job's too
+    others = other_runnable(cpus, ours)
+    return {"host": ctx.host, "cpus": cpus, "device": ctx.device, "others": round(others, 1)}
 
 
 def crowding(placements: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -77,24 +85,35 @@ def crowding(placements: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]
             if device.startswith("cuda"):
                 devices.setdefault(device, []).append(r)
         shared = {d: rs for d, rs in devices.items() if len(rs) > 1}
-        if (cpus and len(ranks) > len(cpus)) or shared:
+        # Every rank of a host sees the same other processes; the busiest look counts.
+        others = round(max(float(placements[r].get("others") or 0.0) for r in ranks))
+        if (cpus and len(ranks) + others > len(cpus)) or shared:
             found.append({"host": host, "ranks": ranks, "cores": len(cpus), "affinity": format_rank_list(cpus),
-                          "shared_gpus": shared})
+                          "shared_gpus": shared, "others": others})
     return found
 
 
+ONE_RANK = "nothing crosses a link with one rank: no bandwidth to measure (run 2 or more ranks, or `ddpdoctor bench`)"
+
+
 def _run(ctx: CheckContext) -> list[Finding]:
+    if ctx.world_size == 1:
+        # A one-rank all_reduce copies nothing anywhere: its "busbw" is 0 by definition, not a measurement.
+        return [ctx.finding(SKIP, ONE_RANK, kind="one_rank")]
     import torch
 
     device = torch.device(ctx.device)
     mine = _placement(ctx)
-    placements = dict(enumerate(gather(mine))) if ctx.world_size > 1 else {ctx.rank: mine}
+    placements = dict(enumerate(gather(mine)))
     # Every rank computes the same from the same gathered data, so all run the same collectives.
     crowded = crowding(placements)
-    sizes = OVERSUBSCRIBED_SIZES if crowded else SIZES
+    # Only our own ranks outnumbering the cores (or sharing a GPU) make the full sweep pointless; other
+    # processes come and go, so the sweep stays whole and the findings say they were there.
+    oversubscribed = any((e["cores"] and len(e["ranks"]) > e["cores"]) or e["shared_gpus"] for e in crowded)
+    sizes = OVERSUBSCRIBED_SIZES if oversubscribed else SIZES
     rows = [measure_row("all_reduce", size, "float", ITERS, WARMUP, True, device) for size in sizes]
     hosts = {r: ctx.peers[r].host if r in ctx.peers else f"rank{r}" for r in range(ctx.world_size)}
-    pairs = measure_pairs(hosts, PAIR_BYTES, "float", PAIR_ITERS, PAIR_WARMUP, device) if ctx.world_size > 1 else []
+    pairs = measure_pairs(hosts, PAIR_BYTES, "float", PAIR_ITERS, PAIR_WARMUP, device)
     # Every rank has the combined numbers (they were gathered); one copy is enough in the report.
     if ctx.rank != 0:
         return [ctx.finding(PASS, MEASURED)]
@@ -123,13 +142,7 @@ def _crowding_finding(crowded: list[dict[str, Any]], looked_slow: int, blamed: b
     A warning when something looked slow (the crowding is then the likely cause, or sits beside a real
     culprit); otherwise a note on the pass: nothing was slow, so there is nothing to warn about.
     """
-    parts = []
-    for entry in crowded:
-        if entry["cores"] and len(entry["ranks"]) > entry["cores"]:
-            parts.append(f"{len(entry['ranks'])} ranks share {entry['cores']} CPU core"
-                         f"{'s' if entry['cores'] != 1 else ''} on {entry['host']} (affinity {entry['affinity']})")
-        for device, on in entry["shared_gpus"].items():
-            parts.append(f"ranks {format_rank_list(on)} share {device} on {entry['host']}")
+    parts = crowding_text(crowded)
     noted = (f"; {looked_slow} link{'s' if looked_slow != 1 else ''} looked slow, which on crowded cores "
              "measures the turn-taking, so no link is blamed") if looked_slow else ""
     ranks = sorted({r for e in crowded for r in e["ranks"]})
@@ -139,6 +152,26 @@ def _crowding_finding(crowded: list[dict[str, Any]], looked_slow: int, blamed: b
                    "run at most one rank per core (or per GPU): fewer ranks (--nproc / torchrun "
                    "--nproc-per-node), or give each rank its own cores (taskset, numactl, srun --cpu-bind=cores) "
                    "and set OMP_NUM_THREADS to the cores per rank", {"crowded": crowded})
+
+
+def _oversubscribed(entry: Mapping[str, Any]) -> bool:
+    """More runnable work (our ranks and other processes' threads) than the cores it may run on."""
+    return bool(entry["cores"]) and len(entry["ranks"]) + int(entry.get("others") or 0) > entry["cores"]
+
+
+def crowding_text(crowded: list[dict[str, Any]]) -> list[str]:
+    """'2 ranks and 3 runnable threads of other processes share 2 CPU cores on vm (affinity 0-1)', per host."""
+    parts = []
+    for entry in crowded:
+        if _oversubscribed(entry):
+            others = int(entry.get("others") or 0)
+            also = (f" and {others} runnable thread{'s' if others != 1 else ''} of other processes (not this job's)"
+                    if others else "")
+            parts.append(f"{len(entry['ranks'])} ranks{also} share {entry['cores']} CPU core"
+                         f"{'s' if entry['cores'] != 1 else ''} on {entry['host']} (affinity {entry['affinity']})")
+        for device, on in entry["shared_gpus"].items():
+            parts.append(f"ranks {format_rank_list(on)} share {device} on {entry['host']}")
+    return parts
 
 
 def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[int],
@@ -159,10 +192,18 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
                               "data is corrupted in transit: check NCCL_PROTO/NCCL_ALGO overrides, NIC offloads "
                               "and GPU memory errors (ddpdoctor bench -c 1 shows at which sizes)", details))
     if min_busbw is not None and avg < min_busbw:
-        result.append(Finding("bandwidth", FAIL, f"all_reduce busbw {avg:.2f} GB/s is below --min-busbw "
-                              f"{min_busbw:g} GB/s", ranks,
-                              "find the slow part with `ddpdoctor bench --pairs`; with NCCL, run with "
-                              "NCCL_DEBUG=INFO and check that NET/IB (not NET/Socket) and P2P are used", details))
+        network = ("find the slow part with `ddpdoctor bench --pairs`; with NCCL, run with NCCL_DEBUG=INFO and "
+                   "check that NET/IB (not NET/Socket) and P2P are used")
+        if crowded:
+            # The number measured the turn-taking on shared cores: say so before any advice about the network.
+            result.append(Finding("bandwidth", FAIL, f"all_reduce busbw {avg:.2f} GB/s is below --min-busbw "
+                                  f"{min_busbw:g} GB/s while the cores were shared ({'; '.join(crowding_text(crowded))}"
+                                  "): the number measures that contention as much as the links", ranks,
+                                  "rerun when nothing else runs on those cores (or give the ranks their own cores); "
+                                  "if it stays low then, " + network, {**details, "crowded": crowded}))
+        else:
+            result.append(Finding("bandwidth", FAIL, f"all_reduce busbw {avg:.2f} GB/s is below --min-busbw "
+                                  f"{min_busbw:g} GB/s", ranks, network, details))
     by_host: dict[str, list[int]] = {}
     for p in pairs:
         by_host.setdefault(p.host_a, []).append(p.a)
@@ -188,7 +229,7 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
                               "(`nvidia-smi topo -m`)", {"rank": rank, **analysis.to_json()}))
     # Within a crowded host a link's time is the scheduler's turn-taking, never a cable or a PCIe switch: such
     # a link is counted under the crowding finding, not blamed. (A rank slow on all its links is still named.)
-    crowded_hosts = {str(e["host"]) for e in crowded if e["cores"] and len(e["ranks"]) > e["cores"]}
+    crowded_hosts = {str(e["host"]) for e in crowded if _oversubscribed(e)}
     not_judged = [p for p in analysis.slow_links if p.host_a == p.host_b and p.host_a in crowded_hosts]
     for p in analysis.slow_links:
         if p in not_judged:

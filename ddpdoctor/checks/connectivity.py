@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from ddpdoctor.check import Check, CheckContext, all_findings, collapse
+from ddpdoctor.check import COLLECTIVE_FAILED, Check, CheckContext, all_findings, collapse
 from ddpdoctor.errors import short_error
 from ddpdoctor.findings import FAIL, PASS, Finding, RankInfo
+from ddpdoctor.runtime.device import barrier_kwargs
 
 HEALTHY = "collectives and ring send/recv correct"
 N = 1024
@@ -46,7 +47,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
 
     try:
         start = time.perf_counter()
-        _wait(dist.barrier(async_op=True), ctx)
+        _wait(dist.barrier(async_op=True, **barrier_kwargs(ctx.backend, ctx.device)), ctx)
         timed("barrier_us", start)
 
         step = "all_reduce"
@@ -106,7 +107,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
         return [ctx.finding(FAIL, f"{step} failed{peer}: {short_error(exc)}",
                             "a rank died or a link is blocked: see the other findings for ranks that did not "
                             "report; check firewalls and NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME",
-                            step=step, error=str(exc)[:2000])]
+                            kind=COLLECTIVE_FAILED, step=step, error=str(exc)[:2000])]
 
 
 def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:

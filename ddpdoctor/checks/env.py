@@ -58,7 +58,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
                 findings.append(ctx.finding(
                     FAIL, f"{var}={variables[var]} {problem}",
                     f"set {var} to an interface this host has (see `ip -br addr` on {ctx.host}), "
-                    "or unset it to let the library choose"))
+                    "or unset it to let the library choose", kind=var.lower(), variable=var))
     for old, new in envinfo.DEPRECATED_VARS.items():
         if old in variables:
             findings.append(ctx.finding(WARN, f"{old} is deprecated", f"use {new}={variables[old]} instead"))

@@ -29,29 +29,27 @@ What fails in real life, and how it shows up:
 Without CUDA (CPU-only PyTorch, no driver, no GPU, ``CUDA_VISIBLE_DEVICES=""``) the check reports
 ``skip`` with the reason -- never ``pass``.
 
-Layout: :func:`gather_rank_facts` is the thin part that asks PyTorch and NVML (``ddpdoctor.env.nvml``) on
-each rank; :func:`analyze` is a pure function of every rank's plain-dict facts, run by rank 0.
+Layout: the facts are gathered on each rank by :func:`ddpdoctor.env.gpu_facts.gather_rank_facts` (PyTorch,
+NVML, sysfs, the kernel log); this file is the verdict: :func:`analyze`, a pure function of every rank's
+plain-dict facts, run by rank 0.
+
+Xids are judged, not just counted (NVIDIA's catalog, :mod:`ddpdoctor.env.xid`): an application's fault
+(Xid 13, 31, 43, 45: a device-side assert leaves 13 and 43) from another process or long ago is a note,
+since the GPU itself is fine; a hardware or driver Xid (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, ...)
+during this run or in the last hour fails the check with NVIDIA's action (drain the node, reset the GPU,
+RMA if it repeats), and an older one warns. Each names the process (pid and name from the kernel line)
+and the time it belongs to.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddpdoctor.check import Check, CheckContext
-from ddpdoctor.env import (
-    XID_MEANINGS,
-    bus_key,
-    collect_host_gpu_facts,
-    nccl_version,
-    parse_xid_events,
-    read_kernel_log,
-    sysfs,
-)
-from ddpdoctor.errors import short_error
+from ddpdoctor.env import gather_rank_facts, normalize_uuid, sysfs, xid, xid_info
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import rank_phrase
 
@@ -63,107 +61,16 @@ BAD_THROTTLE_REASONS = frozenset(
     {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
 
 
-# --------------------------------------------------------------------------------------------------
-# The thin part: ask PyTorch and NVML on this rank.
-# --------------------------------------------------------------------------------------------------
-
-def gather_rank_facts(ctx: CheckContext, nvml_module: Any = None) -> dict[str, Any]:
-    """This rank's GPU facts as a JSON-able dict (what :func:`analyze` reads)."""
-    host_gpus = collect_host_gpu_facts(nvml_module)
-    facts: dict[str, Any] = {
-        "host": ctx.host, "local_rank": ctx.local_rank, "local_world_size": ctx.local_world_size,
-        "pid": ctx.pid, "device": ctx.device, "backend": ctx.backend,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "nvml_available": host_gpus["available"], "nvml_reason": host_gpus["reason"],
-        "driver_version": host_gpus["driver_version"],
-        "cuda_driver_version": host_gpus["cuda_driver_version"],
-        "cuda_available": False, "skip_reason": "", "gpu": None, "p2p": None,
-    }
-    import torch
-
-    facts["torch_cuda_version"] = torch.version.cuda
-    facts["nccl_version"] = nccl_version(torch)
-    with warnings.catch_warnings(record=True) as caught:
-        # A CUDA build on a bad driver says why only as a UserWarning ("CUDA initialization: The NVIDIA
-        # driver on your system is too old ..."), so keep the warning text for the skip reason.
-        warnings.simplefilter("always")
-        available = bool(torch.cuda.is_available())
-    if not available:
-        facts["skip_reason"] = no_cuda_reason(torch.__version__, torch.version.cuda,
-                                              facts["cuda_visible_devices"], host_gpus["reason"],
-                                              [str(w.message) for w in caught])
-        return facts
-    facts["cuda_available"] = True
-    if not ctx.device.startswith("cuda"):
-        facts["skip_reason"] = (f"this run uses device {ctx.device!r} (backend {ctx.backend}), not a GPU; "
-                                "run with the nccl backend to check the GPUs")
-        return facts
-    count = torch.cuda.device_count()
-    index = int(ctx.device.split(":", 1)[1]) if ":" in ctx.device else torch.cuda.current_device()
-    facts["device_count"] = count
-    facts["device_index"] = index
-    facts["current_device"] = torch.cuda.current_device()
-    visible = [_torch_device_ids(torch, i) for i in range(count)]
-    mine = visible[index] if 0 <= index < count else {"name": None, "uuid": None, "pci_bus_id": None}
-    facts.update(device_name=mine["name"], uuid=mine["uuid"], pci_bus_id=mine["pci_bus_id"])
-    facts["gpu"] = match_nvml_gpu(host_gpus["gpus"], mine["uuid"], mine["pci_bus_id"])
-    bus = (facts["gpu"] or {}).get("pci_bus_id") or mine["pci_bus_id"]
-    facts["preflight"] = gather_preflight(bus, dict(os.environ), deadline_s=min(2.0, max(0.2, ctx.remaining_s() / 4)))
-    if ctx.local_rank == 0:
-        # One rank per host is enough: peer access is a property of the host's GPUs, not of the rank.
-        try:
-            matrix = [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j))
-                       for j in range(count)] for i in range(count)]
-            facts["p2p"] = {"devices": visible, "matrix": matrix}
-        except RuntimeError as exc:  # a CUDA error here must not cost the rest of the facts
-            facts["p2p"] = {"devices": visible, "error": short_error(exc)}
-    return facts
+# An Xid this recent (seconds) is about the GPU as it is now; older ones may predate a reset or repair.
+RECENT_XID_S = 3600.0
 
 
-def gather_preflight(bus_id: str | None, environ: Mapping[str, str], root: str = "/sys",
-                     deadline_s: float = 2.0) -> dict[str, Any]:
-    """Host facts around this rank's GPU: its Xid events since boot, NUMA placement of GPU, CPUs and NICs,
-    InfiniBand port states, and the NIC names NCCL is told to use. Bounded by ``deadline_s`` (the kernel
-    log read is the only slow part)."""
-    log = read_kernel_log(deadline_s=deadline_s)
-    events = parse_xid_events(log.text)
-    mine = bus_key(bus_id) if bus_id else None
-    node_cpus = sysfs.numa_cpus(root)
-    try:
-        affinity = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = []
-    return {
-        "bus_id": bus_id,
-        "kernel_log_source": log.source, "kernel_log_reason": log.reason,
-        "xid_events": [{"xid": e.xid, "bus": e.bus, "pid": e.pid, "process": e.process, "message": e.message,
-                        "when": e.when} for e in events if e.bus == mine][-50:],
-        "xid_events_other_gpus": sum(1 for e in events if e.bus != mine),
-        "gpu_numa_node": sysfs.pci_numa_node(bus_id, root) if bus_id else None,
-        "cpu_affinity": affinity,
-        "numa_cpus": {str(n): sorted(c) for n, c in sorted(node_cpus.items())},
-        "net": sysfs.net_devices(root), "ib": [dict(d, ports={str(k): v for k, v in d["ports"].items()})
-                                             for d in sysfs.ib_devices(root)],
-        "nccl_socket_ifname": environ.get("NCCL_SOCKET_IFNAME"), "nccl_ib_hca": environ.get("NCCL_IB_HCA"),
-        "nccl_ib_disable": environ.get("NCCL_IB_DISABLE"),
-    }
+def preflight_problems(pre: Mapping[str, Any], job_pids: Iterable[int] = ()) -> list[tuple[str, str, str, str]]:
+    """(status, problem, remedy, kind) from one rank's preflight facts (``gather_preflight``); pure.
 
-
-def preflight_problems(pre: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(status, problem, remedy) from one rank's :func:`gather_preflight` facts; pure."""
-    found: list[tuple[str, str, str]] = []
-    by_xid: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
-    for e in pre.get("xid_events") or []:
-        by_xid[int(e["xid"])].append(e)
-    for xid, events in sorted(by_xid.items()):
-        meaning, severity, remedy = XID_MEANINGS.get(xid, ("see NVIDIA's Xid catalog", WARN, ""))
-        last = events[-1]
-        when = f", last at {last['when']}" + (" s after boot" if str(last["when"])[:1].isdigit() else "") \
-            if last.get("when") else ""
-        found.append((FAIL if severity == "fail" else WARN,
-                      f"Xid {xid} ({meaning}) in the kernel log since boot: {len(events)} time"
-                      f"{'s' if len(events) > 1 else ''}{when}: {last.get('message') or ''}".rstrip(": "),
-                      remedy or "look the Xid up in NVIDIA's Xid catalog"))
+    ``job_pids`` are this job's ranks on that host: an Xid naming one of them is this run's own.
+    """
+    found = xid_problems(pre, job_pids)
     gpu_node = pre.get("gpu_numa_node")
     numa = {int(n): set(c) for n, c in (pre.get("numa_cpus") or {}).items()}
     affinity = set(pre.get("cpu_affinity") or [])
@@ -173,7 +80,7 @@ def preflight_problems(pre: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                             f"{', '.join(map(str, nodes))} but its GPU is on node {gpu_node}: every host-device "
                             "copy crosses the socket link",
                       f"bind each rank to its GPU's NUMA node (numactl --cpunodebind={gpu_node}, or the "
-                      "launcher's CPU binding, e.g. srun --cpu-bind)"))
+                      "launcher's CPU binding, e.g. srun --cpu-bind)", "numa_placement"))
     net_names = [d["name"] for d in pre.get("net") or []]
     ib = pre.get("ib") or []
     ifname = pre.get("nccl_socket_ifname")
@@ -181,13 +88,14 @@ def preflight_problems(pre: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         found.append((FAIL, f"NCCL_SOCKET_IFNAME={ifname!r} names {', '.join(missing)}, which match no network "
                             f"interface here (interfaces: {', '.join(net_names) or 'none'}); NCCL fails with "
                             "\"no socket interface found\"",
-                      "set NCCL_SOCKET_IFNAME to an interface this host has (ip -br link), or unset it"))
+                      "set NCCL_SOCKET_IFNAME to an interface this host has (ip -br link), or unset it",
+                      "nccl_socket_ifname"))
     hca = pre.get("nccl_ib_hca")
     ib_names = [d["name"] for d in ib]
     if hca and (missing := sysfs.unmatched_names(hca, ib_names)):
         found.append((FAIL, f"NCCL_IB_HCA={hca!r} names {', '.join(missing)}, which match no InfiniBand device "
                             f"here (devices: {', '.join(ib_names) or 'none'})",
-                      "set NCCL_IB_HCA to devices ibv_devinfo lists, or unset it"))
+                      "set NCCL_IB_HCA to devices ibv_devinfo lists, or unset it", "nccl_ib_hca"))
     if str(pre.get("nccl_ib_disable") or "0") != "1" and ib:
         wanted = _selected_ib(hca, ib_names)
         down = [f"{d['name']}:{port} {state}" for d in ib if d["name"] in wanted
@@ -197,14 +105,15 @@ def preflight_problems(pre: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             found.append((WARN if active else FAIL,
                           f"InfiniBand port{'s' if len(down) > 1 else ''} not ACTIVE: {', '.join(down)}"
                           + ("" if active else "; NCCL has no usable IB port and falls back to sockets (slow)"),
-                          "check the cable and the switch port (ibstat); or leave the port out with NCCL_IB_HCA"))
+                          "check the cable and the switch port (ibstat); or leave the port out with NCCL_IB_HCA",
+                          "ib_port"))
         ib_nodes = {d.get("numa_node") for d in active} - {None}
         if gpu_node is not None and ib_nodes and gpu_node not in ib_nodes and len(numa) > 1:
             found.append((WARN, f"no active InfiniBand device on the GPU's NUMA node {gpu_node} (active HCAs are on "
                                 f"node{'s' if len(ib_nodes) > 1 else ''} {', '.join(map(str, sorted(ib_nodes)))}): "
                                 "inter-node traffic crosses the socket link",
                           "check the NIC placement (nvidia-smi topo -m); on such hosts set NCCL_IB_HCA per rank "
-                          "to the closest HCA"))
+                          "to the closest HCA", "numa_placement"))
     return found
 
 
@@ -217,75 +126,103 @@ def _selected_ib(hca: str | None, names: list[str]) -> set[str]:
     return set(names) - match if exclude else match
 
 
-def _torch_device_ids(torch: Any, index: int) -> dict[str, Any]:
-    """Name, NVML-style UUID and PCI bus id of CUDA device ``index`` (as this process numbers it)."""
-    props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)  # PyTorch >= 2.0
-    bus = getattr(props, "pci_bus_id", None)  # newer PyTorch only; the UUID is the primary key
-    pci = None
-    if bus is not None:
-        pci = f"{int(getattr(props, 'pci_domain_id', 0)):08X}:{int(bus):02X}:" \
-              f"{int(getattr(props, 'pci_device_id', 0)):02X}.0"
-    return {"index": index, "name": str(props.name),
-            "uuid": normalize_uuid(str(uuid)) if uuid is not None else None, "pci_bus_id": pci}
+DURING_RUN, LAST_HOUR, SINCE_BOOT = "during this run", "in the last hour", "since boot"
 
 
-# --------------------------------------------------------------------------------------------------
-# The pure part: plain dicts in, findings out.
-# --------------------------------------------------------------------------------------------------
+def xid_problems(pre: Mapping[str, Any], job_pids: Iterable[int] = ()) -> list[tuple[str, str, str, str]]:
+    """The Xids of this rank's GPU, judged by origin and recency: one (status, problem, remedy, kind) per Xid
+    number and time bucket, naming the latest event's time, process and message.
 
-def normalize_uuid(uuid: str) -> str:
-    """NVML's spelling ("GPU-58111ddc-..."); PyTorch prints the same UUID without the prefix."""
-    text = uuid.strip().lower()
-    for prefix in ("gpu-", "mig-"):
-        if text.startswith(prefix):
-            return prefix.upper() + text[len(prefix):]
-    return "GPU-" + text
-
-
-def match_nvml_gpu(gpus: Iterable[Mapping[str, Any]], uuid: str | None,
-                   pci_bus_id: str | None) -> dict[str, Any] | None:
-    """The NVML entry for a CUDA device, by UUID, else by PCI bus id.
-
-    NVML numbers GPUs by PCI order and ignores CUDA_VISIBLE_DEVICES, so the index cannot be used.
+    Hardware/driver Xids during this run or in the last hour fail, older ones warn; application Xids are a
+    note (a pass that says so) unless this run caused them; unknown ones warn when recent.
     """
-    for gpu in gpus:
-        if uuid and gpu.get("uuid") and normalize_uuid(str(gpu["uuid"])) == normalize_uuid(uuid):
-            return dict(gpu)
-    for gpu in gpus:
-        if pci_bus_id and gpu.get("pci_bus_id") and _same_bus(str(gpu["pci_bus_id"]), pci_bus_id):
-            return dict(gpu)
-    return None
+    pids = set(job_pids)
+    uptime = pre.get("uptime_s")
+    started = pre.get("job_started_s")
+    groups: dict[tuple[int, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for event in pre.get("xid_events") or []:
+        groups[(int(event["xid"]), _bucket(event, uptime, started, pids))].append(event)
+    found = []
+    for (number, bucket), events in sorted(groups.items(), key=lambda kv: (kv[0][0], _BUCKETS.index(kv[0][1]))):
+        info = xid_info(number)
+        last = events[-1]
+        recent = bucket in (DURING_RUN, LAST_HOUR)
+        if info.origin == xid.APPLICATION:
+            status = WARN if bucket == DURING_RUN else PASS
+        elif info.origin == xid.UNKNOWN:
+            status = WARN if recent else PASS
+        else:
+            status = FAIL if recent else WARN
+        times = f"{len(events)} time{'s' if len(events) > 1 else ''} {bucket}"
+        problem = (f"Xid {number} ({info.meaning}) {times}, last {_when(last, uptime, pre.get('boot_epoch'))}"
+                   f"{_by_whom(last, pids)}" + (f": {last['message']}" if last.get("message") else ""))
+        if status == PASS:
+            problem = f"note: {problem}; " + ("an application's fault, not the GPU's: nothing to do"
+                                              if info.origin == xid.APPLICATION else "old: nothing to do now")
+            remedy = ""
+        elif status == WARN and info.origin not in (xid.APPLICATION, xid.UNKNOWN):
+            remedy = f"unless the GPU was reset or the node rebooted since: {info.action}"
+        else:
+            remedy = info.action
+        found.append((status, problem, remedy, f"xid_{info.origin}"))
+    return found
 
 
-def _same_bus(a: str, b: str) -> bool:
-    """Bus ids compare without the domain's zero padding (NVML: 8 digits, sysfs and CUDA: 4)."""
-    def key(s: str) -> tuple[int, ...]:
-        parts = s.replace(".", ":").split(":")  # [domain:]bus:device.function
-        if len(parts) == 3:
-            parts = ["0", *parts]
-        return tuple(int(x, 16) for x in parts)
-    try:
-        return key(a) == key(b)
-    except ValueError:
-        return a.upper() == b.upper()
+_BUCKETS = (DURING_RUN, LAST_HOUR, SINCE_BOOT)
 
 
-def no_cuda_reason(torch_version: str, torch_cuda: str | None, cuda_visible_devices: str | None,
-                   nvml_reason: str, cuda_warnings: list[str]) -> str:
-    """Why this rank cannot use a GPU, most specific cause first."""
-    parts: list[str] = []
-    if torch_cuda is None:
-        parts.append(f"PyTorch {torch_version} is a CPU-only build (torch.version.cuda is None)")
-    elif cuda_visible_devices is not None and cuda_visible_devices.strip() in ("", "-1", "none"):
-        parts.append(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} hides every GPU")
-    else:
-        parts.append("torch.cuda.is_available() is False")
-    parts.extend(w.splitlines()[0] for w in cuda_warnings if w.strip())
-    if nvml_reason:
-        parts.append(nvml_reason)
-    return "; ".join(parts)
+def _bucket(event: Mapping[str, Any], uptime: float | None, started: float | None, pids: set[int]) -> str:
+    """When an Xid happened, relative to this run: during it, in the last hour, or earlier since boot."""
+    at = event.get("at_s")
+    if at is None:  # a line without a time: it names this job's process, or its time is unknown
+        return DURING_RUN if event.get("pid") in pids else SINCE_BOOT
+    if started is not None and at >= started - 1.0:  # the stamps of two clocks: a second of slack
+        return DURING_RUN
+    if uptime is not None and uptime - at <= RECENT_XID_S:
+        return LAST_HOUR
+    return SINCE_BOOT
 
+
+def _when(event: Mapping[str, Any], uptime: float | None, boot_epoch: float | None) -> str:
+    """"12 min ago (at 14:03:22)", "3 d 4 h ago (on Feb 14 05:03:41)", or the log's own stamp."""
+    at = event.get("at_s")
+    if at is None or uptime is None:
+        return f"at {event['when']}" if event.get("when") else "at an unknown time"
+    age = max(0.0, uptime - float(at))
+    text = f"{_age(age)} ago"
+    if boot_epoch is not None:
+        stamp = time.localtime(float(boot_epoch) + float(at))
+        text += " (at " + time.strftime("%H:%M:%S" if age < 20 * 3600 else "%b %d %H:%M:%S", stamp) + ")"
+    return text
+
+
+def _age(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 90:
+        return f"{minutes} min"
+    hours = minutes // 60
+    if hours < 48:
+        return f"{hours} h {minutes % 60} min"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+def _by_whom(event: Mapping[str, Any], pids: set[int]) -> str:
+    """" from pid 1234 (python3), a rank of this job" -- what the kernel line says about the process."""
+    pid, name = event.get("pid"), event.get("process")
+    if not pid:  # pid=0 is the kernel itself (a GPU falling off the bus): no process to name
+        pid = None
+    if pid is None and not name:
+        return ""
+    who = f" from pid {pid}" if pid is not None else " from"
+    who += f" ({name})" if name and pid is not None else f" {name}" if name else ""
+    return who + (", a rank of this job" if pid in pids else "")
+
+
+# --------------------------------------------------------------------------------------------------
+# The verdict: plain dicts in, findings out.
+# --------------------------------------------------------------------------------------------------
 
 def expected_device_index(local_rank: int, local_world_size: int, device_count: int) -> int | None:
     """The device a rank should use: cuda:LOCAL_RANK, or cuda:0 when each rank sees only its own GPU.
@@ -311,7 +248,7 @@ def analyze(facts_by_rank: Mapping[int, Mapping[str, Any]],
         by_reason: dict[str, list[int]] = defaultdict(list)
         for r, f in sorted(skipped.items()):
             by_reason[str(f.get("skip_reason") or "no usable GPU")].append(r)
-        return [_finding(SKIP, f"no GPU check: {reason}", rs,
+        return [_finding(SKIP, f"no GPU check: {reason}", rs, kind="no_gpu",
                          nvml_available=any(facts_by_rank[r].get("nvml_available") for r in rs))
                 for reason, rs in by_reason.items()]
     if skipped:
@@ -321,7 +258,7 @@ def analyze(facts_by_rank: Mapping[int, Mapping[str, Any]],
             + "; ".join(sorted({f"{tags[r]} {f.get('skip_reason')}" for r, f in skipped.items()})),
             sorted(skipped),
             "install the CUDA build of PyTorch and the NVIDIA driver on every host, and check "
-            "CUDA_VISIBLE_DEVICES on the ranks named"))
+            "CUDA_VISIBLE_DEVICES on the ranks named", kind="ranks_without_gpu"))
     findings += _duplicates(gpu_ranks, tags)
     findings += _wrong_devices(gpu_ranks, tags)
     findings += _version_mismatches(gpu_ranks)
@@ -360,7 +297,7 @@ def _duplicates(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, s
             "give each rank its own GPU: call torch.cuda.set_device(local_rank) before "
             "init_process_group, run at most one rank per GPU (--nproc-per-node <= number of GPUs), and "
             "do not give every task the same CUDA_VISIBLE_DEVICES",
-            uuid=key[-1], cuda_visible_devices={r: gpu_ranks[r].get("cuda_visible_devices") for r in rs}))
+            kind="duplicate_gpu", uuid=key[-1], cuda_visible_devices={r: gpu_ranks[r].get("cuda_visible_devices") for r in rs}))
     return out
 
 
@@ -380,7 +317,7 @@ def _wrong_devices(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int
                 f"rank {r} {tags[r]} is local rank {local_rank} but sees only {count} GPUs ({seen}): "
                 "more ranks per host than GPUs (\"CUDA error: invalid device ordinal\")",
                 [r], "launch at most one rank per GPU: --nproc-per-node <= number of GPUs on the host",
-                device_count=count, local_rank=local_rank))
+                kind="more_ranks_than_gpus", device_count=count, local_rank=local_rank))
         elif index != expected:
             out.append(_finding(
                 FAIL,
@@ -388,7 +325,7 @@ def _wrong_devices(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int
                 f"cuda:{expected} ({count} GPUs visible, {seen})",
                 [r], "call torch.cuda.set_device(local_rank) (LOCAL_RANK from the launcher) before "
                 "init_process_group and before creating any CUDA tensor",
-                device_index=index, expected_device_index=expected))
+                kind="wrong_device", device_index=index, expected_device_index=expected))
     return out
 
 
@@ -418,7 +355,7 @@ def _version_mismatches(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Find
             sorted(r for rs in groups.values() for r in rs),
             f"install the same {label} version on every host (mixed versions hang or fail at the first "
             "collective between hosts)",
-            field=field, versions={v: sorted(rs) for v, rs in groups.items()}))
+            kind="mixed_driver", field=field, versions={v: sorted(rs) for v, rs in groups.items()}))
     return out
 
 
@@ -434,21 +371,24 @@ def _models(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
     parts = "; ".join(f"{name} on {rank_phrase(rs)}" for name, rs in sorted(groups.items(), key=lambda kv: min(kv[1])))
     return [_finding(WARN, f"ranks use different GPU models: {parts}", sorted(gpu_ranks),
                      "run the job on one GPU model (the slowest GPU sets the pace of every step)",
-                     models={k: sorted(v) for k, v in groups.items()})]
+                     kind="mixed_models", models={k: sorted(v) for k, v in groups.items()})]
 
 
 def _preflight(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, str]) -> list[Finding]:
     """Kernel-log Xids, NUMA placement and NIC problems; ranks with the same problem share one finding."""
-    grouped: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    pids_by_host: dict[str, set[int]] = defaultdict(set)
+    for f in gpu_ranks.values():
+        pids_by_host[str(f.get("host"))].add(int(f.get("pid", -1)))
+    grouped: dict[tuple[str, str, str, str, str], list[int]] = defaultdict(list)
     for r, f in sorted(gpu_ranks.items()):
         pre = f.get("preflight")
         if not isinstance(pre, Mapping):
             continue
-        for status, problem, remedy in preflight_problems(pre):
-            # The same Xid text on two hosts is two GPUs: keep the host in the key.
-            grouped[(status, f"{f.get('host')}: {problem}", remedy)].append(r)
-    return [_finding(status, f"{', '.join(tags[r] for r in rs)} {problem}", rs, remedy)
-            for (status, problem, remedy), rs in grouped.items()]
+        for status, problem, remedy, kind in preflight_problems(pre, pids_by_host[str(f.get("host"))]):
+            # The same Xid text on two hosts is two GPUs: the host is part of the key.
+            grouped[(str(f.get("host")), status, problem, remedy, kind)].append(r)
+    return [_finding(status, f"{', '.join(tags[r] for r in rs)} {problem}", rs, remedy, kind=kind)
+            for (_, status, problem, remedy, kind), rs in grouped.items()]
 
 
 def _unhealthy(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, str]) -> list[Finding]:
@@ -467,7 +407,7 @@ def _unhealthy(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[int, st
     for gpu, rs in by_uuid.values():
         where = f"{', '.join(tags[r] for r in rs)} GPU {gpu.get('uuid')} ({gpu.get('name')}, PCI {gpu.get('pci_bus_id')})"
         for status, problem, remedy in gpu_problems(gpu, peers[str(gpu.get("name"))]):
-            out.append(_finding(status, f"{where}: {problem}", rs, remedy, gpu=gpu))
+            out.append(_finding(status, f"{where}: {problem}", rs, remedy, kind="gpu_health", gpu=gpu))
     return out
 
 
@@ -562,7 +502,7 @@ def _other_processes(gpu_ranks: Mapping[int, Mapping[str, Any]], tags: Mapping[i
             sorted(users),
             "stop the other processes (nvidia-smi shows them) or move this job to free GPUs; inside a "
             "container the pids are the host's",
-            processes=others))
+            kind="other_processes", processes=others))
     return out
 
 
@@ -583,7 +523,7 @@ def _p2p_summaries(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
         else:
             pairs = ", ".join(f"{i}->{j}" for i, j in missing[:12]) + (" ..." if len(missing) > 12 else "")
             text = f"{len(missing)} of {n * (n - 1)} GPU pairs lack peer-to-peer access: {pairs}"
-        out.append(_finding(PASS, f"host {f.get('host')}: {text}", [r],
+        out.append(_finding(PASS, f"host {f.get('host')}: {text}", [r], kind="p2p",
                             host=f.get("host"), p2p=p2p, pairs_without_p2p=[list(p) for p in missing]))
     return out
 
@@ -607,7 +547,10 @@ def _all_good(gpu_ranks: Mapping[int, Mapping[str, Any]]) -> Finding:
 
 def _run(ctx: CheckContext) -> list[Finding]:
     """Gather this rank's facts; rank 0's combine judges them all together."""
-    facts = gather_rank_facts(ctx)
+    facts = gather_rank_facts(host=ctx.host, local_rank=ctx.local_rank, local_world_size=ctx.local_world_size,
+                              pid=ctx.pid, device=ctx.device, backend=ctx.backend,
+                              deadline_s=min(2.0, max(0.2, ctx.remaining_s() / 4)),
+                              job_started_epoch=ctx.started_epoch)
     if facts["skip_reason"]:
         return [ctx.finding(SKIP, f"no GPU check: {facts['skip_reason']}", facts=facts)]
     summary = f"cuda:{facts['device_index']} {facts['device_name']} {facts['uuid']}"

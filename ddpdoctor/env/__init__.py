@@ -3,17 +3,24 @@
 - :mod:`~ddpdoctor.env.facts`: variables, versions, network interfaces, ``/dev/shm`` of this process.
 - :mod:`~ddpdoctor.env.nvml`: a plain-dict snapshot of this host's NVIDIA GPUs through NVML.
 - :mod:`~ddpdoctor.env.kernel_log`: NVIDIA Xid events from the kernel log (bounded reader, pure parser).
+- :mod:`~ddpdoctor.env.xid`: what each Xid means and whose fault it usually is (NVIDIA's Xid catalog).
+- :mod:`~ddpdoctor.env.gpu_facts`: one rank's GPU facts for the ``gpu`` check (PyTorch, NVML, sysfs, Xids).
 - :mod:`~ddpdoctor.env.sysfs`: NUMA nodes of GPUs, NICs and CPUs; InfiniBand port states (sysfs readers).
 - :mod:`~ddpdoctor.env.report`: the paste-ready block (or JSON) of ``ddpdoctor env``.
 """
 
 from __future__ import annotations
 
-from ddpdoctor.env import facts, kernel_log, nvml, sysfs
+from ddpdoctor.env import facts, gpu_facts, kernel_log, load, nvml, sysfs, xid
 from ddpdoctor.env.facts import nccl_version
-from ddpdoctor.env.kernel_log import XID_MEANINGS, XidEvent, bus_key, parse_xid_events, read_kernel_log
+from ddpdoctor.env.gpu_facts import gather_preflight, gather_rank_facts, match_nvml_gpu, normalize_uuid
+from ddpdoctor.env.kernel_log import XidEvent, bus_key, parse_xid_events, read_kernel_log
+from ddpdoctor.env.load import other_runnable
 from ddpdoctor.env.nvml import collect_host_gpu_facts
 from ddpdoctor.env.report import collect, render
+from ddpdoctor.env.xid import XidInfo, xid_info
 
-__all__ = ["XID_MEANINGS", "XidEvent", "bus_key", "collect", "collect_host_gpu_facts", "facts", "kernel_log", "nccl_version",
-           "nvml", "parse_xid_events", "read_kernel_log", "render", "sysfs"]
+__all__ = ["XidEvent", "XidInfo", "bus_key", "collect", "collect_host_gpu_facts", "facts", "gather_preflight",
+           "gather_rank_facts", "gpu_facts", "kernel_log", "load", "match_nvml_gpu", "nccl_version",
+           "normalize_uuid", "nvml", "other_runnable", "parse_xid_events", "read_kernel_log", "render", "sysfs",
+           "xid", "xid_info"]

@@ -10,7 +10,7 @@ The NVIDIA driver reports GPU faults only to the kernel log, one ``NVRM: Xid`` l
 also print a GPU falling off the bus as a multi-line message with no Xid number
 (``NVRM: The NVIDIA GPU 0000:b3:00.0 / NVRM: (PCI ID: 10de:26b5) installed in this system has / NVRM:
 fallen off the bus and is not responding to commands.``), which counts as Xid 79 here. What each Xid
-means: NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html).
+means and whose fault it usually is: :mod:`ddpdoctor.env.xid`.
 
 The log is read from ``/dev/kmsg``, else ``journalctl -k -b``, else ``dmesg``, whichever is readable
 (``kernel.dmesg_restrict=1`` makes all three root-only); each has a deadline and a size cap.
@@ -26,47 +26,18 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-# Xid -> (what it means, "fail" when the GPU or host needs attention / "warn" when usually the
-# application's or a consequence, what to do). NVIDIA Xid catalog; common codes only.
-_DRAIN = "drain the host and have the GPU checked (nvidia-smi -q; NVIDIA's Xid catalog lists the action)"
-XID_MEANINGS: dict[int, tuple[str, str, str]] = {
-    8: ("GPU stopped processing", "warn", "restart the application; if it repeats, " + _DRAIN),
-    13: ("graphics engine exception (usually an out-of-bounds access in a kernel)", "warn",
-         "usually an application bug: rerun with CUDA_LAUNCH_BLOCKING=1 or compute-sanitizer"),
-    31: ("GPU memory page fault (an illegal address in a kernel)", "warn",
-         "usually an application bug: rerun with CUDA_LAUNCH_BLOCKING=1 or compute-sanitizer"),
-    43: ("GPU stopped processing (a channel was reset after an application fault)", "warn",
-         "usually the application; the GPU itself is normally fine"),
-    45: ("preemptive cleanup after a previous error or a killed process", "warn",
-         "look at the Xid it says caused it; on its own it is a process being torn down"),
-    48: ("double-bit ECC error (uncorrectable memory error)", "fail", "reset the GPU; " + _DRAIN),
-    61: ("internal micro-controller breakpoint/warning", "fail", _DRAIN),
-    62: ("internal micro-controller halt", "fail", "reset the GPU; " + _DRAIN),
-    63: ("ECC page retirement or row remapping recorded", "warn",
-         "reset the GPU when idle so the remap takes effect; watch for repeats"),
-    64: ("ECC page retirement or row remapping failed", "fail", _DRAIN),
-    74: ("NVLink error", "fail", "check nvidia-smi nvlink -e; " + _DRAIN),
-    79: ("GPU has fallen off the bus", "fail", "the GPU is unreachable: reboot the host; " + _DRAIN),
-    92: ("high single-bit ECC error rate", "warn", "watch this GPU; " + _DRAIN),
-    94: ("contained ECC error (the affected application was stopped)", "fail",
-         "restart the application; reset the GPU if it repeats"),
-    95: ("uncontained ECC error", "fail", "reset the GPU; " + _DRAIN),
-    109: ("context switch timeout", "warn", "restart the application; if it repeats, " + _DRAIN),
-    119: ("GSP firmware RPC timeout", "fail", "reset the GPU or reboot; " + _DRAIN),
-    120: ("GSP firmware error", "fail", "reset the GPU or reboot; " + _DRAIN),
-    140: ("unrecovered ECC error", "fail", "reset the GPU; " + _DRAIN),
-    144: ("NVLink SAW error", "fail", "check nvidia-smi nvlink -e; " + _DRAIN),
-    145: ("NVLink RLW error", "fail", "check nvidia-smi nvlink -e; " + _DRAIN),
-    149: ("NVLink NETIR error", "fail", "check nvidia-smi nvlink -e; " + _DRAIN),
-    154: ("GPU recovery action changed (the driver asks for a reset or reboot)", "fail",
-         "follow the recovery action nvidia-smi -q reports (GPU reset or node reboot)"),
-}
+from ddpdoctor.env.xid import XidInfo, xid_info
 
 _PREFIX = re.compile(
-    r"^(?:(?P<kmsg>\d+),\d+,(?P<usec>\d+),[^;]*;)"          # /dev/kmsg: prio,seq,usec,flags;message
-    r"|^\[\s*(?P<dmesg>\d+\.\d+)\]\s*"                       # dmesg: [ 1843.308145] message
-    r"|^(?P<journal>\w{3} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: "  # journalctl -k: Feb 14 05:03:41 host kernel:
+    r"^(?:(?P<kmsg>\d+),\d+,(?P<usec>\d+),[^;]*;)"            # /dev/kmsg: prio,seq,usec,flags;message
+    r"|^(?P<date>\w{3} +\d{1,2} \d\d:\d\d:\d\d) \S+ kernel: "  # journalctl -k / syslog: Feb 14 05:03:41 host kernel:
+    r"|^\[\s*(?P<dmesg>\d+\.\d+)\]\s*(?:\S+ kernel: )?"        # dmesg, journalctl -o short-monotonic
+    r"|^\[(?P<ctime>\w{3} (?P<cdate>\w{3} +\d{1,2} \d\d:\d\d:\d\d) (?P<year>\d{4}))\]\s*"  # dmesg -T
 )
+# A syslog line can carry both: "May 6 00:38:27 alex kernel: [ 4909.922970] NVRM: ...".
+_INNER_STAMP = re.compile(r"^\[\s*(?P<dmesg>\d+\.\d+)\]\s*")
+_MONTHS = {name: i for i, name in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
+                                             "Nov", "Dec"), 1)}
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.\d)?\): "
                   r"(?P<xid>\d+)(?P<rest>.*)$")
 _PID = re.compile(r"^, pid=(?P<pid>'[^']*'|<[^>]*>|[^,]*)(?:, name=(?P<name><[^>]*>|[^,]*))?")
@@ -82,30 +53,70 @@ class XidEvent:
     pid: int | None
     process: str | None
     message: str
-    when: str  # seconds since boot ("1843.308") or the journal's date, as the log gave it; "" if none
+    # As the log gave it: seconds since boot ("1843.308145", dmesg and /dev/kmsg), a date without a year
+    # ("Feb 14 05:03:41", journalctl's and syslog's default form) or with one ("Aug 30 11:43:09 2024",
+    # dmesg -T); "" when the line had none.
+    when: str
+
+    @property
+    def info(self) -> XidInfo:
+        return xid_info(self.xid)
 
     @property
     def meaning(self) -> str:
-        return XID_MEANINGS.get(self.xid, ("see NVIDIA's Xid catalog", "warn", ""))[0]
+        return self.info.meaning
 
     @property
-    def severity(self) -> str:
-        return XID_MEANINGS.get(self.xid, ("", "warn", ""))[1]
+    def origin(self) -> str:
+        return self.info.origin
 
-    @property
-    def remedy(self) -> str:
-        return XID_MEANINGS.get(self.xid, ("", "", "look the Xid up in NVIDIA's Xid catalog"))[2]
+    def since_boot_s(self, boot_epoch: float, now_epoch: float) -> float | None:
+        """When it happened, in seconds since boot (what ``time.monotonic()`` counts on Linux); None when
+        the line says no time. A date is local time; one without a year is taken in the last twelve months."""
+        return event_since_boot_s(self.when, boot_epoch, now_epoch)
+
+
+def event_since_boot_s(when: str, boot_epoch: float, now_epoch: float) -> float | None:
+    """``when`` of :class:`XidEvent` as seconds since boot (see there)."""
+    if not when:
+        return None
+    if when[0].isdigit():
+        try:
+            return float(when)
+        except ValueError:
+            return None
+    parts = when.split()
+    if len(parts) not in (3, 4) or parts[0] not in _MONTHS or (len(parts) == 4 and not parts[3].isdigit()):
+        return None
+    try:
+        day = int(parts[1])
+        hour, minute, second = (int(x) for x in parts[2].split(":"))
+        now = time.localtime(now_epoch)
+        # Syslog dates have no year: the latest one not ahead of now. dmesg -T gives it.
+        years = [int(parts[3])] if len(parts) == 4 else [now.tm_year, now.tm_year - 1]
+        for year in years:
+            epoch = time.mktime((year, _MONTHS[parts[0]], day, hour, minute, second, 0, 0, -1))
+            if epoch <= now_epoch + 60:
+                return epoch - boot_epoch
+    except (ValueError, OverflowError):
+        return None
+    return None
 
 
 def _strip_prefix(line: str) -> tuple[str, str]:
-    """(message, when) without the dmesg/journal/kmsg prefix."""
+    """(message, when) without the dmesg/journal/kmsg prefix; a since-boot stamp wins over a date."""
     m = _PREFIX.match(line)
     if not m:
         return line.strip(), ""
-    when = m.group("dmesg") or m.group("journal") or ""
+    when = m.group("dmesg") or m.group("date") or ""
+    if m.group("ctime"):  # dmesg -T: "Fri Aug 30 11:43:09 2024" -> "Aug 30 11:43:09 2024"
+        when = f"{m.group('cdate')} {m.group('year')}"
     if m.group("usec"):
         when = f"{int(m.group('usec')) / 1e6:.6f}"
-    return line[m.end():].strip(), when
+    rest = line[m.end():]
+    if m.group("date") and (inner := _INNER_STAMP.match(rest)):
+        when, rest = inner.group("dmesg"), rest[inner.end():]
+    return rest.strip(), when
 
 
 def bus_key(bus: str) -> str:
@@ -167,7 +178,10 @@ def read_kernel_log(deadline_s: float = 2.0, max_bytes: int = 8 * 2**20) -> Kern
     if log.source:
         return log
     reasons.append(log.reason)
-    for name, argv in (("journalctl", ["journalctl", "-k", "-b", "--no-pager", "-q"]), ("dmesg", ["dmesg"])):
+    # short-monotonic: "[ 1843.308145] host kernel: ..." -- seconds since boot, like dmesg and /dev/kmsg,
+    # so an Xid's age is known without guessing the year of a syslog date.
+    for name, argv in (("journalctl", ["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-monotonic"]),
+                       ("dmesg", ["dmesg"])):
         exe = shutil.which(name)
         if exe is None:
             reasons.append(f"{name} not installed")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -84,12 +84,22 @@ class ControlPlane:
                 return None
             time.sleep(POLL_S)
 
-    def wait_keys(self, keys: Iterable[str], deadline: float) -> set[str]:
-        """Wait until every key exists or the deadline passes; returns the keys that exist."""
+    def wait_keys(self, keys: Iterable[str], deadline: float,
+                  on_poll: Callable[[list[str]], None] | None = None) -> set[str]:
+        """Wait until every key exists or the deadline passes; returns the keys that exist.
+
+        ``on_poll(keys)`` runs between polls (to show the wait; it may look the keys up one by one).
+        """
         wanted = list(keys)
         # One round trip for all keys while waiting; per-key look-ups only to name the absent ones.
         while not self.store.check(wanted):
             if time.monotonic() >= deadline:
                 return {key for key in wanted if self.has(key)}
+            if on_poll is not None:
+                on_poll(wanted)
             time.sleep(POLL_S)
         return set(wanted)
+
+    def absent(self, keys: Iterable[str]) -> list[str]:
+        """The keys nobody wrote yet (one look-up each)."""
+        return [key for key in keys if not self.has(key)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def test_sixteen_ranks_on_few_cores_blame_no_link_and_name_the_crowding() -> Non
     assert not any(" is slow" in s for s in summaries), summaries
     crowded = [f for f in bandwidth if "CPU core" in f["summary"]]
     assert len(crowded) == 1, summaries
-    assert f"16 ranks share {CORES} CPU core" in crowded[0]["summary"]
+    # Other processes' runnable threads on those cores (other test runs here) are counted and named too.
+    assert re.match(rf"16 ranks( and \d+ runnable threads? of other processes \(not this job's\))? share {CORES} "
+                    "CPU core", crowded[0]["summary"]), crowded[0]["summary"]
     # A warning when some pair looked slow at first (it then says it was not blamed), else a note on the pass.
     assert crowded[0]["ranks"] == list(range(16)) and crowded[0]["status"] in ("warn", "pass")
     assert report["status"] in ("warn", "pass")

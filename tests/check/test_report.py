@@ -62,14 +62,23 @@ def test_json_follows_the_contract() -> None:
     assert data["backend"] == "nccl"
     assert data["ranks"][6] == {"rank": 6, "local_rank": 2, "host": "node-b", "pid": 1006}
     first = data["findings"][0]
-    assert set(first) == {"check", "status", "summary", "ranks", "remedy", "details"}
+    assert set(first) == {"check", "status", "summary", "ranks", "remedy", "details", "caused_by"}
+    assert first["caused_by"] is None  # a root cause (tests/check/test_causes.py folds the others)
     assert first["ranks"] == [6] and "did not report" in first["summary"]
 
 
 def test_warnings_alone_do_not_fail_the_run() -> None:
     assert make_report([Finding("port", "warn", "w", [0], "r")]).status == "warn"
-    assert make_report([Finding("gpu", "skip", "no GPU", [0])]).status == "pass"
+    assert make_report([Finding("port", "pass", "ok", [0]), Finding("gpu", "skip", "no GPU", [0])]).status == "pass"
     assert make_report([Finding("port", "error", "crashed", [0])]).status == "fail"
+
+
+def test_a_run_that_checked_nothing_is_a_skip_and_says_so() -> None:
+    # `check --only gpu` on a node without a GPU: nothing passed, nothing failed.
+    report = make_report([Finding("gpu", "skip", "no GPU check: PyTorch 2.13.0+cpu is a CPU-only build", [0, 1])])
+    assert report.status == "skip" and report.to_json()["status"] == "skip"
+    assert render_table(report).splitlines()[-1] == (
+        "Result: SKIP: nothing was checked: every check run here skipped (gpu); see why above")
 
 
 def test_details_that_differ_per_rank_are_kept_per_rank() -> None:

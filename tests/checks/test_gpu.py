@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ddpdoctor.check import CheckContext, CheckOptions
-from ddpdoctor.env import collect_host_gpu_facts
+from ddpdoctor.env import collect_host_gpu_facts, gpu_facts
 from ddpdoctor.findings import ERROR, FAIL, PASS, SKIP, WARN, Finding, RankInfo, overall_status
 from tests.env.test_nvml import FakeNvml, healthy_gpu
 from tests.support import REPO, clean_env, free_port, run_cli
@@ -68,7 +68,7 @@ def rank_facts(rank: int, host: str, local_rank: int, gpus: list[dict[str, Any]]
         "cuda_available": True, "skip_reason": "", "torch_cuda_version": "12.4", "nccl_version": nccl,
         "device_count": len(visible), "device_index": index, "current_device": index,
         "device_name": mine["name"], "uuid": mine["uuid"].removeprefix("GPU-"),  # PyTorch's spelling
-        "pci_bus_id": None, "gpu": gpu_check.match_nvml_gpu(gpus, mine["uuid"].removeprefix("GPU-"), None),
+        "pci_bus_id": None, "gpu": gpu_facts.match_nvml_gpu(gpus, mine["uuid"].removeprefix("GPU-"), None),
         "p2p": p2p,
     }
 
@@ -118,8 +118,8 @@ def test_real_combine_of_skipping_ranks_is_one_skip_not_pass() -> None:
     assert merged[0].status == SKIP and merged[0].ranks == [0, 1]
     assert merged[0].summary.startswith("no GPU check: PyTorch")
     # The JSON a tool reads: details.nvml_available, not details.details.nvml_available.
-    assert merged[0].details == {"nvml_available": False}
-    assert overall_status(merged) == PASS  # a skip never fails the run, and never claims a pass either
+    assert merged[0].details == {"kind": "no_gpu", "nvml_available": False}
+    assert overall_status(merged) == PASS  # a skip never fails the run (check's report says SKIP, not PASS)
 
 
 def test_real_run_in_fresh_process_prints_no_traceback_or_warning() -> None:
@@ -144,7 +144,7 @@ def test_real_run_in_fresh_process_prints_no_traceback_or_warning() -> None:
 
 @pytest.mark.slow
 def test_real_cli_check_only_gpu_reports_skip_on_every_rank() -> None:
-    """`ddpdoctor check --only gpu` self-launches 2 ranks here: one skip row with the reason, exit 0."""
+    """`ddpdoctor check --only gpu` self-launches 2 ranks here: one skip row with the reason, a SKIP result."""
     port = free_port()
     proc = run_cli(["check", "--only", "gpu", "--nproc", "2", "--master-port", str(port), "--timeout", "60"],
                    timeout=240)
@@ -156,11 +156,13 @@ def test_real_cli_check_only_gpu_reports_skip_on_every_rank() -> None:
     assert len(rows) == 1, proc.stdout
     assert "skip" in rows[0] and "all (0-1)" in rows[0] and "CPU-only build" in rows[0]
     assert "pass" not in rows[0]
+    # Nothing was checked: the run says so instead of passing (the exit code stays 0: nothing is wrong).
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("Result: SKIP: nothing was checked")
 
 
 def test_no_cuda_reason_names_the_cause() -> None:
-    assert gpu_check.no_cuda_reason("2.13.0", "12.4", "", "", []).startswith("CUDA_VISIBLE_DEVICES='' hides")
-    reason = gpu_check.no_cuda_reason(
+    assert gpu_facts.no_cuda_reason("2.13.0", "12.4", "", "", []).startswith("CUDA_VISIBLE_DEVICES='' hides")
+    reason = gpu_facts.no_cuda_reason(
         "2.13.0", "12.4", None, "the NVIDIA kernel driver is not loaded",
         ["CUDA initialization: The NVIDIA driver on your system is too old (found version 11040).\nmore"])
     assert reason == ("torch.cuda.is_available() is False; CUDA initialization: The NVIDIA driver on your "
@@ -308,35 +310,40 @@ def test_combine_passes_runtime_errors_through() -> None:
 
 def test_uuid_and_bus_id_matching_across_pytorch_and_nvml_spellings() -> None:
     gpus = host_gpus("node-a")
-    assert gpu_check.match_nvml_gpu(gpus, "00000000-0000-0000-0000-000000000001", None) == gpus[1]
-    assert gpu_check.match_nvml_gpu(gpus, None, "0000:11:00.0") == gpus[1]
-    assert gpu_check.match_nvml_gpu(gpus, "ffffffff-0000-0000-0000-000000000000", "0000:99:00.0") is None
-    assert gpu_check.normalize_uuid("MIG-AbC") == "MIG-abc"
+    assert gpu_facts.match_nvml_gpu(gpus, "00000000-0000-0000-0000-000000000001", None) == gpus[1]
+    assert gpu_facts.match_nvml_gpu(gpus, None, "0000:11:00.0") == gpus[1]
+    assert gpu_facts.match_nvml_gpu(gpus, "ffffffff-0000-0000-0000-000000000000", "0000:99:00.0") is None
+    assert gpu_facts.normalize_uuid("MIG-AbC") == "MIG-abc"
 
 
 # -- hardware preflight: Xids, NUMA placement, NICs (pure judgement; sysfs from a labelled stand-in) ---
 
-def _preflight_for(bus: str, log_name: str) -> dict[str, Any]:
-    """Preflight facts whose Xid events are parsed from real kernel-log text (tests/data/kernel_logs)."""
+def _preflight_for(bus: str, log_name: str, uptime_s: float, job_started_s: float | None = None) -> dict[str, Any]:
+    """Preflight facts whose Xid events are parsed from real kernel-log text (tests/data/kernel_logs), read
+    as if the host had been up ``uptime_s`` seconds (its clock is the test's choice: the log's is fixed)."""
     from ddpdoctor.env import bus_key, parse_xid_events
 
     text = (REPO / "tests" / "data" / "kernel_logs" / log_name).read_text()
-    return {"bus_id": bus, "kernel_log_source": "dmesg", "kernel_log_reason": "",
+    boot_epoch = 1_700_000_000.0
+    return {"bus_id": bus, "kernel_log_source": "dmesg", "kernel_log_reason": "", "uptime_s": uptime_s,
+            "boot_epoch": boot_epoch, "job_started_s": job_started_s,
             "xid_events": [{"xid": e.xid, "bus": e.bus, "pid": e.pid, "process": e.process, "message": e.message,
-                            "when": e.when} for e in parse_xid_events(text) if e.bus == bus_key(bus)],
+                            "when": e.when, "at_s": e.since_boot_s(boot_epoch, boot_epoch + uptime_s)}
+                           for e in parse_xid_events(text) if e.bus == bus_key(bus)],
             "gpu_numa_node": None, "cpu_affinity": [0, 1], "numa_cpus": {"0": [0, 1]}, "net": [], "ib": [],
             "nccl_socket_ifname": None, "nccl_ib_hca": None, "nccl_ib_disable": None}
 
 
 def test_xid_79_in_the_kernel_log_fails_the_rank_on_that_gpu() -> None:
     facts = two_hosts()
-    facts[2]["preflight"] = _preflight_for("00000000:44:00.0", "mixed.log")  # Xid 79 was on 0000:44:00
-    facts[3]["preflight"] = _preflight_for("00000000:9B:00.0", "mixed.log")  # Xid 94 on 0000:9b:00
+    # Ten minutes after the Xid 79 at 7301 s since boot (on 0000:44:00); the Xid 94 (on 0000:9b:00) at 5120 s.
+    facts[2]["preflight"] = _preflight_for("00000000:44:00.0", "mixed.log", uptime_s=7901.0)
+    facts[3]["preflight"] = _preflight_for("00000000:9B:00.0", "mixed.log", uptime_s=7901.0)
     found = problems(combine(facts))
     xid79 = next(f for f in found if "Xid 79" in f.summary)
     assert xid79.status == FAIL and xid79.ranks == [2]
-    assert "GPU has fallen off the bus" in xid79.summary and "7301.000410 s after boot" in xid79.summary
-    assert "reboot the host" in xid79.remedy
+    assert "GPU has fallen off the bus" in xid79.summary and "1 time in the last hour, last 10 min ago" in xid79.summary
+    assert "drain the node and reboot it" in xid79.remedy and "RMA" in xid79.remedy
     xid94 = next(f for f in found if "Xid 94" in f.summary)
     assert xid94.ranks == [3] and "Contained ECC error" in xid94.summary
     assert not any("Xid" in f.summary and 0 in f.ranks for f in found)
@@ -345,7 +352,7 @@ def test_xid_79_in_the_kernel_log_fails_the_rank_on_that_gpu() -> None:
 def test_clean_preflight_keeps_the_pass() -> None:
     facts = two_hosts()
     for f in facts.values():
-        f["preflight"] = _preflight_for("00000000:01:00.0", "mixed.log")  # no Xid on this bus
+        f["preflight"] = _preflight_for("00000000:01:00.0", "mixed.log", uptime_s=8000.0)  # no Xid on this bus
     merged = combine(facts)
     assert not problems(merged)
     assert any(f.status == PASS and "4 ranks on 4 distinct GPUs" in f.summary for f in merged)
@@ -376,7 +383,7 @@ def _two_socket_sys(root: Any) -> Any:
 def test_preflight_on_a_two_socket_tree_names_numa_and_nic_problems(tmp_path: Any) -> None:
     root = _two_socket_sys(tmp_path / "sys")
     env = {"NCCL_SOCKET_IFNAME": "enp", "NCCL_IB_HCA": "=mlx5_1"}
-    pre = gpu_check.gather_preflight("00000000:3B:00.0", env, root=str(root), deadline_s=1.0)
+    pre = gpu_facts.gather_preflight("00000000:3B:00.0", env, root=str(root), deadline_s=1.0)
     assert pre["gpu_numa_node"] == 1 and pre["ib"][1]["ports"] == {"1": "DOWN"}
     pre["cpu_affinity"] = [0, 1]  # as if bound to socket 0 (this machine's real affinity varies)
     found = {p[1].split(" ")[0]: p for p in gpu_check.preflight_problems(pre)}
@@ -387,7 +394,7 @@ def test_preflight_on_a_two_socket_tree_names_numa_and_nic_problems(tmp_path: An
 
 def test_preflight_ib_on_the_wrong_socket_and_good_names(tmp_path: Any) -> None:
     root = _two_socket_sys(tmp_path / "sys")
-    pre = gpu_check.gather_preflight("00000000:3B:00.0", {"NCCL_SOCKET_IFNAME": "eth", "NCCL_IB_HCA": "mlx5_0"},
+    pre = gpu_facts.gather_preflight("00000000:3B:00.0", {"NCCL_SOCKET_IFNAME": "eth", "NCCL_IB_HCA": "mlx5_0"},
                                      root=str(root), deadline_s=1.0)
     pre["cpu_affinity"] = [2, 3]  # bound to the GPU's socket: no NUMA complaint
     texts = [p[1] for p in gpu_check.preflight_problems(pre)]
@@ -396,7 +403,7 @@ def test_preflight_ib_on_the_wrong_socket_and_good_names(tmp_path: Any) -> None:
 
 
 def test_preflight_on_this_machine_reads_real_sys_and_kernel_log() -> None:
-    pre = gpu_check.gather_preflight(None, dict(os.environ), deadline_s=1.0)
+    pre = gpu_facts.gather_preflight(None, dict(os.environ), deadline_s=1.0)
     assert [d["name"] for d in pre["net"]] == sorted(os.listdir("/sys/class/net"))
     assert pre["kernel_log_source"] or pre["kernel_log_reason"]
     assert pre["xid_events"] == []  # no bus: nothing is attributed to a GPU

@@ -1,6 +1,9 @@
 """On a real NVIDIA GPU: the gpu check's facts come from NVML and CUDA, and a shared GPU is named.
 
-Every test here needs a GPU (``requires_cuda``: skipped with that reason elsewhere) and fakes nothing.
+Every test here needs a GPU (``requires_cuda``: skipped with that reason elsewhere) and fakes nothing. They
+assert what is true of any healthy host, not of a freshly booted one: an old application Xid in the kernel
+log (an earlier job's device-side assert), another process on the GPU or a NUMA note may add a warning or a
+note, never a failure.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from ddpdoctor.env import collect_host_gpu_facts
 from ddpdoctor.findings import FAIL, PASS
 from tests.checks.test_gpu import make_ctx
 
+# Findings about how ranks map to GPUs: none may appear for one rank on its own GPU.
+MAPPING = ("duplicate_gpu", "wrong_device", "more_ranks_than_gpus", "ranks_without_gpu")
+
 
 @pytest.mark.requires_cuda
 def test_real_gpu_rank_facts_match_nvml_and_pass() -> None:
@@ -21,7 +27,10 @@ def test_real_gpu_rank_facts_match_nvml_and_pass() -> None:
     assert facts["uuid"].startswith(("GPU-", "MIG-"))
     assert facts["gpu"] is not None and facts["gpu"]["uuid"] == facts["uuid"]
     merged = gpu_check.analyze({0: facts})
-    assert merged[0].status == PASS, merged
+    assert not [f for f in merged if f.status == FAIL], merged
+    assert not [f for f in merged if f.kind in MAPPING], merged
+    # Every Xid of an earlier application (what the suite's own device-side assert leaves) is a note.
+    assert all(f.status == PASS for f in merged if f.kind == "xid_application"), merged
 
 
 @pytest.mark.requires_cuda

@@ -44,4 +44,8 @@ def test_fr_reads_a_real_nccl_flight_recorder_dump(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr  # one healthy rank: nothing diverged
     doc = json.loads(res.stdout)
     assert doc["ranks"] == [0] and doc["missing_ranks"] == []
-    assert "all_reduce" in json.dumps(doc["groups"]).lower() or "allreduce" in json.dumps(doc["groups"]).lower()
+    # The target's collectives (3 all_reduces, then a broadcast) all completed: the group holds all four and
+    # agrees, whichever one the report happens to name last.
+    [group] = doc["groups"]
+    low, high = group["window"]
+    assert group["status"] != "fail" and high - low + 1 >= 4, group

@@ -18,9 +18,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank % torch.cuda.device_count())
-    dist.init_process_group("nccl")
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)  # bound: PyTorch does not guess (nor warn)
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(device),
                 device_ids=[device.index])

@@ -19,7 +19,7 @@ import torch.distributed as dist
 def main() -> None:
     out = sys.argv[1]
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     t = torch.ones(1024, device="cuda")
     for _ in range(3):
         dist.all_reduce(t)

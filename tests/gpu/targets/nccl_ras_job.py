@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 def main() -> None:
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     t = torch.ones(1024, device="cuda")
     for _ in range(5):
         dist.all_reduce(t)
