@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "ddpdoctor"
 
 # Shared by every family; they import no family themselves.
-CORE = {"errors", "fileio", "findings", "modelspec", "ports", "ranks", "safejson", "__init__"}
+CORE = {"errors", "fileio", "findings", "modelspec", "outputs", "ports", "ranks", "safejson", "__init__"}
 # Lower layers never import higher ones: core < runtime < families < checks < the command line.
 LAYER = {"runtime": 1, "check": 2, "bench": 2, "ckpt": 2, "stacks": 2, "watch": 2, "env": 2, "explain": 2,
          "unused": 2, "ras": 2, "fr": 2, "checks": 3, "commands": 4, "cli": 4, "__main__": 4}

@@ -56,7 +56,7 @@ def _out_of_memory(exc: BaseException) -> bool:
 def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
     from ddpdoctor.check import RankRun, RunConfig
-    from ddpdoctor.fileio import emit_json, json_to_stdout
+    from ddpdoctor.outputs import emit_json, json_to_stdout
     from ddpdoctor.runtime.selflaunch import write_result_file
 
     run = RankRun(info, RunConfig(checks=[], backend=config.backend, process_group=True,
@@ -122,7 +122,7 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     if not lead:
         return EXIT_OK
     if config.json_path:
-        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis))
+        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis), "bench")
     if config.plot_path:
         write_plot(config.plot_path, rows, f"ddpdoctor bench: {nranks} ranks, {run.backend}, {config.dtype}")
     found = problems(config, rows, analysis)

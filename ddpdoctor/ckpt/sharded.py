@@ -15,13 +15,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpdoctor import outputs
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.outputs import PARTIAL_SUFFIX
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
 if TYPE_CHECKING:
@@ -215,11 +217,45 @@ def new_index(shards: ShardSet, renames: dict[str, str]) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
+def carried_entries(shards: ShardSet) -> list[str]:
+    """What a stripped copy carries besides the rewritten shards and index: every other file and folder
+    (``config.json``, ``tokenizer/``, ``.gitattributes``...), links followed. DoctorError, listing them,
+    when something could not be carried faithfully: another index or shard files the index does not name
+    (copied unstripped they would contradict the stripped set), a broken link, a FIFO or device."""
+    rewritten = {s.name for s in shards.shards} | ({shards.index_name} - {None})
+    try:
+        names = sorted(os.listdir(shards.directory))
+    except OSError as exc:
+        raise DoctorError(f"cannot read the folder {shards.directory}: {exc.strerror or exc}") from None
+    carried: list[str] = []
+    unstripped: list[str] = []
+    odd: list[str] = []
+    for name in names:
+        if name in rewritten or (name.startswith(".") and name.endswith(PARTIAL_SUFFIX)):
+            continue  # what strip rewrites, and what a killed ddpdoctor run left
+        if name in shards.other_indexes or _SHARD.match(name):
+            unstripped.append(name)
+            continue
+        try:
+            mode = os.stat(shards.directory / name).st_mode
+        except OSError:
+            odd.append(f"{name} (a broken link)")
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            odd.append(f"{name} (not a file or folder)")
+            continue
+        carried.append(name)
+    if unstripped:
+        raise DoctorError(f"{shards.directory} also holds {', '.join(unstripped)}, which strip would not rewrite "
+                          f"(it strips the set of {shards.index_name or 'the shard files'}): move them out, or "
+                          "strip that set from its own index; nothing was written")
+    if odd:
+        raise DoctorError(f"{shards.directory} holds {', '.join(odd)}, which cannot be copied into the stripped "
+                          "set; move it out first; nothing was written")
+    return carried
+
+
 def copy_other_files(shards: ShardSet, tmp: Path) -> None:
-    """config.json, tokenizer files...: whatever is beside the shards, except shards and indexes."""
-    skip = {s.name for s in shards.shards} | set(shards.other_indexes) | ({shards.index_name} - {None})
-    for child in shards.directory.iterdir():
-        if child.is_file() and child.name not in skip and not _SHARD.match(child.name) \
-                and not child.name.startswith("."):
-            shutil.copy2(child, tmp / child.name)
-            os.chmod(tmp / child.name, child.stat().st_mode & 0o777)
+    """Everything :func:`carried_entries` names, copied into the new set (folders with all they hold)."""
+    for name in carried_entries(shards):
+        outputs.copy_into(shards.directory / name, tmp, name)

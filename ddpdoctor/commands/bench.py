@@ -26,7 +26,7 @@ from ddpdoctor.commands.options import (
     validate_min_busbw,
 )
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import json_to_stdout, validate_output_path
+from ddpdoctor.outputs import PLOT, Plan, json_to_stdout
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.launcher import LaunchInfo
@@ -56,9 +56,10 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float, it
         raise DoctorError(f"-c/--check takes 0 (off) or 1 (on), got: {check}")
     validate_min_busbw(min_busbw)
     if json_to_stdout(plot_path):
-        raise DoctorError("--plot takes a PNG file name; - (stdout) is for --json")
-    for flag, path in (("--json", json_path), ("--plot", plot_path)):
-        validate_output_path(flag, path)
+        raise DoctorError("--plot takes a file name (.png, .svg or .pdf); - (stdout) is for --json")
+    plan = Plan("bench")
+    plan.json("--json", json_path)
+    plan.file("--plot", plot_path, PLOT)
     if plot_path is not None:
         check_plot_available()
     return BenchConfig(ops=tuple(ops), sizes=tuple(sizes), iters=iters, warmup=warmup, dtype=parse_dtype(dtype),
@@ -131,8 +132,8 @@ def bench(
     min_busbw: Optional[float] = typer.Option(None, "--min-busbw", help="Exit 1 when an op's average busbw "
                                               "(sizes >= 1 MiB, else all sizes) is below this many GB/s."),
     json_path: JsonOption = None,
-    plot_path: Optional[str] = typer.Option(None, "--plot", help="Also plot busbw vs size to this PNG "
-                                            "(needs matplotlib: pip install 'ddpdoctor[plot]')."),
+    plot_path: Optional[str] = typer.Option(None, "--plot", help="Also plot busbw vs size to this .png, .svg "
+                                            "or .pdf file (needs matplotlib: pip install 'ddpdoctor[plot]')."),
     nproc: NprocOption = None,
     backend: BackendOption = "auto",
     timeout: TimeoutOption = 60.0,

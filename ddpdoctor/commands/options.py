@@ -3,7 +3,8 @@
 ``check``, ``bench`` and ``watch`` start local ranks the same way, so ``--nproc``, ``--backend``,
 ``--timeout`` and ``--master-port`` read the same everywhere (each command picks its own default); their
 values are validated in one place, :func:`ddpdoctor.runtime.entry.validate_launch_options`. ``--json``
-follows one convention on every command, implemented by :func:`ddpdoctor.fileio.emit_json`.
+follows one convention on every command, implemented by :func:`ddpdoctor.outputs.emit_json`
+under the output policy (:mod:`ddpdoctor.outputs`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def ras(
     Exit 0: every rank answered; 1: dead or unresponsive ranks, or RAS did not answer in time; 2: no RAS
     service at the address.
     """
-    from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+    from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
     from ddpdoctor.ras import (
         PROBLEM,
         RasUnavailable,
@@ -38,7 +38,7 @@ def ras(
         to_json,
     )
 
-    validate_output_path("--json", json_path)
+    Plan("ras").json("--json", json_path)
     if not 0 < timeout <= 3600:
         raise DoctorError(f"--timeout must be between 0 and 3600 seconds, got: {timeout:g}")
     target = addr if addr is not None else ras_addr_from_env()
@@ -54,7 +54,7 @@ def ras(
     if not json_to_stdout(json_path):
         typer.echo(render_text(verdict), nl=False)
     if json_path is not None:
-        emit_json(json_path, to_json(verdict))
+        emit_json(json_path, to_json(verdict), "ras")
     raise typer.Exit(EXIT_PROBLEM if verdict.status == PROBLEM else EXIT_OK)
 
 
