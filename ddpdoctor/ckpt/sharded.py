@@ -6,7 +6,7 @@ each a ``torch.save`` of a flat state_dict) and an index, ``model.safetensors.in
 ``pytorch_model.bin.index.json``: ``{"metadata": {"total_size": N}, "weight_map": {key: shard file}}``.
 Loading reads the index and then each shard, so a shard that is missing, or an index entry whose shard
 does not hold that tensor, fails only at load time; here both are named up front. Each shard is opened as
-a single checkpoint (:func:`ddpdoctor.ckpt.formats.open_checkpoint`: nothing executed, no tensor read), and
+a single checkpoint file (:func:`ddpdoctor.ckpt.files.open_file`: nothing executed, no tensor read), and
 stripping rewrites each shard the way ``strip`` rewrites one file, keeping the same sharding.
 """
 
@@ -18,16 +18,14 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor import outputs
+from ddpdoctor.ckpt.files import FileCheckpoint, open_file
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.outputs import PARTIAL_SUFFIX
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
-
-if TYPE_CHECKING:
-    from ddpdoctor.ckpt.model import Checkpoint
 
 INDEX_SUFFIX = ".index.json"
 # transformers.utils: SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME; the first is preferred when both exist.
@@ -50,7 +48,7 @@ class Shard:
     """One shard file, opened as a checkpoint, and the keys of its state_dict."""
 
     name: str
-    ckpt: Checkpoint
+    ckpt: FileCheckpoint
     keys: list[str]
     node: Any
 
@@ -126,10 +124,8 @@ def _index_stem(index_name: str) -> str:
 def open_shards(path: Path, *, trust: bool = False, for_rewrite: bool = False) -> ShardSet:
     """Open every shard (index file or directory); inconsistencies are recorded, not raised.
 
-    ``for_rewrite``: as for :func:`~ddpdoctor.ckpt.formats.open_checkpoint`, trusted legacy ``.bin`` shards
+    ``for_rewrite``: as for :func:`~ddpdoctor.ckpt.files.open_file`, trusted legacy ``.bin`` shards
     are then loaded as real objects, since ``torch.save`` converts them (a shadow graph cannot be saved)."""
-    from ddpdoctor.ckpt.formats import open_checkpoint
-
     index_path: Path | None
     others: list[str] = []
     if path.is_file():
@@ -173,7 +169,7 @@ def open_shards(path: Path, *, trust: bool = False, for_rewrite: bool = False) -
     for name in names:
         if name not in present:
             continue
-        ckpt = open_checkpoint(directory / name, trust=trust, for_rewrite=for_rewrite)
+        ckpt = open_file(directory / name, trust=trust, for_rewrite=for_rewrite)
         locs = find_state_dicts(ckpt.root)
         if len(locs) != 1 or locs[0].path:
             raise DoctorError(f"{directory / name} is not a shard: a shard holds one flat state_dict "

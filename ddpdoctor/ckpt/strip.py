@@ -16,9 +16,10 @@ from typing import Any, BinaryIO
 
 from ddpdoctor import outputs
 from ddpdoctor.ckpt import dcp, safetensors_file, sharded, unpickler, zip_rewrite
-from ddpdoctor.ckpt.formats import open_checkpoint
+from ddpdoctor.ckpt.files import FileCheckpoint
+from ddpdoctor.ckpt.formats import Checkpoint, open_checkpoint
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
-from ddpdoctor.ckpt.model import FORMAT_LEGACY, Checkpoint, StripReport
+from ddpdoctor.ckpt.model import FORMAT_LEGACY, StripReport
 from ddpdoctor.ckpt.prefixes import normalize_prefixes, plan_renames, rename_node
 from ddpdoctor.errors import DoctorError
 
@@ -100,7 +101,7 @@ def _plan(ckpt: Checkpoint, plist: tuple[str, ...], key: str | None
     return summary, path_map, all_renames, total
 
 
-def _write_renamed(ckpt: Checkpoint, fh: BinaryIO, renames: dict[str, str], replacing: bool) -> None:
+def _write_renamed(ckpt: FileCheckpoint, fh: BinaryIO, renames: dict[str, str], replacing: bool) -> None:
     """One file with its (already renamed) tree: zip and safetensors rewritten, legacy saved by torch."""
     if ckpt.zip is not None:
         new_pickle = unpickler.dumps_or_refuse(ckpt.root, ckpt.path)
