@@ -312,30 +312,35 @@ class Plan:
             if module.endswith(".py") or os.sep in module:
                 self.reads(label, module)
 
-    def add(self, target: Target) -> Target:
-        """Check ``target`` against the inputs and the outputs declared so far; keep it."""
-        ident = target.identity
-        for label, text, other in self._inputs:
-            if other == ident and not target.in_place:
-                alias = "" if os.path.realpath(text) == os.path.realpath(target.given) and \
-                    os.path.abspath(text) == os.path.abspath(target.given) else f" ({text}, through a link)"
-                raise _refuse(target.flag, target.given, f"is the input {label}{alias}; an output never "
-                              "replaces what the command reads: give another path")
-        if target.kind.folder:
-            for label, folder in self._input_folders:
-                if _inside(target.real, folder):
-                    raise _refuse(target.flag, target.given, f"is inside the input {label} ({folder}); write "
-                                  "the new folder somewhere else")
+    def add(self, flag: str, path: str | os.PathLike[str], kind: Kind, **options: Any) -> Target:
+        """Check ``path`` as an output of ``kind`` taken by ``flag``: first against the inputs and the
+        outputs declared so far (the slip named as such), then by :func:`resolve`; keep it."""
+        given = os.fspath(path)
+        ident = _identity(given) if given else ("path", "")
+        if not options.get("in_place"):
+            for label, text, other in self._inputs:
+                if other == ident:
+                    same = os.path.abspath(text) == os.path.abspath(given)
+                    alias = "" if same else f" {text} (the same file under another name)"
+                    raise _refuse(flag, given, f"is the input {label}{alias}; an output never replaces what "
+                                  "the command reads: give another path")
         for out in self.outputs:
             if out.identity == ident:
-                raise _refuse(target.flag, target.given, f"names the same file as {out.flag} {out.given!r}; "
-                              "give each output its own path")
-            inner, outer = (target, out) if out.kind.folder else (out, target) if target.kind.folder else (None, None)
+                raise _refuse(flag, given, f"names the same file as {out.flag} {out.given!r}; give each "
+                              "output its own path")
+        target = resolve(flag, given, kind, **options)
+        if kind.folder:
+            for label, folder in self._input_folders:
+                if _inside(target.real, folder):
+                    raise _refuse(flag, given, f"is inside the input {label} ({folder}); write the new "
+                                  "folder somewhere else")
+        for out in self.outputs:
+            inner, outer = (target, out) if out.kind.folder else (out, target) if kind.folder else (None, None)
             if inner is not None and outer is not None and _inside(inner.real, outer.real):
-                raise _refuse(target.flag, target.given, f"{inner.flag} {inner.given!r} would be written inside "
-                              f"the folder of {outer.flag} {outer.given!r}; give it a path outside")
+                raise _refuse(flag, given, f"{inner.flag} {inner.given!r} would be written inside the folder "
+                              f"of {outer.flag} {outer.given!r}; give it a path outside")
         self.outputs.append(target)
-        if target.kind is JSON:
+        if kind is JSON:
             _SESSION.accepted(target)
         return target
 
@@ -344,24 +349,24 @@ class Plan:
         """A file output (None when the option was not given)."""
         if path is None:
             return None
-        return self.add(resolve(flag, path, kind, like=like))
+        return self.add(flag, path, kind, like=like)
 
     def json(self, flag: str, path: str | os.PathLike[str] | None) -> Target | None:
         """``--json PATH``: None when absent or ``-`` (stdout is never a file of the user's)."""
         if path is None or json_to_stdout(path):
             return None
-        return self.add(resolve(flag, path, JSON, command=self.command))
+        return self.add(flag, path, JSON, command=self.command)
 
     def folder(self, flag: str, path: str | os.PathLike[str] | None, kind: Kind, *,
                like: str | os.PathLike[str] | None = None) -> Target | None:
         """A folder output: new, or an empty folder (None when the option was not given)."""
         if path is None:
             return None
-        return self.add(resolve(flag, path, kind, like=like))
+        return self.add(flag, path, kind, like=like)
 
     def in_place(self, flag: str, path: str | os.PathLike[str], kind: Kind) -> Target:
         """The input itself, replaced on purpose: a symlink is followed, its target rewritten."""
-        return self.add(resolve(flag, path, kind, in_place=True))
+        return self.add(flag, path, kind, in_place=True)
 
 
 def _inside(path: Path, folder: Path) -> bool:

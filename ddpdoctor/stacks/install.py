@@ -139,7 +139,11 @@ def install_stack_dumps(signum: int = signal.SIGUSR1, directory: str | os.PathLi
     stem = folder / f"rank{rank}-pid{pid}"
     old = _open_files.pop(signum, None)
     # O_NOFOLLOW: a link planted under the name must not make this process append to someone's file.
-    fd = os.open(f"{stem}.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(f"{stem}.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:  # ELOOP: a symlink sits under the name
+        raise DoctorError(f"cannot open {stem}.txt for stack dumps ({exc.strerror or exc}; a link there is never "
+                          "followed): remove it, or set DDPDOCTOR_STACK_DIR to a folder of your own") from None
     out = os.fdopen(fd, "a", encoding="utf-8")
     faulthandler.register(signum, file=out, all_threads=True, chain=False)
     if old is not None:
