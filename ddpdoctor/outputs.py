@@ -88,17 +88,6 @@ def json_to_stdout(path: str | os.PathLike[str] | None) -> bool:
     return path is not None and os.fspath(path) == STDOUT
 
 
-def current_umask() -> int:
-    """This process's umask, read without changing it (``/proc/self/status``, Linux 4.7+)."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)  # elsewhere: the classic read, restored at once
-    os.umask(mask)
-    return mask
-
-
 def _identity(path: str | os.PathLike[str]) -> tuple[Any, ...]:
     """The same value for every alias of a file (symlink, hardlink, ``./x``): device and inode when it
     exists, else its real path."""
@@ -385,30 +374,31 @@ def _live(pid: int) -> bool:
     return True
 
 
-def _remove_if_stale(path: str, st: os.stat_result, pid: int) -> bool:
-    """Remove a partial output when no process can still be writing it: its pid is gone and nobody holds
-    its lock (a writer keeps ``flock`` on it to the end). False when it may be live."""
-    if _live(pid):
-        return False
+def _remove_if_stale(path: str, st: os.stat_result, pid: int) -> str:
+    """Remove a partial output when no process can still be writing it: nobody holds its lock (a writer
+    keeps ``flock`` on it to the end) and its pid is gone. ``"removed"``, ``"live"`` (locked: a run is
+    writing it), or ``"unproven"`` (unlocked, but its pid is alive again, reused by another process)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     if stat.S_ISDIR(st.st_mode):
         flags |= os.O_DIRECTORY
     try:
         fd = os.open(path, flags)
     except OSError:
-        return False
+        return "unproven"
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return False
+            return "live"
+        if _live(pid):
+            return "unproven"
         if stat.S_ISDIR(st.st_mode):
             shutil.rmtree(path)
         else:
             os.unlink(path)
-        return True
+        return "removed"
     except OSError:
-        return False
+        return "unproven"
     finally:
         os.close(fd)
 
@@ -442,13 +432,13 @@ def sweep_partials(directory: Path) -> None:
         if st.st_uid != euid or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             continue  # another user's, or not something we create: not ours to judge
         match = _PARTIAL_NAME.match(entry.name)
-        size = _size_text(entry.path, st)
-        if match is not None and _remove_if_stale(entry.path, st, int(match.group(1))):
-            print(f"ddpdoctor: removed {entry.path} ({size}), left by an earlier run that was killed "
-                  "while writing", file=sys.stderr)
-        elif match is None:
-            print(f"ddpdoctor: note: {entry.path} ({size}) is a partial output of an older ddpdoctor run "
-                  "that was killed; remove it if no ddpdoctor is running", file=sys.stderr)
+        outcome = _remove_if_stale(entry.path, st, int(match.group(1))) if match is not None else "unproven"
+        if outcome == "removed":
+            print(f"ddpdoctor: removed {entry.path} ({_size_text(entry.path, st)}), left by an earlier run that "
+                  "was killed while writing", file=sys.stderr)
+        elif outcome == "unproven":
+            print(f"ddpdoctor: note: {entry.path} ({_size_text(entry.path, st)}) is a partial output of an older "
+                  "ddpdoctor run that was killed; remove it if no ddpdoctor is running", file=sys.stderr)
 
 
 def _partial_name(name: str) -> str:
@@ -701,8 +691,8 @@ def write_error(path: str | os.PathLike[str], exc: OSError) -> DoctorError:
     return DoctorError(f"could not write {os.fspath(path)}: {exc.strerror or exc}; nothing was written")
 
 
-__all__ = ["CHECKPOINT_FOLDER", "EVIDENCE_FOLDER", "JSON", "PARTIAL_SUFFIX", "PLOT", "PLOT_MARK", "SAFETENSORS",
-           "STDOUT", "TEXT", "TORCH_FILE", "Kind", "Plan", "Target", "atomic_folder", "atomic_output",
-           "begin_session", "copy_into", "create_in", "current_umask", "emit_json", "end_session",
-           "is_our_json", "is_our_plot", "json_command", "json_to_stdout", "resolve", "stamp", "sweep_partials",
-           "write_bytes", "write_error", "write_json"]
+__all__ = ["CHECKPOINT_FOLDER", "EVIDENCE_FOLDER", "FR_DUMP", "JSON", "PARTIAL_SUFFIX", "PLOT", "PLOT_MARK",
+           "SAFETENSORS", "STDOUT", "TEXT", "TORCH_FILE", "Kind", "Plan", "Target", "atomic_folder", "atomic_output",
+           "begin_session", "copy_into", "create_in", "emit_json", "end_session", "fits", "has_file_extension",
+           "is_our_json", "is_our_plot", "json_command", "json_to_stdout", "replaces_existing", "resolve", "stamp",
+           "sweep_partials", "write_bytes", "write_error", "write_json", "write_private_json"]
