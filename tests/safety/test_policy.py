@@ -194,3 +194,24 @@ def test_an_evidence_folder_filled_during_the_run_gets_no_bundle_mixed_in(tmp_pa
     assert chosen is not None and Path(chosen) != folder and "no longer empty" in capsys.readouterr().err
     assert sorted(p.name for p in folder.iterdir()) == ["other_run.txt"]
     shutil.rmtree(chosen)
+
+
+def test_a_check_that_never_ran_leaves_the_error_document_not_yesterdays_report(tmp_path: Path) -> None:
+    """A busy MASTER_PORT stops `check` before any rank starts (exit 1, no result): the --json file must
+    not go on saying yesterday's "pass" about today's run."""
+    import socket
+
+    report = tmp_path / "check.json"
+    outputs.write_json(report, {"status": "pass", "world_size": 2}, "check")  # an earlier run's result
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        res = run_cli(["check", "--nproc", "2", "--master-port", str(holder.getsockname()[1]), "--json", str(report)],
+                      cwd=REPO, timeout=180)
+    finally:
+        holder.close()
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(report.read_text())
+    assert (doc["command"], doc["status"], doc["exit_code"]) == ("check", "error", 1)
+    assert "is already in use" in doc["error"] and doc["error"] in res.stderr
