@@ -26,8 +26,8 @@ TimeoutOption = Annotated[float, typer.Option(
 MasterPortOption = Annotated[Optional[int], typer.Option(
     "--master-port", help="Port of the self-launched job's MASTER_PORT (default: $MASTER_PORT, else a free one).")]
 JsonOption = Annotated[Optional[str], typer.Option(
-    "--json", metavar="PATH", help="Also write the result as JSON to PATH (a new .json file, or one this "
-    "command wrote before; never an input); - prints the JSON on stdout instead of the text report.")]
+    "--json", metavar="PATH", help="Also write the result as JSON to PATH; - prints the JSON on stdout "
+    "instead of the text report. PATH: a new .json file, or one this command wrote before (never an input).")]
 
 
 def validate_min_busbw(min_busbw: float | None) -> None:
