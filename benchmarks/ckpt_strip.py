@@ -10,8 +10,9 @@ in its own process with its peak RSS (``os.wait4``):
 - the plain PyTorch way: ``torch.load(weights_only=True)`` + ``consume_prefix_in_state_dict_if_present`` +
   ``torch.save`` (holds the whole checkpoint in memory);
 - ``ddpdoctor ckpt strip`` to a new file (renames keys in ``data.pkl``, copies the rest in the kernel);
-- the same strip over an existing OUT, which it fsyncs before the rename (see ``fileio.atomic_output``):
-  its reference is ``cp + sync``.
+- ``strip --in-place`` of a copy of the checkpoint (restored, untimed, before each run): it replaces an
+  existing file, so it fsyncs before the rename (see ``outputs.atomic_output``); its reference is
+  ``cp + sync``. (``-o`` never replaces an existing checkpoint: the output policy, docs/ckpt.md.)
 
 Every output is removed (untimed) before each run, so no method pays for freeing the previous run's blocks.
 
@@ -60,8 +61,10 @@ def build(path: Path, size_mib: int, tensors: int) -> None:
     torch.save({"epoch": 7, "model": model, "config": {"lr": 3e-4}}, path)
 
 
-def run(cmd: list[str], remove: Path | None = None, env: dict[str, str] | None = None) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one child process, after removing ``remove`` (untimed).
+def run(cmd: list[str], remove: Path | None = None, env: dict[str, str] | None = None,
+        restore: tuple[Path, Path] | None = None) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one child process, after removing ``remove`` and copying
+    ``restore[0]`` to ``restore[1]`` (both untimed).
 
     Dirty pages of the previous method's 1 GiB output are flushed first and the disk gets a second to
     settle (untimed): otherwise each method also pays for writing, freeing and discarding the blocks of
@@ -69,6 +72,8 @@ def run(cmd: list[str], remove: Path | None = None, env: dict[str, str] | None =
     """
     if remove is not None:
         remove.unlink(missing_ok=True)
+    if restore is not None:
+        shutil.copyfile(*restore)
     os.sync()
     time.sleep(SETTLE_S)
     start = time.perf_counter()
@@ -128,25 +133,27 @@ def main() -> None:
         size = src.stat().st_size
         print(f"checkpoint: {size / 2**20:.0f} MiB, {args.tensors} tensors, in {work}")
         strip = [*cli_command(), "ckpt", "strip", str(src), "-o"]
-        # name: (command, output removed before each run)
-        methods: dict[str, tuple[list[str], Path | None]] = {
-            "cp": (["cp", str(src), str(work / "cp.pt")], work / "cp.pt"),
+        replaced = work / "replaced.pt"
+        # name: (command, output removed before each run, (source, copy) restored before each run)
+        methods: dict[str, tuple[list[str], Path | None, tuple[Path, Path] | None]] = {
+            "cp": (["cp", str(src), str(work / "cp.pt")], work / "cp.pt", None),
             # Over an existing file, and waits for the disk: the reference for "strip, replacing".
-            "cp + sync": (["sh", "-c", f"cp {src} {work / 'cps.pt'} && sync {work / 'cps.pt'}"], None),
+            "cp + sync": (["sh", "-c", f"cp {src} {work / 'cps.pt'} && sync {work / 'cps.pt'}"], None, None),
             "plain torch": ([sys.executable, "-c", PLAIN_WAY, str(src), str(work / "plain.pt")],
-                            work / "plain.pt"),
-            "ddpdoctor strip": ([*strip, str(work / "strip.pt")], work / "strip.pt"),
-            "strip, replacing": ([*strip, str(work / "replaced.pt")], None),
+                            work / "plain.pt", None),
+            "ddpdoctor strip": ([*strip, str(work / "strip.pt")], work / "strip.pt", None),
+            "strip, replacing": ([*cli_command(), "ckpt", "strip", str(replaced), "--in-place"], None,
+                                 (src, replaced)),
         }
-        run(["cp", str(src), str(work / "replaced.pt")])  # also warms the page cache for every method
+        run(["cp", str(src), str(replaced)])  # also warms the page cache for every method
         run(["cp", str(src), str(work / "cps.pt")])
         env = user_env()
         run([*strip, str(work / "strip.pt")], env=env)  # untimed: caches ddpdoctor's bytecode
         times: dict[str, list[float]] = {name: [] for name in methods}
         rss: dict[str, list[int]] = {name: [] for name in methods}
         for _ in range(args.repeat):  # interleaved, so load from other processes hits every method alike
-            for name, (cmd, output) in methods.items():
-                t, r = run(cmd, output, env)
+            for name, (cmd, output, restore) in methods.items():
+                t, r = run(cmd, output, env, restore)
                 times[name].append(t)
                 rss[name].append(r)
         results = {name: (statistics.median(times[name]), max(rss[name])) for name in methods}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import typer
 
-from ddpdoctor import __version__
+from ddpdoctor import __version__, outputs
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, EXIT_USAGE, DoctorError
 
 # Command name -> the module under ddpdoctor/commands that registers it. Only the invoked command's
@@ -93,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     _invocation[:] = args
     _escape_unencodable_output()
-    return _guarded(lambda: _run(args))
+    failure: list[str] = []
+    outputs.begin_session()
+    code = _guarded(lambda: _run(args), failure)
+    # A failed run's --json file gets the error, never an older run's result (see ddpdoctor.outputs).
+    outputs.end_session(code, failure[0] if failure else None, __version__)
+    return code
 
 
 def _escape_unencodable_output() -> None:
@@ -177,15 +182,20 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def _guarded(command: Callable[[], int]) -> int:
-    """Run ``command``; a DoctorError is one line and its exit code, anything unexpected a bug report."""
+def _guarded(command: Callable[[], int], failure: list[str] | None = None) -> int:
+    """Run ``command``; a DoctorError is one line and its exit code, anything unexpected a bug report.
+
+    ``failure`` receives the one-line text of a failure, for the error document of ``--json``."""
+    said = failure if failure is not None else []
     try:
         return command()
     except DoctorError as exc:
         print(f"ddpdoctor: error: {printable(str(exc))}", file=sys.stderr)
+        said.append(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         print("ddpdoctor: interrupted", file=sys.stderr)
+        said.append("interrupted")
         return 130
     except BrokenPipeError:  # `ddpdoctor stacks | head`: the reader has what it wanted
         import os
@@ -195,6 +205,7 @@ def _guarded(command: Callable[[], int]) -> int:
         return EXIT_PROBLEM
     except Exception as exc:
         print(bug_report(exc), file=sys.stderr)
+        said.append(f"ddpdoctor internal error: {type(exc).__name__}: {exc}"[:500])
         return EXIT_BUG
 
 

@@ -167,6 +167,11 @@ pytest_step bench 150 tests/gpu/test_gpu_bench.py tests/gpu/test_bench_vs_plain.
 step bench-vs-raw 120 "$PY" benchmarks/bench_vs_raw.py --backend nccl --nproc 1 --rounds 7 --max-mib 256
 tail -n 7 "$OUT/bench-vs-raw.log" 2>/dev/null || true
 
+# --- outputs (issue 27) -------------------------------------------------------------------------------
+# The output policy with NCCL's own Flight Recorder dumps (a rank's write_dump under the umask and never over
+# an older dump; fr never reading its own verdict).
+pytest_step outputs 120 tests/gpu/test_gpu_outputs.py
+
 # --- watch ----------------------------------------------------------------------------------------------
 # (the watch engineer's section: the watch scenarios)
 pytest_step watch 150 "tests/gpu/test_gpu_watch_fr.py::test_watch_passes_a_healthy_nccl_ddp_job_through"

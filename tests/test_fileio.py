@@ -1,5 +1,7 @@
 """Output files: atomic always, fsynced when the rename replaces a file (the one case where data can be lost).
 
+The policy itself (what may be replaced, aliases, modes, partial files) is tested in tests/safety/.
+
 os.fsync is wrapped to record which files it was called on (the real fsync still runs): a power loss
 cannot be produced here, and what was fsynced is the only thing that decides what survives one.
 """
@@ -16,10 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpdoctor import fileio
+from ddpdoctor import outputs
 from ddpdoctor.ckpt import strip_file
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import write_json_atomic
 from tests.support import clean_env
 
 
@@ -40,19 +41,19 @@ def fsynced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 def test_a_new_file_is_renamed_into_place_without_fsync(tmp_path: Path, fsynced: list[str]) -> None:
     target = tmp_path / "report.json"
-    fileio.write_json_atomic(target, {"status": "pass"})
-    assert target.read_text() == '{\n  "status": "pass"\n}\n'
+    outputs.write_json(target, {"status": "pass"}, "check")
+    assert target.read_text() == '{\n  "tool": "ddpdoctor",\n  "command": "check",\n  "status": "pass"\n}\n'
     assert fsynced == []
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
 
 
 def test_replacing_a_file_fsyncs_the_data_then_the_directory(tmp_path: Path, fsynced: list[str]) -> None:
     target = tmp_path / "report.json"
-    target.write_text("old")
-    fileio.write_json_atomic(target, {"status": "fail"})
+    outputs.write_json(target, {"status": "pass"}, "check")
+    outputs.write_json(target, {"status": "fail"}, "check")
     assert '"fail"' in target.read_text()
     assert len(fsynced) == 2
-    assert Path(fsynced[0]).name.endswith(fileio.PARTIAL_SUFFIX)  # the temp file, before the rename
+    assert Path(fsynced[0]).name.endswith(outputs.PARTIAL_SUFFIX)  # the temp file, before the rename
     assert fsynced[1] == f"dir:{tmp_path}"
 
 
@@ -62,12 +63,12 @@ def test_strip_in_place_makes_the_replaced_checkpoint_durable(tmp_path: Path, fs
     torch.save({"module.w": torch.arange(6.0)}, path)
     strip_file(path, None, in_place=True)
     assert list(torch.load(path, weights_only=True)) == ["w"]
-    assert [Path(p).name.endswith(fileio.PARTIAL_SUFFIX) for p in fsynced] == [True, False]
+    assert [Path(p).name.endswith(outputs.PARTIAL_SUFFIX) for p in fsynced] == [True, False]
 
 
 def test_a_failed_write_leaves_neither_target_nor_temp_file(tmp_path: Path) -> None:
-    target = tmp_path / "out.bin"
-    with pytest.raises(RuntimeError), fileio.atomic_output(target) as fh:
+    target = outputs.resolve("-o", tmp_path / "out.bin", outputs.TORCH_FILE)
+    with pytest.raises(RuntimeError), outputs.atomic_output(target) as fh:
         fh.write(b"half")
         raise RuntimeError("disk full")
     assert list(tmp_path.iterdir()) == []
@@ -92,10 +93,11 @@ def test_a_json_report_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path)
 
 
 def test_an_output_that_became_a_fifo_after_the_check_is_not_replaced(tmp_path: Path) -> None:
-    # validate_output_path runs before the work; a FIFO created under the name meanwhile must survive.
+    # The plan runs before the work; a FIFO created under the name meanwhile must survive.
+    target = outputs.resolve("--json", tmp_path / "report.json", outputs.JSON, command="env")
     fifo = tmp_path / "report.json"
     os.mkfifo(fifo)
-    with pytest.raises(DoctorError, match="not a regular file"):
-        write_json_atomic(fifo, {"a": 1})
+    with pytest.raises(DoctorError, match="not a regular file"), outputs.atomic_output(target) as fh:
+        fh.write(b"{}")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]

@@ -9,6 +9,7 @@ Only rank 0 prints; like ``check``, its exit code carries the result and the oth
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -98,7 +99,7 @@ def _out_of_memory(exc: BaseException) -> bool:
 def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
     from ddpdoctor.check import RankRun, RunConfig
-    from ddpdoctor.fileio import emit_json, json_to_stdout
+    from ddpdoctor.outputs import emit_json, json_to_stdout
     from ddpdoctor.runtime.selflaunch import write_result_file
 
     run = RankRun(info, RunConfig(checks=[], backend=config.backend, process_group=True,
@@ -188,12 +189,13 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     if not lead:
         return EXIT_OK
     if config.json_path:
-        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis))
+        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis), "bench")
     if config.nccl_json_path:
-        from ddpdoctor.fileio import write_json_atomic
+        from ddpdoctor.outputs import NCCL_TESTS_JSON, resolve, write_bytes
 
-        write_json_atomic(config.nccl_json_path, nccl_tests_json(config, rows, devices, start_time, _now(),
-                                                                 os.environ, _nccl_version(run.backend)))
+        document = nccl_tests_json(config, rows, devices, start_time, _now(), os.environ, _nccl_version(run.backend))
+        write_bytes(resolve("-J/--output_file", config.nccl_json_path, NCCL_TESTS_JSON),
+                    (json.dumps(document, indent=2) + "\n").encode("utf-8"))
     if config.plot_path:
         write_plot(config.plot_path, rows, f"ddpdoctor bench: {nranks} ranks, {run.backend}, {config.dtype}")
     found = problems(config, rows, analysis)

@@ -7,8 +7,8 @@ plotting).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ddpdoctor.bench.analysis import (
@@ -235,7 +235,7 @@ def check_plot_available() -> None:
 
 
 def write_plot(path: str, rows: Sequence[Row], title: str) -> None:
-    """busbw against size, log-2 size axis, one line per op."""
+    """busbw against size, log-2 size axis, one line per op; PNG, SVG or PDF as the name ends."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -252,11 +252,15 @@ def write_plot(path: str, rows: Sequence[Row], title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    from ddpdoctor.fileio import atomic_output
+    from ddpdoctor import outputs
 
+    # The extension names the format; the metadata make the file recognisably ours, so that a later run
+    # may replace it and nothing else (ddpdoctor.outputs).
+    fmt = os.path.splitext(path)[1].lower().lstrip(".")
+    mark = {"Software": outputs.PLOT_MARK} if fmt == "png" else {"Creator": outputs.PLOT_MARK}
     try:
-        with atomic_output(Path(path)) as handle:  # no half-written PNG under the user's name
-            fig.savefig(handle, format="png")
+        with outputs.atomic_output(outputs.resolve("--plot", path, outputs.PLOT)) as handle:
+            fig.savefig(handle, format=fmt, metadata=mark)
     finally:
         plt.close(fig)
 

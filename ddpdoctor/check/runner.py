@@ -40,8 +40,8 @@ from ddpdoctor.check.causes import (
 from ddpdoctor.check.model import Report
 from ddpdoctor.check.report import render_table, short_rank_list
 from ddpdoctor.errors import EXIT_BUG, EXIT_OK, EXIT_PROBLEM, DoctorError, short_error
-from ddpdoctor.fileio import emit_json, json_to_stdout
 from ddpdoctor.findings import ERROR, FAIL, SKIP, Finding, RankInfo
+from ddpdoctor.outputs import emit_json, json_to_stdout
 from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.backend import resolve_backend
 from ddpdoctor.runtime.clock import command_started_epoch
@@ -480,7 +480,7 @@ class RankRun:
             code = EXIT_BUG
         if json_path:
             try:
-                emit_json(json_path, data)
+                emit_json(json_path, data, "check")
             except (OSError, DoctorError) as exc:
                 print(f"ddpdoctor: cannot write --json {json_path}: {exc}",
                       file=sys.stderr, flush=True)

@@ -7,19 +7,21 @@ checkpoint file, a ``torch.distributed.checkpoint`` directory (:mod:`~ddpdoctor.
 Face style shard set (:mod:`~ddpdoctor.ckpt.sharded`) and their prefixes (:mod:`~ddpdoctor.ckpt.inspect`), removes them without loading the
 tensors (:mod:`~ddpdoctor.ckpt.strip`), and names the rename that makes a checkpoint fit a model
 (:mod:`~ddpdoctor.ckpt.diff`, :mod:`~ddpdoctor.ckpt.load`). Nothing from a checkpoint is unpickled in a
-way that can run code: see :mod:`~ddpdoctor.ckpt.formats` and :mod:`~ddpdoctor.ckpt.unpickler`.
+way that can run code: see :mod:`~ddpdoctor.ckpt.files` and :mod:`~ddpdoctor.ckpt.unpickler`. Modules are
+layered, bottom up: ``model`` (data); ``unpickler``, ``filecopy``, ``zip_rewrite``, ``safetensors_file``,
+``locate``, ``prefixes``; ``files`` (one file); ``dcp``, ``sharded`` (folders); ``formats`` (any
+checkpoint); the commands ``inspect``, ``strip``, ``diff``, ``load``. Nothing imports upwards.
 Findings are :class:`ddpdoctor.findings.Finding` (check id ``state_dict``).
 """
 
 from __future__ import annotations
 
 from ddpdoctor.ckpt.diff import build_model_for_shapes, diff_against, render_diff
-from ddpdoctor.ckpt.formats import open_checkpoint
+from ddpdoctor.ckpt.formats import Checkpoint, open_checkpoint
 from ddpdoctor.ckpt.inspect import inspect_checkpoint, render_inspect
 from ddpdoctor.ckpt.load import load_checkpoint_into
 from ddpdoctor.ckpt.locate import find_state_dicts
 from ddpdoctor.ckpt.model import (
-    Checkpoint,
     DiffReport,
     DuplicateKeyError,
     InspectReport,

@@ -28,16 +28,15 @@ import os
 import pickle
 import re
 import secrets
-import shutil
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import fileio
+from ddpdoctor import outputs
 from ddpdoctor.ckpt import unpickler, zip_rewrite
-from ddpdoctor.ckpt.filecopy import atomic_dir, copy_range, write_error
+from ddpdoctor.ckpt.filecopy import copy_range
 from ddpdoctor.ckpt.model import StoredObject, TensorMeta
 from ddpdoctor.ckpt.unpickler import PidRef, Reduced
 from ddpdoctor.errors import DoctorError
@@ -315,7 +314,7 @@ def check_complete(d: DcpDir) -> None:
                           "places in it (truncated copy?)")
 
 
-def write_dcp_dir(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple[Any, ...]]) -> None:
+def write_dcp_dir(d: DcpDir, target: outputs.Target, path_map: dict[tuple[Any, ...], tuple[Any, ...]]) -> None:
     """A new DCP directory: ``.metadata`` with renamed keys, data files copied by the kernel."""
     check_complete(d)
     fqn_map = {e.fqn: _new_fqn(e, path_map[e.path]) for e in d.entries.values() if e.path in path_map}
@@ -330,14 +329,14 @@ def write_dcp_dir(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple[An
     new_md = unpickler.dumps_or_refuse(d.metadata, d.path / METADATA)
     unpickler.ShadowUnpickler(new_md, _allowed).load()  # cheap self-check before anything is written
     try:
-        with atomic_dir(out, mode_from=d.path) as tmp:
+        with outputs.atomic_folder(target) as tmp:
             for name in d.files:
-                with (d.path / name).open("rb") as fin, (tmp / name).open("wb") as fout:
+                with (d.path / name).open("rb") as fin, outputs.create_in(tmp, name, like=d.path / name) as fout:
                     copy_range(fin, fout, 0, os.fstat(fin.fileno()).st_size)
-                shutil.copymode(d.path / name, tmp / name)
-            (tmp / METADATA).write_bytes(new_md)
+            with outputs.create_in(tmp, METADATA, like=d.path / METADATA) as fh:
+                fh.write(new_md)
     except OSError as exc:
-        raise write_error(out, exc) from None
+        raise outputs.write_error(target.given, exc) from None
 
 
 Storages = list[tuple[str, "zip_rewrite.Piece | list[zip_rewrite.Piece]"]]
@@ -456,7 +455,7 @@ def _assemble_rows(d: DcpDir, e: Entry, what: str, allowed: Callable[[str], bool
     return Reduced(node.func, (ref, 0, tuple(shape), _contiguous(shape), *node.args[4:]))
 
 
-def write_torch_file(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple[Any, ...]], *,
+def write_torch_file(d: DcpDir, target: outputs.Target, path_map: dict[tuple[Any, ...], tuple[Any, ...]], *,
                      trust: bool = False) -> None:
     """One ``torch.save``-format file of the nested state, keys renamed; loads with ``weights_only=True``.
 
@@ -494,9 +493,9 @@ def write_torch_file(d: DcpDir, out: Path, path_map: dict[tuple[Any, ...], tuple
                ("version", zip_rewrite.Piece(data=small("version", b"3\n"))),
                # torch.serialization writes a random 40-digit id per file (for its own load-time caching).
                (".data/serialization_id", zip_rewrite.Piece(data=f"{secrets.randbelow(10**40):040d}".encode()))]
-    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", out.stem) or "archive"
+    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(target.given).stem) or "archive"
     try:
-        with fileio.atomic_output(out) as fh:
+        with outputs.atomic_output(target) as fh:
             zip_rewrite.write_archive(fh, prefix, records, align)
     except OSError as exc:
-        raise write_error(out, exc) from None
+        raise outputs.write_error(target.given, exc) from None

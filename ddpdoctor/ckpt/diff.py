@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpdoctor.ckpt.formats import Checkpoint
 from ddpdoctor.ckpt.locate import find_state_dicts, state_dict_shapes
-from ddpdoctor.ckpt.model import CHECK_ID, Checkpoint, DiffReport, DuplicateKeyError, Fix
+from ddpdoctor.ckpt.model import CHECK_ID, DiffReport, DuplicateKeyError, Fix
 from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, plan_renames, stripped_name, used_prefixes
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.findings import FAIL, PASS, Finding

@@ -1,9 +1,9 @@
-"""File plumbing for checkpoints: validate the input and the output, copy byte ranges in the kernel.
+"""File plumbing for checkpoints: validate the input, copy byte ranges in the kernel.
 
 Stripping a 10 GB checkpoint must not read its tensors into this process: byte ranges are copied with
 ``os.copy_file_range`` (the kernel moves the pages, or reflinks them; falls back to ``sendfile`` and then
 to a bounded read/write loop), so peak memory does not depend on the checkpoint's size. Writing the
-output atomically, and checking first that it can be written, is :mod:`ddpdoctor.fileio`'s job, as for
+output atomically, and checking first that it may be written, is :mod:`ddpdoctor.outputs`' job, as for
 every command's output.
 """
 
@@ -12,13 +12,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ddpdoctor import fileio
 from ddpdoctor.errors import DoctorError
 
 _CHUNK = 8 << 20
@@ -116,44 +112,3 @@ def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, count: int, *, start_w
         out_pos += n
     # copy_file_range/sendfile advance the fd offset of dst; keep the Python file object in step.
     dst.seek(0, os.SEEK_END)
-
-
-def check_output(src: Path, out: Path, in_place: bool) -> None:
-    """Refuse outputs :func:`ddpdoctor.fileio.validate_output_path` refuses, and the input by accident."""
-    fileio.validate_output_path("--in-place" if in_place and out == src else "-o", out)
-    if out.exists() and os.path.samefile(src, out) and not in_place:
-        raise DoctorError(f"output {out} is the input checkpoint; pass --in-place to overwrite it, "
-                          "or choose another -o path")
-
-
-def write_error(out: Path, exc: OSError) -> DoctorError:
-    """A one-line error for a failure while writing (disk full, quota, I/O error)."""
-    return DoctorError(f"could not write {out}: {exc.strerror or exc}; nothing was written")
-
-
-@contextlib.contextmanager
-def atomic_dir(out: Path, mode_from: Path | None = None) -> Iterator[Path]:
-    """A temporary directory next to ``out``, renamed to ``out`` when complete, removed on any error.
-
-    The directory counterpart of :func:`ddpdoctor.fileio.atomic_output` (DCP and shard-set outputs): OUT
-    never holds a half-written checkpoint. OUT must not exist, or be an empty directory (rename(2)
-    replaces an empty directory in one step). ``mode_from``: the input directory whose permissions OUT gets
-    (a temporary directory is private to its owner).
-    """
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DoctorError(f"output {out} already exists; give a new directory name (nothing was written)")
-    if not out.parent.is_dir():
-        raise DoctorError(f"output directory {out.parent} does not exist")
-    if not os.access(out.parent, os.W_OK):
-        raise DoctorError(f"output directory {out.parent} is not writable")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".ddpdoctor-partial", dir=out.parent))
-    try:
-        yield tmp
-        # Only once everything is written: a read-only input folder (0555, a protected checkpoint) must not
-        # make the temporary folder unwritable before its files are in it.
-        if mode_from is not None:
-            os.chmod(tmp, mode_from.stat().st_mode & 0o7777)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.ckpt import unpickler
+from ddpdoctor.ckpt.formats import Checkpoint
 from ddpdoctor.ckpt.locate import find_state_dicts, is_optimizer_state, mapping_pairs, tensor_meta
 from ddpdoctor.ckpt.model import (
     CHECK_ID,
@@ -19,7 +20,6 @@ from ddpdoctor.ckpt.model import (
     FORMAT_SAFETENSORS,
     FORMAT_SHARDED,
     FORMAT_ZIP,
-    Checkpoint,
     DuplicateKeyError,
     InspectReport,
     StateDictLoc,

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.ckpt import filecopy, safetensors_file
 from ddpdoctor.ckpt.diff import diff_against
-from ddpdoctor.ckpt.formats import check_within_limits, detect_format, torch_load
+from ddpdoctor.ckpt.files import check_within_limits, detect_format, torch_load
+from ddpdoctor.ckpt.formats import Checkpoint
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
-from ddpdoctor.ckpt.model import FORMAT_SAFETENSORS, FORMAT_ZIP, Checkpoint, LoadReport
+from ddpdoctor.ckpt.model import FORMAT_SAFETENSORS, FORMAT_ZIP, LoadReport
 from ddpdoctor.ckpt.prefixes import plan_renames, rename_node
 from ddpdoctor.errors import DoctorError
 

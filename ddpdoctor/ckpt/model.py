@@ -1,6 +1,7 @@
-"""The ckpt family's data: an opened checkpoint, what is found in it, and what each command reports.
+"""The ckpt family's data: what is found in a checkpoint, and what each command reports.
 
-Every other module of :mod:`ddpdoctor.ckpt` produces or consumes these; keeping them here (and not in the
+The bottom layer of :mod:`ddpdoctor.ckpt`: it imports none of the family's modules, and every other one
+produces or consumes these (an opened checkpoint is :class:`ddpdoctor.ckpt.formats.Checkpoint`); keeping them here (and not in the
 renderers) lets the state_dict check and the Python API use the reports without the text output.
 Findings are :class:`ddpdoctor.findings.Finding` with check id ``state_dict``, the same objects
 ``ddpdoctor check`` reports.
@@ -9,18 +10,11 @@ Findings are :class:`ddpdoctor.findings.Finding` with check id ``state_dict``, t
 from __future__ import annotations
 
 import reprlib
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.findings import Finding, overall_status
-
-if TYPE_CHECKING:
-    from ddpdoctor.ckpt.dcp import DcpDir
-    from ddpdoctor.ckpt.safetensors_file import SafeTensors
-    from ddpdoctor.ckpt.sharded import ShardSet
-    from ddpdoctor.ckpt.zip_rewrite import TorchZip
 
 # A key as text: containers shown a few levels and items deep, strings and numbers cut (reprlib).
 _KEY_REPR = reprlib.Repr()  # attributes, not keywords: those arrived in Python 3.12
@@ -70,21 +64,6 @@ class StoredObject:
 
     key: str
     size_bytes: int
-
-
-@dataclass
-class Checkpoint:
-    """A checkpoint opened without running it: its object tree (shadow or real) and where it came from."""
-
-    path: Path
-    format: str
-    root: Any
-    size_bytes: int
-    unsafe_globals: list[str] = field(default_factory=list)
-    zip: TorchZip | None = None
-    safetensors: SafeTensors | None = None
-    dcp: DcpDir | None = None
-    shards: ShardSet | None = None
 
 
 @dataclass

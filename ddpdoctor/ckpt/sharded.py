@@ -6,7 +6,7 @@ each a ``torch.save`` of a flat state_dict) and an index, ``model.safetensors.in
 ``pytorch_model.bin.index.json``: ``{"metadata": {"total_size": N}, "weight_map": {key: shard file}}``.
 Loading reads the index and then each shard, so a shard that is missing, or an index entry whose shard
 does not hold that tensor, fails only at load time; here both are named up front. Each shard is opened as
-a single checkpoint (:func:`ddpdoctor.ckpt.formats.open_checkpoint`: nothing executed, no tensor read), and
+a single checkpoint file (:func:`ddpdoctor.ckpt.files.open_file`: nothing executed, no tensor read), and
 stripping rewrites each shard the way ``strip`` rewrites one file, keeping the same sharding.
 """
 
@@ -15,17 +15,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ddpdoctor import outputs
+from ddpdoctor.ckpt.files import FileCheckpoint, open_file
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
 from ddpdoctor.errors import DoctorError
+from ddpdoctor.outputs import PARTIAL_SUFFIX
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
-
-if TYPE_CHECKING:
-    from ddpdoctor.ckpt.model import Checkpoint
 
 INDEX_SUFFIX = ".index.json"
 # transformers.utils: SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME; the first is preferred when both exist.
@@ -48,7 +48,7 @@ class Shard:
     """One shard file, opened as a checkpoint, and the keys of its state_dict."""
 
     name: str
-    ckpt: Checkpoint
+    ckpt: FileCheckpoint
     keys: list[str]
     node: Any
 
@@ -124,10 +124,8 @@ def _index_stem(index_name: str) -> str:
 def open_shards(path: Path, *, trust: bool = False, for_rewrite: bool = False) -> ShardSet:
     """Open every shard (index file or directory); inconsistencies are recorded, not raised.
 
-    ``for_rewrite``: as for :func:`~ddpdoctor.ckpt.formats.open_checkpoint`, trusted legacy ``.bin`` shards
+    ``for_rewrite``: as for :func:`~ddpdoctor.ckpt.files.open_file`, trusted legacy ``.bin`` shards
     are then loaded as real objects, since ``torch.save`` converts them (a shadow graph cannot be saved)."""
-    from ddpdoctor.ckpt.formats import open_checkpoint
-
     index_path: Path | None
     others: list[str] = []
     if path.is_file():
@@ -171,7 +169,7 @@ def open_shards(path: Path, *, trust: bool = False, for_rewrite: bool = False) -
     for name in names:
         if name not in present:
             continue
-        ckpt = open_checkpoint(directory / name, trust=trust, for_rewrite=for_rewrite)
+        ckpt = open_file(directory / name, trust=trust, for_rewrite=for_rewrite)
         locs = find_state_dicts(ckpt.root)
         if len(locs) != 1 or locs[0].path:
             raise DoctorError(f"{directory / name} is not a shard: a shard holds one flat state_dict "
@@ -215,11 +213,45 @@ def new_index(shards: ShardSet, renames: dict[str, str]) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
+def carried_entries(shards: ShardSet) -> list[str]:
+    """What a stripped copy carries besides the rewritten shards and index: every other file and folder
+    (``config.json``, ``tokenizer/``, ``.gitattributes``...), links followed. DoctorError, listing them,
+    when something could not be carried faithfully: another index or shard files the index does not name
+    (copied unstripped they would contradict the stripped set), a broken link, a FIFO or device."""
+    rewritten = {s.name for s in shards.shards} | ({shards.index_name} - {None})
+    try:
+        names = sorted(os.listdir(shards.directory))
+    except OSError as exc:
+        raise DoctorError(f"cannot read the folder {shards.directory}: {exc.strerror or exc}") from None
+    carried: list[str] = []
+    unstripped: list[str] = []
+    odd: list[str] = []
+    for name in names:
+        if name in rewritten or (name.startswith(".") and name.endswith(PARTIAL_SUFFIX)):
+            continue  # what strip rewrites, and what a killed ddpdoctor run left
+        if name in shards.other_indexes or _SHARD.match(name):
+            unstripped.append(name)
+            continue
+        try:
+            mode = os.stat(shards.directory / name).st_mode
+        except OSError:
+            odd.append(f"{name} (a broken link)")
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            odd.append(f"{name} (not a file or folder)")
+            continue
+        carried.append(name)
+    if unstripped:
+        raise DoctorError(f"{shards.directory} also holds {', '.join(unstripped)}, which strip would not rewrite "
+                          f"(it strips the set of {shards.index_name or 'the shard files'}): move them out, or "
+                          "strip that set from its own index; nothing was written")
+    if odd:
+        raise DoctorError(f"{shards.directory} holds {', '.join(odd)}, which cannot be copied into the stripped "
+                          "set; move it out first; nothing was written")
+    return carried
+
+
 def copy_other_files(shards: ShardSet, tmp: Path) -> None:
-    """config.json, tokenizer files...: whatever is beside the shards, except shards and indexes."""
-    skip = {s.name for s in shards.shards} | set(shards.other_indexes) | ({shards.index_name} - {None})
-    for child in shards.directory.iterdir():
-        if child.is_file() and child.name not in skip and not _SHARD.match(child.name) \
-                and not child.name.startswith("."):
-            shutil.copy2(child, tmp / child.name)
-            os.chmod(tmp / child.name, child.stat().st_mode & 0o777)
+    """Everything :func:`carried_entries` names, copied into the new set (folders with all they hold)."""
+    for name in carried_entries(shards):
+        outputs.copy_into(shards.directory / name, tmp, name)

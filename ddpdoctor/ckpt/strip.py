@@ -4,7 +4,7 @@ Only the names change. For a torch zip the shadow pickle is renamed and written 
 file is copied by the kernel (:mod:`ddpdoctor.ckpt.zip_rewrite`); for safetensors only the JSON header is
 rewritten (:mod:`ddpdoctor.ckpt.safetensors_file`); legacy pickles are converted to the zip format with
 ``torch.save``. The input is never written, and the output appears under its name only when complete
-(:func:`ddpdoctor.fileio.atomic_output`).
+(:func:`ddpdoctor.outputs.atomic_output`, under the output policy).
 """
 
 from __future__ import annotations
@@ -14,46 +14,68 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ddpdoctor import fileio
-from ddpdoctor.ckpt import dcp, filecopy, safetensors_file, sharded, unpickler, zip_rewrite
-from ddpdoctor.ckpt.formats import open_checkpoint
+from ddpdoctor import outputs
+from ddpdoctor.ckpt import dcp, safetensors_file, sharded, unpickler, zip_rewrite
+from ddpdoctor.ckpt.files import FileCheckpoint
+from ddpdoctor.ckpt.formats import Checkpoint, open_checkpoint
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
-from ddpdoctor.ckpt.model import FORMAT_LEGACY, Checkpoint, StripReport
+from ddpdoctor.ckpt.model import FORMAT_LEGACY, StripReport
 from ddpdoctor.ckpt.prefixes import normalize_prefixes, plan_renames, rename_node
 from ddpdoctor.errors import DoctorError
 
 
 def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterable[str] | None = None,
-               key: str | None = None, in_place: bool = False, trust: bool = False) -> StripReport:
+               key: str | None = None, in_place: bool = False, trust: bool = False,
+               plan: outputs.Plan | None = None) -> StripReport:
     """Write a copy of the checkpoint with wrapper prefixes removed; atomic, never touches the input.
 
-    The input is opened first, so every bad-input error comes before any output file exists. A DCP
-    directory becomes a DCP directory, or one ``torch.save`` file when OUT ends in .pt/.pth/.bin; a shard
-    set becomes a shard set with the same sharding.
+    The input is opened first, so every bad-input error comes before any output file exists; the output
+    is then checked against the output policy (``plan``: the run's other outputs, e.g. ``--json``), before
+    anything is written. A DCP directory becomes a DCP directory, or one ``torch.save`` file when OUT ends
+    in .pt/.pth/.bin/.ckpt; a shard set becomes a shard set with the same sharding and every other file.
     """
+    plan = plan if plan is not None else outputs.Plan("ckpt strip")
+    plan.reads("PATH", path)
     ckpt = open_checkpoint(path, trust=trust, for_rewrite=True)
     if ckpt.dcp is not None or ckpt.shards is not None:
-        return _strip_directory(ckpt, output, normalize_prefixes(prefixes), key, in_place, trust)
-    if output is None:
-        if not in_place:
-            raise DoctorError("give the output file with -o OUT (or --in-place to replace the input)")
-        output = ckpt.path
-    out = Path(output)
-    filecopy.check_output(ckpt.path, out, in_place)
+        return _strip_directory(ckpt, output, normalize_prefixes(prefixes), key, in_place, trust, plan)
+    target = _file_target(ckpt, Path(path), output, in_place, plan)
     plist = normalize_prefixes(prefixes)
     summary, _, all_renames, total = _plan(ckpt, plist, key)
-    if total == 0 and out.exists() and os.path.samefile(out, ckpt.path):
+    shown = str(output if output is not None else path)
+    if total == 0 and target.in_place:
         # --in-place with nothing to strip: leave the file (and its mtime) alone.
-        return StripReport(str(ckpt.path), str(out), ckpt.format, summary, 0, written=False)
+        return StripReport(str(ckpt.path), shown, ckpt.format, summary, 0, written=False)
     # An output that will be fsynced is pushed to disk as it is copied, so the fsync waits for little.
-    replacing = fileio.replaces_existing(out)
+    replacing = outputs.replaces_existing(target)
     try:
-        with fileio.atomic_output(out, mode_from=ckpt.path) as fh:
+        with outputs.atomic_output(target) as fh:
             _write_renamed(ckpt, fh, all_renames, replacing)
     except OSError as exc:
-        raise filecopy.write_error(out, exc) from None
-    return StripReport(str(ckpt.path), str(out), ckpt.format, summary, total,
+        raise outputs.write_error(shown, exc) from None
+    return StripReport(str(ckpt.path), shown, ckpt.format, summary, total,
                        converted_from_legacy=ckpt.format == FORMAT_LEGACY)
+
+
+def _file_target(ckpt: Checkpoint, given: Path, output: str | Path | None, in_place: bool,
+                 plan: outputs.Plan) -> outputs.Target:
+    """The single-file output, checked: -o names a new file of the input's format, --in-place the input."""
+    if output is not None and os.path.exists(output) and os.path.samefile(output, ckpt.path):
+        if not in_place:
+            raise DoctorError(f"-o {str(output)!r} is the input checkpoint; pass --in-place to replace it, or "
+                              "choose another -o path")
+        output = None
+    if in_place:
+        if output is not None:
+            raise DoctorError(f"--in-place replaces {given} itself; -o {str(output)!r} names another file: "
+                              "give one of the two")
+        return plan.in_place("--in-place", given, outputs.TORCH_FILE)
+    if output is None:
+        raise DoctorError("give the output file with -o OUT (or --in-place to replace the input)")
+    kind = outputs.SAFETENSORS if ckpt.safetensors is not None else outputs.TORCH_FILE
+    target = plan.file("-o", output, kind, like=ckpt.path)
+    assert target is not None
+    return target
 
 
 def _plan(ckpt: Checkpoint, plist: tuple[str, ...], key: str | None
@@ -79,7 +101,7 @@ def _plan(ckpt: Checkpoint, plist: tuple[str, ...], key: str | None
     return summary, path_map, all_renames, total
 
 
-def _write_renamed(ckpt: Checkpoint, fh: BinaryIO, renames: dict[str, str], replacing: bool) -> None:
+def _write_renamed(ckpt: FileCheckpoint, fh: BinaryIO, renames: dict[str, str], replacing: bool) -> None:
     """One file with its (already renamed) tree: zip and safetensors rewritten, legacy saved by torch."""
     if ckpt.zip is not None:
         new_pickle = unpickler.dumps_or_refuse(ckpt.root, ckpt.path)
@@ -93,50 +115,58 @@ def _write_renamed(ckpt: Checkpoint, fh: BinaryIO, renames: dict[str, str], repl
         torch.save(ckpt.root, fh)
 
 
-_SINGLE_FILE = (".pt", ".pth", ".bin", ".ckpt")
-
-
 def _strip_directory(ckpt: Checkpoint, output: str | Path | None, plist: tuple[str, ...], key: str | None,
-                     in_place: bool, trust: bool) -> StripReport:
+                     in_place: bool, trust: bool, plan: outputs.Plan) -> StripReport:
     """A DCP directory or a shard set: the output is a new directory (or, from DCP, one torch file)."""
     kind = "a torch.distributed.checkpoint directory" if ckpt.dcp is not None else "a shard set"
     if in_place or output is None:
         raise DoctorError(f"{ckpt.path} is {kind}: give a new output with -o (--in-place is for single files)")
-    out = Path(output)
-    as_file = ckpt.dcp is not None and out.suffix in _SINGLE_FILE
+    name = str(output)
+    as_file = ckpt.dcp is not None and outputs.fits(name, outputs.TORCH_FILE)
+    if ckpt.dcp is not None and outputs.fits(name, outputs.SAFETENSORS):
+        raise DoctorError(f"-o {name!r}: from {kind} strip writes a new DCP directory, or one torch.save file "
+                          "(.pt/.pth/.bin/.ckpt); not safetensors")
+    if ckpt.shards is not None and outputs.has_file_extension(name):
+        raise DoctorError(f"-o {name!r}: {ckpt.path} is a shard set: strip writes a new shard set; give a new "
+                          "directory name (no file extension) with -o")
     if as_file:
-        fileio.validate_output_path("-o", out)
-    elif out.suffix in _SINGLE_FILE:
-        raise DoctorError(f"{ckpt.path} is a shard set: strip writes a new shard set; give a directory with -o")
-    if out.exists() and ckpt.path.exists() and os.path.samefile(out, ckpt.path):
-        raise DoctorError(f"output {out} is the input; choose another -o path")
+        assert ckpt.dcp is not None
+        target = plan.file("-o", output, outputs.TORCH_FILE, like=ckpt.dcp.path / dcp.METADATA)
+    else:
+        # The new folder is at most as open as the input folder (a private checkpoint stays private).
+        folder = ckpt.dcp.path if ckpt.dcp is not None else ckpt.shards.directory if ckpt.shards else ckpt.path
+        target = plan.folder("-o", output, outputs.CHECKPOINT_FOLDER, like=folder)
+    assert target is not None
     if ckpt.shards is not None:
         sharded.check_complete(ckpt.shards)
+        sharded.carried_entries(ckpt.shards)  # before any work: what cannot be carried is refused
         key = None  # one flat state_dict across the shards
     elif ckpt.dcp is not None:
         dcp.check_complete(ckpt.dcp)
     summary, path_map, all_renames, total = _plan(ckpt, plist, key)
     if ckpt.dcp is not None:
         if as_file:
-            dcp.write_torch_file(ckpt.dcp, out, path_map, trust=trust)
+            dcp.write_torch_file(ckpt.dcp, target, path_map, trust=trust)
         else:
-            dcp.write_dcp_dir(ckpt.dcp, out, path_map)
+            dcp.write_dcp_dir(ckpt.dcp, target, path_map)
     else:
         assert ckpt.shards is not None
-        _write_shards(ckpt.shards, out, plist, all_renames)
-    return StripReport(str(ckpt.path), str(out), ckpt.format, summary, total)
+        _write_shards(ckpt.shards, target, plist, all_renames)
+    return StripReport(str(ckpt.path), name, ckpt.format, summary, total)
 
 
-def _write_shards(shards: sharded.ShardSet, out: Path, plist: tuple[str, ...], renames: dict[str, str]) -> None:
+def _write_shards(shards: sharded.ShardSet, target: outputs.Target, plist: tuple[str, ...],
+                  renames: dict[str, str]) -> None:
     try:
-        with filecopy.atomic_dir(out, mode_from=shards.directory) as tmp:
+        with outputs.atomic_folder(target) as tmp:
             for shard in shards.shards:
                 mine = {k: renames[k] for k in shard.keys if k in renames}
                 rename_node(shard.node, mine, plist, "")
-                with (tmp / shard.name).open("xb") as fh:
+                with outputs.create_in(tmp, shard.name, like=shards.directory / shard.name) as fh:
                     _write_renamed(shard.ckpt, fh, mine, False)
             if shards.index_name is not None:
-                (tmp / shards.index_name).write_bytes(sharded.new_index(shards, renames))
+                with outputs.create_in(tmp, shards.index_name, like=shards.directory / shards.index_name) as fh:
+                    fh.write(sharded.new_index(shards, renames))
             sharded.copy_other_files(shards, tmp)
     except OSError as exc:
-        raise filecopy.write_error(out, exc) from None
+        raise outputs.write_error(target.given, exc) from None

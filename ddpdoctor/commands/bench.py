@@ -40,7 +40,7 @@ from ddpdoctor.commands.options import (
     validate_min_busbw,
 )
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import json_to_stdout, validate_output_path
+from ddpdoctor.outputs import NCCL_TESTS_JSON, PLOT, Plan, json_to_stdout
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.launcher import LaunchInfo
@@ -98,13 +98,15 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float | N
         if from_env is not None:
             min_busbw, label = from_env
     if json_to_stdout(plot_path):
-        raise DoctorError("--plot takes a PNG file name; - (stdout) is for --json")
+        raise DoctorError("--plot takes a file name (.png, .svg or .pdf); - (stdout) is for --json")
     if nccl_json_path is not None and (json_to_stdout(nccl_json_path)
                                        or not nccl_json_path.lower().endswith(".json")):
         raise DoctorError(f"-J/--output_file takes a file name ending in .json (nccl-tests writes JSON only for "
-                              f"that suffix; --json - prints ddpdoctor's JSON on stdout), got: {nccl_json_path!r}")
-    for flag, path in (("--json", json_path), ("--plot", plot_path), ("-J/--output_file", nccl_json_path)):
-        validate_output_path(flag, path)
+                          f"that suffix; --json - prints ddpdoctor's JSON on stdout), got: {nccl_json_path!r}")
+    plan = Plan("bench")
+    plan.json("--json", json_path)
+    plan.file("--plot", plot_path, PLOT)
+    plan.file("-J/--output_file", nccl_json_path, NCCL_TESTS_JSON)
     if plot_path is not None:
         check_plot_available()
     return BenchConfig(ops=tuple(ops), sizes=tuple(sizes), iters=iters, warmup=warmup, dtypes=tuple(dtypes),
@@ -212,8 +214,8 @@ def bench(
                                               "(sizes >= 1 MiB, else all sizes) is below this many GB/s "
                                               "(default: 90 % of $NCCL_TESTS_MIN_BW when set, as nccl-tests)."),
     json_path: JsonOption = None,
-    plot_path: Optional[str] = typer.Option(None, "--plot", help="Also plot busbw vs size to this PNG "
-                                            "(needs matplotlib: pip install 'ddpdoctor[plot]')."),
+    plot_path: Optional[str] = typer.Option(None, "--plot", help="Also plot busbw vs size to this .png, .svg "
+                                            "or .pdf file (needs matplotlib: pip install 'ddpdoctor[plot]')."),
     nproc: NprocOption = None,
     backend: BackendOption = "auto",
     timeout: Annotated[float, typer.Option("--timeout", "-T", help="Seconds allowed for the rendezvous and for "

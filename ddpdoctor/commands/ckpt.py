@@ -2,13 +2,14 @@
 
 torch is imported only inside the commands, so `ddpdoctor --help` stays fast. `--json PATH` writes the
 JSON document atomically and still prints the text; `--json -` prints the document instead of the text.
+Every output is checked against the output policy (:mod:`ddpdoctor.outputs`) before the checkpoint is read.
 """
 
 from __future__ import annotations
 
 import typer
 
-from ddpdoctor import fileio
+from ddpdoctor import outputs
 from ddpdoctor.commands.options import JsonOption
 from ddpdoctor.errors import DoctorError
 
@@ -27,13 +28,15 @@ def inspect_cmd(
 
     Exit 0 when nothing is wrong (prefix warnings included), 1 when a finding fails (mixed keys).
     """
-    fileio.validate_output_path("--json", json_out)
+    plan = outputs.Plan("ckpt inspect")
+    plan.reads("PATH", path)
+    plan.json("--json", json_out)
     from ddpdoctor.ckpt import inspect_checkpoint, open_checkpoint, render_inspect
 
     rep = inspect_checkpoint(open_checkpoint(path, trust=trust))
     if json_out is not None:
-        fileio.emit_json(json_out, rep.to_json())
-    if not fileio.json_to_stdout(json_out):
+        outputs.emit_json(json_out, rep.to_json(), "ckpt inspect")
+    if not outputs.json_to_stdout(json_out):
         typer.echo(render_inspect(rep))
     if rep.status == "fail":
         raise typer.Exit(1)
@@ -43,13 +46,15 @@ def strip_cmd(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file, DCP directory or shard set to read (never "
                                "modified without --in-place)."),
     output: str = typer.Option(None, "-o", "--output", metavar="OUT", help="Where to write the stripped checkpoint: a "
-                               "file; for a DCP directory a new directory, or one torch.save file if OUT ends in "
-                               ".pt/.pth/.bin/.ckpt; for a shard set a new directory."),
+                               "new file named like the input's format (.pt/.pth/.bin/.ckpt, .safetensors); for a DCP "
+                               "directory a new directory, or one torch.save file if OUT ends in .pt/.pth/.bin/.ckpt; "
+                               "for a shard set a new directory."),
     prefix: list[str] = typer.Option(None, "--prefix", metavar="P", help="Wrapper to remove (repeatable); default: all of "
                                      "module. (at the start of keys), _orig_mod., _fsdp_wrapped_module., _fpw_module., "
                                      "_checkpoint_wrapped_module. (at any depth)."),
     key: str = typer.Option(None, "--key", metavar="K", help="Only the state_dict at this entry (nested: a/b)."),
-    in_place: bool = typer.Option(False, "--in-place", help="Replace PATH itself (still atomic)."),
+    in_place: bool = typer.Option(False, "--in-place", help="Replace PATH itself (still atomic; a symlink's target "
+                                  "is rewritten, the link kept; owner, group and mode kept)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
     json_out: JsonOption = None,
 ) -> None:
@@ -57,17 +62,21 @@ def strip_cmd(
 
     Tensor data is copied by the kernel, never loaded; OUT is written to a temp file (or directory) and renamed.
     """
-    fileio.validate_output_path("--json", json_out)
-    if output is not None and fileio.json_to_stdout(output):
+    if output is not None and outputs.json_to_stdout(output):
         # Not a file named "-" in the current folder, which is what writing it would make.
         raise DoctorError("-o takes a file or directory name: strip writes a checkpoint, not to stdout "
                           "(- is for --json; ./- names a file called '-')")
+    plan = outputs.Plan("ckpt strip")
+    plan.reads("PATH", path)
+    plan.json("--json", json_out)
     from ddpdoctor.ckpt import strip_file
 
-    rep = strip_file(path, output, prefixes=prefix or None, key=key, in_place=in_place, trust=trust)
+    # -o is checked against the plan once the input's format is known (a file, a DCP folder, a shard set),
+    # before anything is written.
+    rep = strip_file(path, output, prefixes=prefix or None, key=key, in_place=in_place, trust=trust, plan=plan)
     if json_out is not None:
-        fileio.emit_json(json_out, rep.to_json())
-    if fileio.json_to_stdout(json_out):
+        outputs.emit_json(json_out, rep.to_json(), "ckpt strip")
+    if outputs.json_to_stdout(json_out):
         return
     for sd in rep.state_dicts:
         pre = ", ".join(f"{p['prefix']!r} from {p['keys']} keys" for p in sd["prefixes"]) or "nothing to remove"
@@ -91,15 +100,18 @@ def diff_cmd(
 
     Exit 0 when the checkpoint loads with strict=True as is, 1 otherwise.
     """
-    fileio.validate_output_path("--json", json_out)
+    plan = outputs.Plan("ckpt diff")
+    plan.reads("PATH", path)
+    plan.reads_code("--model", model)
+    plan.json("--json", json_out)
     from ddpdoctor.ckpt import build_model_for_shapes, diff_against, open_checkpoint, render_diff
 
     checkpoint = open_checkpoint(path, trust=trust)
     net = build_model_for_shapes(model)
     rep = diff_against(checkpoint, net, key, model_spec=model)
     if json_out is not None:
-        fileio.emit_json(json_out, rep.to_json())
-    if not fileio.json_to_stdout(json_out):
+        outputs.emit_json(json_out, rep.to_json(), "ckpt diff")
+    if not outputs.json_to_stdout(json_out):
         typer.echo(render_diff(rep))
     if rep.status != "pass":
         raise typer.Exit(1)

@@ -14,14 +14,14 @@ def env(
 ) -> None:
     """Versions, GPUs, network interfaces and relevant variables, ready to paste into a bug report."""
     from ddpdoctor.env import collect, render
-    from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+    from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
 
-    validate_output_path("--json", json_path)
+    Plan("env").json("--json", json_path)
     facts = collect(with_torch=not no_torch)
     if not json_to_stdout(json_path):
         typer.echo(render(facts))
     if json_path is not None:
-        emit_json(json_path, facts)
+        emit_json(json_path, facts, "env")
 
 
 def register(app: typer.Typer) -> None:

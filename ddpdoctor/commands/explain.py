@@ -66,15 +66,25 @@ def explain(
 ) -> None:
     """Recognise known DDP / NCCL / torchrun errors in logs; root cause first. Exit 1 if any was found."""
     from ddpdoctor.explain import explain_streams, render_text
-    from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+    from ddpdoctor.outputs import Plan, emit_json, is_our_json, json_to_stdout
 
-    validate_output_path("--json", json_path)
+    if json_path is not None and not logs and not json_to_stdout(json_path) and os.path.isfile(json_path) \
+            and not is_our_json(json_path, "explain"):
+        # `explain --json train.log` with stdin not a terminal (cron, CI, nohup): --json took the log as the
+        # file to write, and stdin would be read instead. Say so, rather than only "not a JSON document".
+        raise DoctorError(f"--json {json_path!r} names an existing file that is not an explain JSON document: "
+                          "--json takes the file to WRITE, so no log was given and stdin would be read. "
+                          f"Give the log first: ddpdoctor explain {json_path} --json explain.json")
+    plan = Plan("explain")
+    for log in logs or []:
+        plan.reads("LOG", log)
+    plan.json("--json", json_path)
     with ExitStack() as stack:
         result = explain_streams(_open_inputs(stack, list(logs or [])))
     if not json_to_stdout(json_path):
         typer.echo(render_text(result), nl=False)
     if json_path is not None:
-        emit_json(json_path, result.to_json())
+        emit_json(json_path, result.to_json(), "explain")
     raise typer.Exit(EXIT_PROBLEM if result.diagnoses else EXIT_OK)
 
 

@@ -3,7 +3,8 @@
 ``check``, ``bench`` and ``watch`` start local ranks the same way, so ``--nproc``, ``--backend``,
 ``--timeout`` and ``--master-port`` read the same everywhere (each command picks its own default); their
 values are validated in one place, :func:`ddpdoctor.runtime.entry.validate_launch_options`. ``--json``
-follows one convention on every command, implemented by :func:`ddpdoctor.fileio.emit_json`.
+follows one convention on every command, implemented by :func:`ddpdoctor.outputs.emit_json`
+under the output policy (:mod:`ddpdoctor.outputs`).
 
 Self-launched ranks follow torchrun's conventions, with torchrun's names and meanings
 (``torch/distributed/run.py``): ``--nproc-per-node``/``--nproc_per_node`` are spellings of ``--nproc``, and
@@ -45,7 +46,7 @@ LocalRanksFilterOption = Annotated[str, typer.Option(
     "ranks' output reaches the console (e.g. 0 or 0,1); the log files keep everything.")]
 JsonOption = Annotated[Optional[str], typer.Option(
     "--json", metavar="PATH", help="Also write the result as JSON to PATH; - prints the JSON on stdout "
-    "instead of the text report.")]
+    "instead of the text report. PATH: a new .json file, or one this command wrote before (never an input).")]
 
 
 def validate_min_busbw(min_busbw: float | None) -> None:

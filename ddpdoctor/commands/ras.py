@@ -28,7 +28,7 @@ def ras(
     broke off its reply; 2: no RAS service at the address (nothing listens, the host does not resolve, or
     what answers is not RAS) or a bad option.
     """
-    from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+    from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
     from ddpdoctor.ras import (
         PROBLEM,
         RasUnavailable,
@@ -39,7 +39,7 @@ def ras(
         to_json,
     )
 
-    validate_output_path("--json", json_path)
+    Plan("ras").json("--json", json_path)
     if not 0 < timeout <= 3600:
         raise DoctorError(f"--timeout must be between 0 and 3600 seconds, got: {timeout:g}")
     target = addr if addr is not None else ras_addr_from_env()
@@ -55,7 +55,7 @@ def ras(
     if not json_to_stdout(json_path):
         typer.echo(render_text(verdict), nl=False)
     if json_path is not None:
-        emit_json(json_path, to_json(verdict))
+        emit_json(json_path, to_json(verdict), "ras")
     raise typer.Exit(EXIT_PROBLEM if verdict.status == PROBLEM else EXIT_OK)
 
 

@@ -31,11 +31,15 @@ def unused(
     json_path: JsonOption = None,
 ) -> None:
     """Classify parameters as always / never / sometimes used and recommend DDP's flags."""
-    from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+    from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
 
     if not 1 <= steps <= MAX_STEPS:
         raise DoctorError(f"--steps must be in 1-{MAX_STEPS}, got: {steps}")
-    validate_output_path("--json", json_path)
+    plan = Plan("unused")
+    plan.reads_code("MODULE:FACTORY", model)
+    plan.reads_code("--batch", batch)
+    plan.reads_code("--loss", loss)
+    plan.json("--json", json_path)
 
     from ddpdoctor.modelspec import build_model, load_factory, parse_shape
     from ddpdoctor.runtime.launcher import detect
@@ -54,7 +58,7 @@ def unused(
     if not json_to_stdout(json_path):
         typer.echo(report.render())
     if json_path is not None:
-        emit_json(json_path, report.to_json())
+        emit_json(json_path, report.to_json(), "unused")
     problem = report.has_problem or report.recommendation.find_unused_costs_for_nothing
     raise typer.Exit(EXIT_PROBLEM if problem else EXIT_OK)
 

@@ -8,7 +8,7 @@ import typer
 
 from ddpdoctor.commands.options import JsonOption, MasterPortOption, NprocOption
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import validate_output_path
+from ddpdoctor.outputs import Plan
 
 
 def watch(
@@ -21,9 +21,9 @@ def watch(
                                        "on any rank (while one waits in a collective) that count as a hang."),
     json_path: JsonOption = None,
     evidence_dir: str = typer.Option(None, "--evidence", metavar="DIR", help="On a hang, mismatch or crash, "
-                                     "write the evidence bundle here (stacks, collective histories, Flight "
-                                     "Recorder dumps, env, verdict.json); default: a new folder in the "
-                                     "temporary directory, named in the report."),
+                                     "write the evidence bundle here, a new or empty folder (stacks, collective "
+                                     "histories, Flight Recorder dumps, env, verdict.json); default: a new "
+                                     "folder in the temporary directory, named in the report."),
     launch: str = typer.Option("auto", "--launch", help="auto: recognise a script that starts its own ranks "
                                "(mp.spawn, a Process per rank) from its source; ranks: start --nproc copies of "
                                "it (the torchrun way); script: run it once and watch every process it starts."),
@@ -43,8 +43,10 @@ def watch(
     if not hang_timeout > 0:
         raise DoctorError(f"--hang-timeout must be a positive number of seconds, got: {hang_timeout}")
     check_script(script)
-    validate_output_path("--json", json_path)
-    validate_evidence(evidence_dir)
+    plan = Plan("watch")
+    plan.reads("SCRIPT", script)
+    plan.json("--json", json_path)
+    validate_evidence(evidence_dir, plan)
     if launch not in ("auto", "ranks", "script"):
         raise DoctorError(f"--launch must be auto, ranks or script, got: {launch!r}")
     args = list(ctx.args)

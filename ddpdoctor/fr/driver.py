@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
-from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
 from ddpdoctor.fr.analyze import analyze
 from ddpdoctor.fr.load import collect_inputs, read_all, read_stacks
 from ddpdoctor.fr.model import CallTable, FrReport
 from ddpdoctor.fr.report import render_text, to_json
+from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,14 @@ def diagnose(paths: Sequence[str], prefix: str | None = None, world_size: int | 
 
 def run(options: FrOptions) -> int:
     """Print the report (or the JSON); exit 1 when a rank diverged or left no dump, else 0."""
-    validate_output_path("--json", options.json_path)
+    plan = Plan("fr")
+    for path in options.paths:
+        plan.reads("PATH", path)
+    plan.json("--json", options.json_path)
     report = diagnose(options.paths, options.prefix, options.world_size)
     if not json_to_stdout(options.json_path):
         sys.stdout.write(render_text(report))
         sys.stdout.flush()
     if options.json_path is not None:
-        emit_json(options.json_path, to_json(report))
+        emit_json(options.json_path, to_json(report), "fr")
     return EXIT_PROBLEM if report.status == "fail" else EXIT_OK

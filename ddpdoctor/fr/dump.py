@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor import outputs
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import atomic_output
 
 # What a job must have in its environment for the dumps to hold anything (set before the process group).
 ENABLE_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
@@ -40,6 +40,6 @@ def write_dump(directory: str | os.PathLike[str], rank: int, fmt: str = "pickle"
                           "(_dump_fr_trace: torch 2.5 or later)") from None
     raw = data.encode() if isinstance(data, str) else bytes(data)
     target = Path(directory) / dump_name(rank, fmt)
-    with atomic_output(target) as handle:
-        handle.write(raw)
+    # PyTorch's format, not a ddpdoctor document: written as a new file, never over an older run's dump.
+    outputs.write_bytes(outputs.resolve("Flight Recorder dump", target, outputs.FR_DUMP), raw)
     return target

@@ -32,8 +32,9 @@ from typing import Any, ClassVar
 
 import ddpdoctor
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import PARTIAL_SUFFIX, read_regular
+from ddpdoctor.fileio import read_regular
 from ddpdoctor.fr.model import NO_CALL, Call, CallTable, GroupTrace, P2POp, RankDump, StackNow
+from ddpdoctor.outputs import PARTIAL_SUFFIX, json_command
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
 _EXTENSIONS = (".json", ".pkl", ".pickle", ".bin")
@@ -251,6 +252,14 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
     skipped: list[str] = []
 
     def add(path: str, explicit: bool) -> None:
+        ours = json_command(path)
+        if ours is not None and ours != "stacks":
+            # Our own outputs are never inputs: `fr DIR --json DIR/verdict.json`, then `fr DIR` again.
+            if explicit:
+                raise DoctorError(f"{path}: a ddpdoctor `{ours}` document (an output of ddpdoctor), not a Flight "
+                                  "Recorder dump or a `ddpdoctor stacks --json` file")
+            skipped.append(path)
+            return
         if _looks_like_stacks(path):
             stacks.append(path)
             return

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError
-from ddpdoctor.fileio import write_json_atomic
+from ddpdoctor.outputs import write_json
 from ddpdoctor.ports import busy_port_message, free_port, port_is_free
 
 SELF_LAUNCHED_ENV = "DDPDOCTOR_SELF_LAUNCHED"
@@ -149,7 +149,8 @@ def write_result_file(code: int, report: dict[str, Any] | None = None) -> None:
     """The self-launch protocol: rank 0 leaves its exit code (and report) where ``self_launch`` reads it."""
     path = os.environ.get(RESULT_FILE_ENV)
     if path:
-        write_json_atomic(path, {"exit_code": code, **({"report": report} if report is not None else {})})
+        write_json(path, {"exit_code": code, **({"report": report} if report is not None else {})},
+                   "result", flag="result file")
 
 
 def default_nproc() -> int:

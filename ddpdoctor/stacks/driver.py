@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
-from ddpdoctor.fileio import emit_json, json_to_stdout, validate_output_path
+from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
 from ddpdoctor.ras import RasVerdict
 from ddpdoctor.stacks.model import ProcessStacks, analyze
 from ddpdoctor.stacks.report import load_json_files, render_text, to_json
@@ -37,7 +37,9 @@ class StacksOptions:
 
 def run(opts: StacksOptions) -> int:
     """Find the ranks, read their stacks, print the grouped report; the exit code (0 agree, 1 not)."""
-    validate_output_path("--json", opts.json_path)
+    plan = Plan("stacks")
+    plan.reads("--stack-dir", opts.stack_dir)
+    plan.json("--json", opts.json_path)
     if opts.signal_mode:
         for flag, given in (("--native", opts.native), ("--locals", opts.locals_level > 0),
                             ("--nonblocking", opts.nonblocking)):
@@ -73,7 +75,10 @@ def _ask_ras() -> RasVerdict | None:
 
 def merge(files: Sequence[PathArg], all_threads: bool = False, json_path: str | None = None) -> int:
     """Group the stacks of several nodes' ``--json`` files as one job."""
-    validate_output_path("--json", json_path)
+    plan = Plan("stacks")  # the same document as `stacks --json`: a merge may replace a merge
+    for path in files:
+        plan.reads("FILES", path)
+    plan.json("--json", json_path)
     processes, source = load_json_files(files)
     return finish(processes, source, json_path, all_threads)
 
@@ -95,10 +100,10 @@ def finish(processes: list[ProcessStacks], source: str, json_path: str | None, a
         if ras is not None:
             doc["ras"] = ras_json(ras)
         if json_to_stdout(json_path):
-            emit_json(json_path, doc)
+            emit_json(json_path, doc, "stacks")
             return code
         try:  # first: the file is there even if stdout is a pipe that closes early
-            emit_json(json_path, doc)
+            emit_json(json_path, doc, "stacks")
         except OSError as exc:
             raise DoctorError(f"cannot write --json {json_path}: {exc.strerror or exc}") from exc
     out.write(render_text(reports, all_threads=all_threads, source=source))

@@ -27,6 +27,25 @@ def same_process_alive(pid: int, create_time: float | None) -> bool:
         return False
 
 
+def registered_process(pid: int, owner: int, create_time: float | None) -> str:
+    """Whether a registered pid may be signalled: ``"ok"``; ``"gone"`` when it is not the process that
+    registered (exited, a reused pid, another user's process: a registration planted to aim a signal);
+    ``"no start time"`` when the registration cannot tell a reused pid apart (then it is never signalled).
+    ``owner`` is the uid whose folder holds the registration: the process must run as that user."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return "gone"
+        uids = proc.uids()
+        if uids.real != owner or uids.effective != owner:
+            return "gone"
+        if create_time is None:
+            return "no start time"
+        return "ok" if abs(proc.create_time() - create_time) < _SAME_START_S else "gone"
+    except (psutil.Error, ValueError, OverflowError):
+        return "gone"
+
+
 def status_field(pid: int | str, name: str) -> list[str] | None:
     """The words of one ``/proc/PID/status`` line that psutil does not expose (``CapEff``...); ``pid`` may
     be ``"self"``. None when the process is gone or the kernel has no such line."""

@@ -1,8 +1,9 @@
 """`ddpdoctor stacks --signal`: signal the ranks that called ``install_stack_dumps()`` and read their dumps.
 
 No ptrace needed: each rank's own faulthandler writes its threads (see :mod:`ddpdoctor.stacks.install`). Only
-processes that left a registration file are signalled, and only if the pid still belongs to the process
-that registered (its start time matches): SIGUSR1 kills a process that did not register a handler.
+processes that left a registration file in a trusted (private) folder are signalled, and only if the pid
+still belongs to the process that registered (it runs as the folder's owner and its start time matches):
+SIGUSR1 kills a process that did not register a handler.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from ddpdoctor.errors import DoctorError
 from ddpdoctor.fileio import read_regular
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 from ddpdoctor.stacks.ident import job_matches
-from ddpdoctor.stacks.install import STACK_DIR_ENV, default_stack_dir
+from ddpdoctor.stacks.install import STACK_DIR_ENV, check_private_dir, default_stack_dirs
 from ddpdoctor.stacks.model import MAX_WORLD_SIZE, Frame, ProcessStacks, ThreadStack
-from ddpdoctor.stacks.procfs import same_process_alive
+from ddpdoctor.stacks.procfs import registered_process
 
 # faulthandler's format (Python/traceback.c, dump_traceback / write_thread_id):
 #   "Thread 0x00007f... (most recent call first):" or "Current thread 0x... (most recent call first):"
@@ -70,6 +71,7 @@ def _valid_registration(meta: Any) -> bool:
 
     texts = ("host", "job", "cmdline")
     return (integer("pid", 1, None, optional=False) and integer("signal", 1, signal.NSIG - 1, optional=False)
+            and integer("uid", 0, None)
             and isinstance(meta.get("stack_file"), str)
             and integer("rank", 0, MAX_WORLD_SIZE) and integer("local_rank", 0, MAX_WORLD_SIZE)
             and integer("world_size", 1, MAX_WORLD_SIZE) and integer("local_world_size", 1, MAX_WORLD_SIZE)
@@ -80,54 +82,79 @@ def _valid_registration(meta: Any) -> bool:
             and (meta.get("launcher_env") is None or isinstance(meta["launcher_env"], dict)))
 
 
-def _registrations(folder: Path) -> list[dict[str, Any]]:
+def _folders(directory: str | os.PathLike[str] | None) -> list[tuple[Path, int]]:
+    """The registry folders to read, each with the uid it is trusted for (:func:`check_private_dir`).
+
+    Named (``--stack-dir``, ``$DDPDOCTOR_STACK_DIR``): that folder. Else every default folder that exists
+    (:func:`default_stack_dirs`); one planted by another user is refused, never read."""
+    named = directory if directory is not None else os.environ.get(STACK_DIR_ENV) or None
+    candidates = [(Path(named), True)] if named is not None else [(d, False) for d in default_stack_dirs()]
+    found = []
+    for folder, explicit in candidates:
+        if os.path.lexists(folder):
+            found.append((folder, check_private_dir(folder, explicit=explicit, create=False)))
+    return found
+
+
+def _registrations(folder: Path, owner: int) -> list[dict[str, Any]]:
     regs = []
     for path in sorted(folder.glob("rank*-pid*.json")):
-        try:  # only regular files are opened: a FIFO here would block the collector forever
-            meta = loads_untrusted(read_regular(path, MAX_REGISTRATION_BYTES))
+        try:  # only regular files are opened, never through a link: a FIFO would block the collector
+            meta = loads_untrusted(read_regular(path, MAX_REGISTRATION_BYTES, follow_links=False))
         except (OSError, DoctorError, UntrustedJSONError):
             continue  # a foreign, half-written or hostile file: not ours to signal
-        if _valid_registration(meta):
+        if _valid_registration(meta) and meta.get("uid", owner) == owner:
+            # The dump file is the registration's twin in the same folder, whatever the file says.
+            meta["stack_file"] = str(path.with_suffix(".txt"))
+            meta["_owner"] = owner
             regs.append(meta)
     return regs
 
 
-def _alive_as_registered(meta: dict[str, Any]) -> bool:
+def _state(meta: dict[str, Any]) -> str:
     started = meta.get("create_time")
-    return same_process_alive(int(meta["pid"]), None if started is None else float(started))
+    return registered_process(int(meta["pid"]), int(meta["_owner"]), None if started is None else float(started))
 
 
 def _size(path: str) -> int:
     try:
-        return os.path.getsize(path)
+        return os.lstat(path).st_size
     except OSError:
         return 0
 
 
 def collect(pids: Sequence[int] = (), job: str | None = None, directory: str | os.PathLike[str] | None = None,
             timeout: float = 10.0) -> list[ProcessStacks]:
-    """Signal every live registered rank (optionally only ``pids``/``job``) and parse what each wrote."""
-    folder = Path(directory) if directory is not None else default_stack_dir()
-    regs = [m for m in _registrations(folder) if _alive_as_registered(m)]
+    """Signal every live registered rank (optionally only ``pids``/``job``) and parse what each wrote.
+
+    A pid is signalled only when it runs as the registry folder's owner and its start time matches the
+    registration; a registration without a start time is listed, never signalled (its pid may be reused)."""
+    folders = _folders(directory)
+    found = [m for folder, owner in folders for m in _registrations(folder, owner)]
     if pids:
-        regs = [m for m in regs if int(m["pid"]) in set(pids)]
+        found = [m for m in found if int(m["pid"]) in set(pids)]
     if job is not None:
-        regs = [m for m in regs if job_matches(job, dict(m.get("launcher_env") or {}), m.get("job"),
-                                               m.get("parent_pid"))]
-    if not regs:
+        found = [m for m in found if job_matches(job, dict(m.get("launcher_env") or {}), m.get("job"),
+                                                 m.get("parent_pid"))]
+    states = {id(m): _state(m) for m in found}
+    regs = [m for m in found if states[id(m)] == "ok"]
+    unsure = [m for m in found if states[id(m)] == "no start time"]
+    if not regs and not unsure:
+        named = directory if directory is not None else os.environ.get(STACK_DIR_ENV) or None
+        where = str(named) if named is not None else " or ".join(str(d) for d in default_stack_dirs())
         raise DoctorError(
-            f"no live process registered for stack dumps in {folder} (set {STACK_DIR_ENV} or --stack-dir "
+            f"no live process registered for stack dumps in {where} (set {STACK_DIR_ENV} or --stack-dir "
             "if the ranks use another directory): add `import ddpdoctor; ddpdoctor.install_stack_dumps()` "
             "near the top of the training script and restart it. ddpdoctor never signals a process that did "
             "not register: SIGUSR1 would kill it.")
-    before = {int(m["pid"]): _size(m["stack_file"]) for m in regs}
     procs: dict[int, ProcessStacks] = {}
+    for meta in unsure:
+        procs[int(meta["pid"])] = _process(meta, "registered without a start time (psutil was missing in the "
+                                                 "rank), so a reused pid cannot be told apart: not signalled")
+    before = {int(m["pid"]): _size(m["stack_file"]) for m in regs}
     for meta in regs:
         pid = int(meta["pid"])
-        procs[pid] = ProcessStacks(pid=pid, host=str(meta.get("host") or ""), rank=meta.get("rank"),
-                                   local_rank=meta.get("local_rank"), world_size=meta.get("world_size"),
-                                   local_world_size=meta.get("local_world_size"), job=meta.get("job"),
-                                   cmdline=str(meta.get("cmdline") or ""))
+        procs[pid] = _process(meta)
         try:
             os.kill(pid, int(meta["signal"]))
         except ProcessLookupError:
@@ -155,10 +182,11 @@ def collect(pids: Sequence[int] = (), job: str | None = None, directory: str | o
             continue
         if pid in pending:
             proc.error = (f"wrote no stacks to {meta['stack_file']} within {timeout:g} s"
-                          + ("" if _alive_as_registered(meta) else ": the process exited"))
+                          + ("" if _state(meta) == "ok" else ": the process exited"))
             continue
         try:
-            text = read_regular(meta["stack_file"], MAX_STACK_BYTES, before[pid]).decode("utf-8", "replace")
+            text = read_regular(meta["stack_file"], MAX_STACK_BYTES, before[pid],
+                                follow_links=False).decode("utf-8", "replace")
         except (OSError, DoctorError) as exc:
             proc.error = f"cannot read {meta['stack_file']}: {getattr(exc, 'strerror', None) or exc}"
             continue
@@ -166,3 +194,11 @@ def collect(pids: Sequence[int] = (), job: str | None = None, directory: str | o
         if not proc.threads:
             proc.error = f"{meta['stack_file']} holds no faulthandler dump after the signal"
     return list(procs.values())
+
+
+def _process(meta: dict[str, Any], error: str | None = None) -> ProcessStacks:
+    pid = int(meta["pid"])
+    return ProcessStacks(pid=pid, host=str(meta.get("host") or ""), rank=meta.get("rank"),
+                         local_rank=meta.get("local_rank"), world_size=meta.get("world_size"),
+                         local_world_size=meta.get("local_world_size"), job=meta.get("job"),
+                         cmdline=str(meta.get("cmdline") or ""), error=error)

@@ -13,8 +13,12 @@ On a hang, mismatch, crash or init conflict ``watch`` writes (every file atomica
   rank, and ``ddpdoctor fr`` takes the folder as it is. Ranks on other hosts write theirs into the same
   path on their own host.
 
-Without ``--evidence DIR`` the folder is a new ``ddpdoctor-watch-*`` directory in the temporary directory,
-named in the report.
+Without ``--evidence DIR`` the folder is a new ``ddpdoctor-watch-*`` directory in the temporary directory
+(private to the user: it is in a shared folder), named in the report. ``--evidence DIR`` must be a new or
+empty folder (checked before any rank starts, and again when the bundle is written: a folder filled in the
+meantime gets no bundle mixed into it, a new one is made and named), so a bundle never mixes two runs and
+never replaces a user's file; every file is written under the output policy (:mod:`ddpdoctor.outputs`),
+and each JSON file is a ddpdoctor document (``"tool"``/``"command"`` first).
 """
 
 from __future__ import annotations
@@ -23,35 +27,31 @@ import json
 import os
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
+from ddpdoctor import outputs
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.fileio import atomic_output, write_json_atomic
 
 FR_FOLDER = "flight_recorder"
 
 
-def validate(folder: str | None) -> None:
-    """``--evidence DIR``: refused before any rank starts when it could not be created or written."""
-    if folder is None:
-        return
-    if os.path.exists(folder):
-        if not os.path.isdir(folder):
-            raise DoctorError(f"--evidence {folder!r}: exists and is not a folder")
-        if not os.access(folder, os.W_OK):
-            raise DoctorError(f"--evidence {folder!r}: the folder is not writable")
-        return
-    parent = os.path.dirname(os.path.abspath(folder))
-    if not os.path.isdir(parent):
-        raise DoctorError(f"--evidence {folder!r}: the folder {parent!r} does not exist")
+def validate(folder: str | None, plan: outputs.Plan | None = None) -> None:
+    """``--evidence DIR``: refused before any rank starts unless it is a new or empty folder that can be
+    created and written, and not where another output of the run goes."""
+    if folder is not None:
+        (plan or outputs.Plan("watch")).folder("--evidence", folder, outputs.EVIDENCE_FOLDER)
 
 
 def prepare(folder: str | None) -> str | None:
     """The bundle's folder, created now (only failed runs have one); None, said in one line, when it
     cannot be created (the report still comes)."""
     try:
-        if folder is None:
+        if folder is not None and not _new_or_empty(folder):
+            fallback = tempfile.mkdtemp(prefix="ddpdoctor-watch-")
+            print(f"ddpdoctor watch: --evidence {folder} is no longer empty; the bundle goes to {fallback}",
+                  file=sys.stderr, flush=True)
+            folder = fallback
+        elif folder is None:
             folder = tempfile.mkdtemp(prefix="ddpdoctor-watch-")
         os.makedirs(os.path.join(folder, FR_FOLDER), exist_ok=True)
     except OSError as exc:
@@ -60,14 +60,22 @@ def prepare(folder: str | None) -> str | None:
     return os.path.abspath(folder)
 
 
+def _new_or_empty(folder: str) -> bool:
+    """Create ``folder`` (the umask decides its mode), or accept it when it is an empty folder."""
+    try:
+        os.mkdir(folder, 0o777)
+        return True
+    except FileExistsError:
+        return os.path.isdir(folder) and not os.path.islink(folder) and not os.listdir(folder)
+
+
 def fr_path(folder: str, rank: int) -> str:
     """Where rank N writes its Flight Recorder dump (``ddpdoctor fr FOLDER/flight_recorder`` reads them)."""
     return os.path.join(folder, FR_FOLDER, f"fr_rank_{rank}")
 
 
-def _write_text(path: str, text: str) -> None:
-    with atomic_output(Path(path)) as handle:
-        handle.write(text.encode("utf-8"))
+def _write(path: str, kind: outputs.Kind, data: bytes, command: str = "watch") -> None:
+    outputs.write_bytes(outputs.resolve("--evidence", path, kind, command=command), data)
 
 
 def write(folder: str, result: dict[str, Any], report: str, histories: dict[int, list[dict[str, Any]]]) -> list[str]:
@@ -82,17 +90,20 @@ def write(folder: str, result: dict[str, Any], report: str, histories: dict[int,
         except (OSError, DoctorError, TypeError, ValueError) as exc:
             written.append(f"{name} (not written: {exc})")
 
-    attempt("verdict.json", lambda p: write_json_atomic(p, result))
-    attempt("report.txt", lambda p: _write_text(p, report + "\n"))
-    attempt("env.json", lambda p: write_json_atomic(p, _env_facts()))
+    attempt("verdict.json", lambda p: outputs.write_json(p, result, "watch", flag="--evidence"))
+    attempt("report.txt", lambda p: _write(p, outputs.TEXT, (report + "\n").encode("utf-8")))
+    attempt("env.json", lambda p: outputs.write_json(p, _env_facts(), "env", flag="--evidence"))
     for rank in result["ranks"]:
         number = rank["rank"]
         if rank["stack"]:
-            attempt(f"stack_rank_{number}.txt", lambda p, r=rank: _write_text(p, "\n".join(r["stack"]) + "\n"))
+            attempt(f"stack_rank_{number}.txt",
+                    lambda p, r=rank: _write(p, outputs.TEXT, ("\n".join(r["stack"]) + "\n").encode("utf-8")))
         history = histories.get(number)
         if history:
+            doc = outputs.stamp({"rank": number, "calls": history}, "watch history")
             attempt(f"history_rank_{number}.json",
-                    lambda p, h=history: _write_text(p, json.dumps(h, indent=1) + "\n"))
+                    lambda p, d=doc: _write(p, outputs.JSON, (json.dumps(d, indent=1) + "\n").encode("utf-8"),
+                                            "watch history"))
         if rank.get("flight_recorder") and os.path.exists(fr_path(folder, number)):
             written.append(os.path.relpath(fr_path(folder, number), folder))
     return written

@@ -52,16 +52,14 @@ def dump_flight_recorder(path: str) -> str:
         data = dump(True, True, False)
     except Exception as exc:  # private API: any failure only costs the dump
         return f"Flight Recorder dump failed: {typed_error(exc)[:200]}"
-    from pathlib import Path
-
-    from ddpdoctor.fileio import atomic_output
+    from ddpdoctor import outputs
+    from ddpdoctor.errors import DoctorError
 
     try:
         # On another host than rank 0's (torchrun, several nodes) the bundle's folder is created here.
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_output(Path(path)) as handle:
-            handle.write(bytes(data))
-    except OSError as exc:
+        outputs.write_bytes(outputs.resolve("--evidence", path, outputs.FR_DUMP), bytes(data))
+    except (OSError, DoctorError) as exc:
         return f"cannot write {path}: {exc}"
     return ""
 

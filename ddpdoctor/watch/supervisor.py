@@ -77,7 +77,7 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
     """The evidence bundle (failed runs), the report on stderr, then --json (``--json -``: the JSON on
     stdout instead of the report). A failed write is one line, not an exception: in rank 0's supervisor
     thread an exception would skip telling the other ranks to exit, and hang the job."""
-    from ddpdoctor.fileio import emit_json, json_to_stdout
+    from ddpdoctor.outputs import emit_json, json_to_stdout
 
     if result.get("status") != OK:
         join_other_evidence(result)
@@ -92,7 +92,7 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
         print(text, file=sys.stderr, flush=True)
     if json_path:
         try:
-            emit_json(json_path, result)
+            emit_json(json_path, result, "watch")
         except (OSError, DoctorError) as exc:
             print(f"ddpdoctor watch: cannot write --json {json_path}: {exc}", file=sys.stderr, flush=True)
 

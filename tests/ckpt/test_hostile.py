@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddpdoctor.fileio import PARTIAL_SUFFIX
+from ddpdoctor.outputs import PARTIAL_SUFFIX
 from tests.ckpt import hostile as h
 from tests.support import REPO, can_drop_root_read, run_cli, without_root_read
 

@@ -78,6 +78,7 @@ def test_json_path_writes_the_document_and_still_prints_the_text_in_process(
         got, stdout = _invoke([*args, "--json", str(target)])
         assert got == code, (name, stdout)
         assert texts[name] in stdout and not stdout.lstrip().startswith("{")
+        (tmp_path / "o.pt").unlink(missing_ok=True)  # strip never replaces a checkpoint (the output policy)
         _, dash = _invoke([*args, "--json", "-"])
         assert json.loads(target.read_text()) == json.loads(dash), name  # the same document either way
     assert sorted(p.name for p in reports.iterdir()) == ["diff.json", "inspect.json", "strip.json"]  # no temp files

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import pickle
 import signal
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddpdoctor.fileio import PARTIAL_SUFFIX
+from ddpdoctor.outputs import PARTIAL_SUFFIX
 from examples.ckpt_models import make_mlp
 from tests.support import REPO, clean_env, run_cli
 
@@ -178,7 +179,11 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case: str, tmp_path: Pa
         assert len(err.strip().splitlines()) == 1, err
         assert out == ""
     assert _snapshot(src_dir) == before
-    assert list(out_dir.iterdir()) == []
+    # No checkpoint, no temp file; the requested --json holds the error (never a stale result).
+    assert [p.name for p in out_dir.iterdir()] == ["r.json"]
+    doc = json.loads((out_dir / "r.json").read_text())
+    assert (doc["tool"], doc["command"], doc["status"], doc["exit_code"]) == ("ddpdoctor", "ckpt inspect", "error", 2)
+    assert expected in doc["error"]
 
 
 def _unwritable_dir(tmp_path: Path) -> Path:

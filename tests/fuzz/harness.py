@@ -3,7 +3,8 @@
 The promises (README "Exit codes", design.md, issue 20): the exit code is 0, 1 or 2 (3 is our own bug);
 on 2 stderr is exactly one line starting ``ddpdoctor: error:``; no ``Traceback`` anywhere; the inputs are
 byte for byte and mtime for mtime what they were; no ``*.ddpdoctor-partial`` temp file is left; an output
-(``-o OUT``, ``--json PATH``) is either absent or complete and readable; nothing in a file ran (the
+(``-o OUT``, ``--json PATH``) is either absent or complete and readable, and after exit 2 a ``--json``
+file holds the error document, never a result; nothing in a file ran (the
 payloads the generators plant would create :data:`MARKER`); and the run ends in bounded time.
 
 In-process (the console entry point's own function, without paying torch's import per input), with
@@ -203,11 +204,12 @@ def check_command(argv: Sequence[str], *, inputs: Sequence[Path], folder: Path,
     for p, snap in before.items():
         assert snapshot(p) == snap, f"ddpdoctor {' '.join(res.argv)!r} changed its input {p}"
     no_partials(folder, *(p for p in inputs if p.is_dir()))
-    if json_out is not None:
+    if json_out is not None and json_out.exists():
+        doc = strict_json(json_out.read_text(encoding="utf-8"))
         if res.code == 2:
-            assert not json_out.exists(), f"{res.argv}: exit 2 but the --json file was written"
-        elif json_out.exists():
-            strict_json(json_out.read_text(encoding="utf-8"))
+            # A failed run's --json holds its error document, never a result (README "JSON output").
+            assert isinstance(doc, dict) and (doc.get("tool"), doc.get("status"), doc.get("exit_code")) == \
+                ("ddpdoctor", "error", 2), f"{res.argv}: exit 2 but the --json file holds a result: {doc!r:.300}"
     if output is not None and output.exists():
         assert res.code != 2, f"{res.argv}: exit 2 but the output {output} was written"
         if output_valid is not None:

@@ -68,7 +68,7 @@ def test_mp_spawn_rank_skipping_a_collective_is_named_with_both_lines_and_its_ev
         # Each live rank's Flight Recorder dump, written by the rank: torch's pickle, with its collectives.
         strings = pickle_strings(bundle / "flight_recorder" / f"fr_rank_{rank}")
         assert {"entries", "gloo:all_reduce"} <= strings
-        history = json.loads((bundle / f"history_rank_{rank}.json").read_text())
+        history = json.loads((bundle / f"history_rank_{rank}.json").read_text())["calls"]
         assert history[-1]["site"] == (reduce_site if rank == 0 else barrier_site)
     # PyTorch's own record of the same hang, read by `ddpdoctor fr`, is in the report beside watch's verdict.
     assert data["fr"]["status"] == "fail" and data["fr"]["path"] == str(bundle / "flight_recorder")
