@@ -68,6 +68,9 @@ class Kind:
     name: str
     extensions: tuple[str, ...] = ()
     folder: bool = False
+    # A folder the writer only adds new entries to (torchrun's --log-dir gets a new <run id>_<random>/ per
+    # run): an existing one is used as it is, never required to be empty.
+    adds_only: bool = False
 
 
 JSON = Kind("a JSON document", (".json",))
@@ -77,6 +80,7 @@ TORCH_FILE = Kind("a torch.save checkpoint", (".pt", ".pth", ".bin", ".ckpt", ".
 SAFETENSORS = Kind("a safetensors checkpoint", (".safetensors",))
 CHECKPOINT_FOLDER = Kind("a checkpoint folder", folder=True)
 EVIDENCE_FOLDER = Kind("an evidence folder", folder=True)
+LOG_FOLDER = Kind("a log folder", folder=True, adds_only=True)
 TEXT = Kind("a text file", (".txt",))
 # `bench -J FILE.json`: nccl-tests' own JSON layout (util.cu), which has no room for our "tool" stamp; ours
 # are recognised by their "args" (our writer puts "ddpdoctor" first, after "version" and "start_time").
@@ -239,6 +243,10 @@ def _check_existing(flag: str, given: str, real: Path, kind: Kind, st: os.stat_r
     if kind.folder:
         if not stat.S_ISDIR(st.st_mode):
             raise _refuse(flag, given, "exists and is not a folder; give a new folder name")
+        if kind.adds_only:
+            if not os.access(real, os.W_OK | os.X_OK):
+                raise _refuse(flag, given, "is a folder this user cannot write to; give another folder")
+            return
         try:
             contents = os.listdir(real)
         except OSError as exc:

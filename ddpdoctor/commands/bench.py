@@ -40,7 +40,7 @@ from ddpdoctor.commands.options import (
     validate_min_busbw,
 )
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.outputs import NCCL_TESTS_JSON, PLOT, Plan, json_to_stdout
+from ddpdoctor.outputs import LOG_FOLDER, NCCL_TESTS_JSON, PLOT, Plan, json_to_stdout
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.launcher import LaunchInfo
@@ -58,7 +58,7 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float | N
                  plot_path: str | None, backend: str, timeout: float, *, redop: str = "sum", root: int = 0,
                  average: int = 1, blocking: int = 0, cputime: int = 0, timestamps: int = 0, run_cycles: int = 1,
                  step_bytes: str | None = None, nccl_json_path: str | None = None, argv: tuple[str, ...] = (),
-                 environ: Mapping[str, str] | None = None) -> BenchConfig:
+                 environ: Mapping[str, str] | None = None, log_dir: str | None = None) -> BenchConfig:
     """Options -> BenchConfig; DoctorError (exit 2, one line) for anything malformed."""
 
     ops = parse_ops(op)
@@ -107,6 +107,7 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float | N
     plan.json("--json", json_path)
     plan.file("--plot", plot_path, PLOT)
     plan.file("-J/--output_file", nccl_json_path, NCCL_TESTS_JSON)
+    plan.folder("--log-dir", log_dir, LOG_FOLDER)
     if plot_path is not None:
         check_plot_available()
     return BenchConfig(ops=tuple(ops), sizes=tuple(sizes), iters=iters, warmup=warmup, dtypes=tuple(dtypes),
@@ -251,7 +252,6 @@ def bench(
     from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
 
     validate_launch_options(nproc, backend, master_port, timeout)
-    logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
     notes = foreign_notes({"--nthreads": nthreads, "--ngpus": ngpus, "--agg_iters": agg_iters,
                            "--parallel_init": parallel_init, "--stream_null": stream_null, "--cudagraph": cudagraph,
                            "--local_register": local_register, "--cta_policy": cta_policy,
@@ -267,7 +267,9 @@ def bench(
     config = build_config(op, min_bytes, max_bytes, step_factor, iters, warmup, dtype, check, pairs,
                           min_busbw, json_path, plot_path, backend, timeout, redop=redop, root=root, average=average,
                           blocking=blocking, cputime=cputime, timestamps=timestamps, run_cycles=run_cycles,
-                          step_bytes=step_bytes, nccl_json_path=nccl_json, argv=tuple(invocation_args()))
+                          step_bytes=step_bytes, nccl_json_path=nccl_json, argv=tuple(invocation_args()),
+                          log_dir=log_dir)
+    logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
 
     refuse_sizes_beyond_this_machine(config, nproc)
     _say_once(notes)

@@ -72,16 +72,17 @@ def check(
     from ddpdoctor.check import CheckOptions, RunConfig, run_rank
     from ddpdoctor.cli import invocation_args
     from ddpdoctor.modelspec import parse_shape
-    from ddpdoctor.outputs import Plan
+    from ddpdoctor.outputs import LOG_FOLDER, Plan
     from ddpdoctor.runtime.entry import run_here_or_self_launch, validate_launch_options
 
     validate_launch_options(nproc, backend, master_port, timeout)
-    logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
     plan = Plan("check")
     plan.reads("--checkpoint", checkpoint)
     plan.reads_code("--model", model)
     plan.reads_code("--batch", batch)
     plan.json("--json", json_path)
+    plan.folder("--log-dir", log_dir, LOG_FOLDER)
+    logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
     validate_min_busbw(min_busbw)
     if checkpoint is not None and not os.path.exists(checkpoint):
         raise DoctorError(f"--checkpoint {checkpoint!r}: no such file")

@@ -34,24 +34,31 @@ from tests.support import REPO, clean_env, run_cli
 # Every value-taking parameter of every command: the ones that name something written (the policy must
 # cover them, and each is tried with every slip below) ...
 OUTPUT_OPTIONS: dict[str, set[str]] = {
-    "check": {"--json"}, "bench": {"--json", "--plot"}, "watch": {"--json", "--evidence"},
+    "check": {"--json", "--log-dir"}, "bench": {"--json", "--plot", "--output_file", "--log-dir"},
+    "watch": {"--json", "--evidence"},
     "explain": {"--json"}, "unused": {"--json"}, "ras": {"--json"}, "fr": {"--json"}, "env": {"--json"},
     "ckpt inspect": {"--json"}, "ckpt strip": {"--json", "--output"}, "ckpt diff": {"--json"},
     "stacks": {"--json"}, "stacks merge": {"--json"},
 }
 # ... and the ones that name no output (inputs, numbers, names).
 OTHER_PARAMETERS: dict[str, set[str]] = {
-    "check": {"--nproc", "--backend", "--timeout", "--only", "--skip", "--master-port", "--checkpoint", "--model",
-              "--batch", "--input-shape", "--min-busbw"},
-    "bench": {"--op", "--min-bytes", "--max-bytes", "--step-factor", "--iters", "--warmup", "--dtype", "--check",
-              "--min-busbw", "--nproc", "--backend", "--timeout", "--master-port"},
-    "watch": {"script", "--nproc", "--master-port", "--hang-timeout", "--launch"},
+    "check": {"--nproc-per-node", "--backend", "--timeout", "--only", "--skip", "--master-port", "--checkpoint",
+              "--model", "--batch", "--input-shape", "--min-busbw", "--redirects", "--tee", "--local-ranks-filter"},
+    "bench": {"test", "--op", "--min-bytes", "--max-bytes", "--step-factor", "--stepbytes", "--iters",
+              "--warmup_iters", "--datatype", "--redop", "--root", "--average", "--blocking", "--check",
+              "--report_cputime", "--report_timestamps", "--run_cycles", "--min-busbw", "--nproc-per-node",
+              "--backend", "--timeout", "--master-port", "--redirects", "--tee", "--local-ranks-filter",
+              # nccl-tests' flags for what ddpdoctor does not do: a note or a refusal, never a file
+              "--nthreads", "--ngpus", "--agg_iters", "--parallel_init", "--stream_null", "--cudagraph",
+              "--local_register", "--cta_policy", "--device_implementation", "--device_cta_count", "--memory",
+              "--unalign", "--per_iter_timing", "--per_iter_skip"},
+    "watch": {"script", "--nproc-per-node", "--master-port", "--hang-timeout", "--launch"},
     "explain": {"logs"}, "unused": {"model", "--batch", "--input-shape", "--loss", "--steps"},
     "ras": {"--addr", "--timeout"}, "fr": {"paths", "--prefix", "--world-size"}, "env": set(),
     "ckpt inspect": {"path"}, "ckpt strip": {"path", "--prefix", "--key"}, "ckpt diff": {"path", "--model", "--key"},
     "stacks": {"--pid", "--job", "--stack-dir", "--timeout"}, "stacks merge": {"files"},
 }
-SHORT = {"--output": "-o"}
+SHORT = {"--output": "-o", "--output_file": "-J"}
 DOC_COMMAND = {"stacks merge": "stacks"}  # the JSON document a command writes (a merge is a stacks document)
 SUBPROCESS = {"check", "bench", "watch"}
 
@@ -118,9 +125,14 @@ RECIPES: dict[str, Recipe] = {
 }
 
 # What each kind of output is called, for slips that need a name that fits it.
-EXTENSION = {"--json": ".json", "--plot": ".png", "--output": ".pt", "--evidence": ""}
-USER_FILE = {"--json": "user.json", "--plot": "user.png", "--output": "user.pt", "--evidence": "userdir"}
-WRONG_NAME = {"--json": "out.txt", "--plot": "out.txt", "--output": "out.safetensors", "--evidence": "ev.json"}
+EXTENSION = {"--json": ".json", "--plot": ".png", "--output": ".pt", "--evidence": "", "--output_file": ".json",
+             "--log-dir": ""}
+# (--log-dir is torchrun's base folder: an existing folder of the user's is fine there, as under torchrun,
+# since each run adds a new <run id>_<random>/ folder; a file under its name is the slip.)
+USER_FILE = {"--json": "user.json", "--plot": "user.png", "--output": "user.pt", "--evidence": "userdir",
+             "--output_file": "user.json", "--log-dir": "user.json"}
+WRONG_NAME = {"--json": "out.txt", "--plot": "out.txt", "--output": "out.safetensors", "--evidence": "ev.json",
+              "--output_file": "out.txt", "--log-dir": "logs.json"}
 
 
 def _ours(ws: Path, command: str, option: str) -> Path | None:
