@@ -138,7 +138,7 @@ def test_redirected_and_filtered_rank_0_reports_into_its_file_only(tmp_path: Pat
     (["--redirects", "0:9"], "--redirects takes 0 (none)"),
     (["--local-ranks-filter", "0,a"], "--local-ranks-filter must be a comma-separated list of local ranks"),
     (["--nproc", "2", "--local-ranks-filter", "5"], "no such local rank among the 2 started"),
-    (["--log-dir", "FILE"], "is a file, not a directory"),
+    (["--log-dir", "FILE"], "exists and is not a folder"),
 ])
 @pytest.mark.parametrize("command", ["check", "bench"])
 def test_bad_torchrun_log_options_are_one_line_exit_2(command: str, args: list[str], needle: str,

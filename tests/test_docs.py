@@ -301,13 +301,14 @@ def test_check_ids_in_help_registry_and_docs_agree() -> None:
 
 
 def test_strip_outputs_in_help_code_and_docs_agree() -> None:
-    from ddpdoctor.ckpt.strip import _SINGLE_FILE
+    from ddpdoctor.outputs import TORCH_FILE
 
+    single_file = TORCH_FILE.extensions  # what the output policy lets `strip -o` write as one torch.save file
     helped = re.search(r"if OUT ends in ([./a-z]+);", _help("ckpt", "strip"))
-    assert helped and tuple(helped.group(1).split("/")) == _SINGLE_FILE
+    assert helped and tuple(helped.group(1).split("/")) == single_file
     row = next(line for line in (REPO / "docs" / "ckpt.md").read_text().splitlines() if line.startswith("| `-o OUT`"))
-    documented = re.search(r"when OUT ends in ((?:`\.[a-z]+`/?)+)", row)
-    assert documented and tuple(documented.group(1).replace("`", "").split("/")) == _SINGLE_FILE
+    documented = re.search(r"when OUT ends in ((?:`\.[a-z.]+`/?)+)", row)
+    assert documented and tuple(documented.group(1).replace("`", "").split("/")) == single_file
 
 
 def test_bench_lists_in_help_code_and_docs_agree() -> None:

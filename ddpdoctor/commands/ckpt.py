@@ -46,8 +46,9 @@ def strip_cmd(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file, DCP directory or shard set to read (never "
                                "modified without --in-place)."),
     output: str = typer.Option(None, "-o", "--output", metavar="OUT", help="Where to write the stripped checkpoint: a "
-                               "new file named like the input's format (.pt/.pth/.bin/.ckpt, .safetensors); for a DCP "
-                               "directory a new directory, or one torch.save file if OUT ends in .pt/.pth/.bin/.ckpt; "
+                               "new file named like the input's format (.pt/.pth/.bin/.ckpt/.pth.tar/.pt.tar, .safetensors); "
+                               "for a DCP directory a new directory, or one torch.save file if OUT ends in "
+                               ".pt/.pth/.bin/.ckpt/.pth.tar/.pt.tar; "
                                "for a shard set a new directory."),
     prefix: list[str] = typer.Option(None, "--prefix", metavar="P", help="Wrapper to remove (repeatable); default: all of "
                                      "module. (at the start of keys), _orig_mod., _fsdp_wrapped_module., _fpw_module., "
