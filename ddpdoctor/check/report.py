@@ -35,7 +35,13 @@ def format_ranks(ranks: list[int], world_size: int, peers: dict[int, RankInfo]) 
     if sorted(set(ranks)) == list(range(world_size)) and world_size > 1:
         return f"all ({format_rank_list(ranks)})"
     if len(ranks) <= MAX_TAGGED:
-        return " ".join(f"{r} {peers[r].tag}" if r in peers else str(r) for r in sorted(ranks))
+        # The one rank-list format (ranks.py) for the ranks without a tag (those that never reported), each
+        # tagged rank with its [host:local_rank]: '1-3' and '0 [vm:0], 5 [node-b:1]', never '1 2 3'.
+        untagged = [r for r in ranks if r not in peers]
+        parts = [(r, f"{r} {peers[r].tag}") for r in sorted(set(ranks)) if r in peers]
+        if untagged:
+            parts.append((min(untagged), format_rank_list(untagged)))
+        return ", ".join(text for _, text in sorted(parts))
     return short_rank_list(ranks, RANKS_WIDTH * 2)
 
 

@@ -36,6 +36,7 @@ from ddpdoctor.check.model import Report
 from ddpdoctor.check.report import render_table
 from ddpdoctor.check.runner import RankRun, RunConfig
 from ddpdoctor.findings import PASS, Finding, RankInfo
+from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.control import ControlPlane
 from ddpdoctor.runtime.launcher import LaunchInfo
 
@@ -144,7 +145,7 @@ def _host_of(rank: int, ranks_per_host: int) -> tuple[str, int]:
 def _rank_findings(rank: int, expected: int, missing: list[int]) -> dict[str, list[dict[str, Any]]]:
     """What the real barrier and connectivity checks post on a healthy rank (their finding shapes)."""
     if missing:
-        barrier = Finding("", "fail", f"barrier: ranks {missing} did not arrive",
+        barrier = Finding("", "fail", f"barrier: {rank_phrase(missing)} did not arrive",
                           [rank], "see which ranks did not arrive below; they are stuck or dead",
                           {"missing": missing})
     else:

@@ -90,3 +90,14 @@ def test_verbose_shows_details() -> None:
     report = make_report([Finding("port", "pass", "ok", [0], details={"connect_ms": 0.25})])
     assert "connect_ms" in render_table(report, verbose=True)
     assert "connect_ms" not in render_table(report, verbose=False)
+
+
+def test_rank_lists_read_the_same_in_every_column() -> None:
+    """Issue 28: '1 2 3' in one report and '1-7' in another. Ranks that never reported (no tag) read as
+    ranges, as everywhere else (ranks.py); a tagged rank keeps its [host:local_rank]."""
+    peers = {p.rank: p for p in PEERS}
+    assert format_ranks([1, 2, 3], 8, {}) == "1-3"
+    assert format_ranks([3, 1], 8, {}) == "1,3"
+    tagged = format_ranks([5, 6, 7], 8, {5: peers[5]})
+    assert tagged == "5 [node-b:1], 6-7"
+    assert " " not in format_ranks([1, 2, 3, 4], 8, {})
