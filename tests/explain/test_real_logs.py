@@ -2,13 +2,22 @@
 
 The corpus is what users paste into issue threads: quote marks, app-logger and Ray prefixes, pasted line
 numbers, tracebacks of several ranks interleaved, tqdm bars glued to error lines, plus logs with no
-distributed problem at all. The score is printed at the end of the pytest run and in the assertion
-message; the thresholds are the issue's: right root cause first >= 90 %, recognised >= 95 %, no false alarm.
+distributed problem at all.
+
+The corpus is split in two by a rule fixed before any tuning (issue 26): a log is *held out* when the
+SHA-256 of its file name is odd (`held_out`), so a new log falls into a half by itself and nobody picks
+which. The knowledge base is tuned on the other half; the issue's thresholds (right root cause first
+>= 90 %, no false alarm) are asserted on the held-out half only, and the tuning half's score is reported
+next to it. Both are printed at the end of the pytest run and in the assertion messages. Which held-out
+logs miss is not printed unless DDPDOCTOR_SHOW_HELD_OUT=1 is set: whoever tunes the knowledge base should
+see the held-out figures, not the logs behind them (docs/internals/explain-corpus.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -19,10 +28,18 @@ from ddpdoctor.explain import ExplainResult, Signature, explain_streams, load_kb
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "real_logs"
 INDEX = json.loads((CORPUS / "index.json").read_text(encoding="utf-8"))["logs"]
+SHOW_HELD_OUT = os.environ.get("DDPDOCTOR_SHOW_HELD_OUT") == "1"
+
+
+def held_out(file_name: str) -> bool:
+    """The split rule: the file name alone (no folder), hashed; odd is held out. It is computed, never
+    listed, so adding or renaming a log cannot move another one between the halves."""
+    return int(hashlib.sha256(file_name.encode()).hexdigest(), 16) % 2 == 1
 
 
 @dataclass
 class Score:
+    name: str
     positives: int = 0
     recognised: int = 0
     right_first: int = 0
@@ -30,15 +47,31 @@ class Score:
     false_alarms: list[str] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
 
+    def figures(self) -> list[str]:
+        def pct(n: int, of: int) -> str:
+            return f"{n}/{of} ({100 * n / of:.1f} %)" if of else f"{n}/0"
+
+        return [f"{self.name}: {self.positives} logs with a known failure, {self.negatives} without",
+                f"  right root cause first: {pct(self.right_first, self.positives)}",
+                f"  recognised:             {pct(self.recognised, self.positives)}",
+                f"  false alarms:           {len(self.false_alarms)}/{self.negatives}"]
+
+    def details(self) -> list[str]:
+        return [f"  miss: {m}" for m in self.misses] + [f"  false alarm: {f}" for f in self.false_alarms]
+
+
+@dataclass
+class CorpusScore:
+    tuning: Score
+    held: Score
+
     def summary(self) -> str:
-        lines = [f"real-log corpus: {self.positives} logs with a known failure, {self.negatives} without",
-                 f"  right root cause first: {self.right_first}/{self.positives} "
-                 f"({100 * self.right_first / self.positives:.1f} %)",
-                 f"  recognised:             {self.recognised}/{self.positives} "
-                 f"({100 * self.recognised / self.positives:.1f} %)",
-                 f"  false alarms:           {len(self.false_alarms)}/{self.negatives}"]
-        lines += [f"  miss: {m}" for m in self.misses]
-        lines += [f"  false alarm: {f}" for f in self.false_alarms]
+        lines = self.tuning.figures() + self.held.figures() + self.tuning.details()
+        if SHOW_HELD_OUT:
+            lines += self.held.details()
+        elif self.held.misses or self.held.false_alarms:
+            lines.append(f"  ({len(self.held.misses)} held-out misses and {len(self.held.false_alarms)} held-out "
+                         "false alarms not listed: DDPDOCTOR_SHOW_HELD_OUT=1 lists them)")
         return "\n".join(lines)
 
 
@@ -52,41 +85,83 @@ def _explain(path: Path) -> ExplainResult:
         return explain_streams([(str(path), stream, rank_from_path(str(path)))], _kb())
 
 
-def _said(result: ExplainResult) -> str:
-    first = result.to_json()["diagnoses"][0]
+@dataclass
+class Verdict:
+    """What a user gets from `ddpdoctor explain --json - LOG`: the exit code and the diagnoses, first first."""
+
+    exit_code: int
+    diagnoses: list[dict]
+
+
+def _run_cli(path: Path) -> Verdict:
+    """The command itself, in-process (typer's CliRunner): a false alarm is what the issue counts, exit 1 on a
+    log without a distributed failure, whatever the knowledge base does with notes and warnings."""
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    run = CliRunner().invoke(app, ["explain", "--json", "-", str(path)])
+    if run.exception is not None and not isinstance(run.exception, SystemExit):
+        return Verdict(3, [{"id": f"<crash: {run.exception!r}>"}])  # the CLI would print a bug report, exit 3
+    if run.exit_code not in (0, 1):
+        return Verdict(run.exit_code, [{"id": f"<exit {run.exit_code}: {run.output.strip()[-200:]}>"}])
+    return Verdict(run.exit_code, json.loads(run.stdout)["diagnoses"])
+
+
+def _said(first: dict) -> str:
     return " ".join([first["title"], first["cause"], first["remedy"], first["command"],
                      *first.get("notes", [])]).lower()
 
 
-def score_corpus() -> Score:
-    score = Score()
+def _score_entry(entry: dict, score: Score) -> None:
+    verdict = _run_cli(CORPUS / entry["file"])
+    got = [d["id"] for d in verdict.diagnoses]
+    if entry["expected"] is None:
+        score.negatives += 1
+        if verdict.exit_code != 0:
+            score.false_alarms.append(f"{entry['file']}: exit {verdict.exit_code} {got}")
+        return
+    score.positives += 1
+    if verdict.exit_code != 1 or not got:
+        score.misses.append(f"{entry['file']}: exit {verdict.exit_code}, nothing recognised "
+                            f"(want {entry['expected']}; notes {got})")
+        return
+    score.recognised += 1
+    problems = []
+    first = verdict.diagnoses[0]
+    if first["id"] != entry["expected"]:
+        problems.append(f"first {first['id']} (all {got})")
+    else:
+        said = _said(first)
+        problems += [f"does not say {w!r}" for w in entry["must_say"] if w.lower() not in said]
+        want_ranks = entry.get("ranks")
+        if want_ranks is not None and sorted(first["ranks"]) != sorted(want_ranks):
+            problems.append(f"ranks {sorted(first['ranks'])} != {want_ranks}")
+    if problems:
+        score.misses.append(f"{entry['file']} (want {entry['expected']}): " + "; ".join(problems))
+    else:
+        score.right_first += 1
+
+
+def score_corpus() -> CorpusScore:
+    scores = CorpusScore(tuning=Score("tuning half"), held=Score("held-out half"))
     for entry in INDEX:
-        result = _explain(CORPUS / entry["file"])
-        got = [d.id for d in result.diagnoses]
-        if entry["expected"] is None:
-            score.negatives += 1
-            if got:
-                score.false_alarms.append(f"{entry['file']}: {got}")
-            continue
-        score.positives += 1
-        if not got:
-            score.misses.append(f"{entry['file']}: nothing recognised (want {entry['expected']})")
-            continue
-        score.recognised += 1
-        problems = []
-        if got[0] != entry["expected"]:
-            problems.append(f"first {got[0]} (all {got})")
-        else:
-            said = _said(result)
-            problems += [f"does not say {w!r}" for w in entry["must_say"] if w.lower() not in said]
-            want_ranks = entry.get("ranks")
-            if want_ranks is not None and sorted(result.diagnoses[0].ranks) != sorted(want_ranks):
-                problems.append(f"ranks {sorted(result.diagnoses[0].ranks)} != {want_ranks}")
-        if problems:
-            score.misses.append(f"{entry['file']} (want {entry['expected']}): " + "; ".join(problems))
-        else:
-            score.right_first += 1
-    return score
+        _score_entry(entry, scores.held if held_out(entry["file"]) else scores.tuning)
+    return scores
+
+
+def _thread(url: str) -> str:
+    """The thread a source URL points into (a comment anchor or a PR's files tab is the same thread)."""
+    return url.split("#", 1)[0].split("?", 1)[0].rstrip("/").removesuffix("/files")
+
+
+def test_split_rule_is_the_file_name_hash() -> None:
+    """The rule as issue 26 fixed it, on names whose digests were taken with sha256sum (a.log ends in 5,
+    b.log in a, c.log in 7); index entries are bare file names, so the folder never enters the hash."""
+    assert [held_out(n) for n in ("a.log", "b.log", "c.log")] == [True, False, True]
+    assert all("/" not in e["file"] for e in INDEX)
+    held = sum(held_out(e["file"]) for e in INDEX)
+    assert len(INDEX) / 3 <= held <= 2 * len(INDEX) / 3, f"{held}/{len(INDEX)} held out: the halves are lopsided"
 
 
 def test_corpus_is_big_enough_and_sourced() -> None:
@@ -99,11 +174,17 @@ def test_corpus_is_big_enough_and_sourced() -> None:
 
 
 def test_real_logs_score(request: pytest.FixtureRequest) -> None:
-    score = score_corpus()
-    request.config.stash[SUMMARY_KEY] = score.summary()
-    assert not score.false_alarms, score.summary()
-    assert score.recognised >= 0.95 * score.positives, score.summary()
-    assert score.right_first >= 0.90 * score.positives, score.summary()
+    """The issue's thresholds on the held-out half; counts only, so a failure names no held-out log."""
+    scores = score_corpus()
+    summary = scores.summary()
+    request.config.stash[SUMMARY_KEY] = summary
+    held = scores.held
+    positives, negatives = held.positives, held.negatives
+    false_alarms, recognised, right_first = len(held.false_alarms), held.recognised, held.right_first
+    assert positives > 0 and negatives > 0, summary
+    assert false_alarms == 0, summary
+    assert recognised >= 0.95 * positives, summary
+    assert right_first >= 0.90 * positives, summary
 
 
 SUMMARY_KEY = pytest.StashKey[str]()
