@@ -19,7 +19,17 @@ from hypothesis import strategies as st
 
 from benchmarks.explain_throughput import ERROR_BLOCKS, realistic_lines
 from ddpdoctor import explain
-from ddpdoctor.explain import ExplainResult, Scanner, explain_streams, explain_text, load_kb, rank_from_path
+from ddpdoctor.explain import (
+    ExplainResult,
+    Scanner,
+    explain_streams,
+    explain_text,
+    load_kb,
+    model,
+    prefilter,
+    rank_from_path,
+    scanner,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "logs"
 
@@ -345,7 +355,7 @@ def test_interleaved_ranks_oom_before_the_timeouts_it_caused() -> None:
     assert diag(result, "cuda-oom").ranks == {5}
     timeout = diag(result, "nccl-timeout")
     assert timeout.ranks == {0, 1, 2, 3, 4, 6, 7} and timeout.count == 7
-    assert len(timeout.evidence) <= explain.MAX_EVIDENCE
+    assert len(timeout.evidence) <= model.MAX_EVIDENCE
 
 
 def test_one_file_per_rank_with_timestamps_orders_across_files() -> None:
@@ -434,7 +444,7 @@ def realistic_healthy_lines() -> tuple[str, ...]:
 
 def test_realistic_healthy_log_has_no_diagnosis() -> None:
     data = "".join(realistic_healthy_lines()).encode()
-    assert len(data) > explain.CHUNK_BYTES  # more than one read block
+    assert len(data) > scanner.CHUNK_BYTES  # more than one read block
     result = explain_text(data)
     assert ids(result) == [] and result.lines_scanned == REALISTIC_LINES_COUNT
 
@@ -461,7 +471,7 @@ def test_realistic_log_with_one_error_block_gives_exactly_that_diagnosis(
     if where == "header-ends-a-read-block":
         header = _header_line(block)
         header_end = len("".join(healthy[:at]).encode()) + len("".join(block.splitlines(True)[:header + 1]).encode())
-        monkeypatch.setattr(explain, "CHUNK_BYTES", header_end + 5)  # 5 bytes into the next line
+        monkeypatch.setattr(scanner, "CHUNK_BYTES", header_end + 5)  # 5 bytes into the next line
     result = explain_text(text, name="train.log")
     assert ids(result) == [sig_id]
     got, want = result.diagnoses[0], alone.diagnoses[0]
@@ -511,8 +521,8 @@ def test_json_shape_matches_the_contract() -> None:
 
 def test_messages_split_across_read_blocks_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiny blocks put the follow-up and look-back lines in other blocks than their header."""
-    monkeypatch.setattr(explain, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(explain, "MAX_LINE_BYTES", 4096)
+    monkeypatch.setattr(scanner, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(scanner, "MAX_LINE_BYTES", 4096)
     text = ("x" * 50 + "\n") * 3 + UNUSED_CUTIE + SIGSEGV_SUMMARY + DESYNC
     result = explain_text(text)
     assert diag(result, "unused-parameters").details["param_indices"] == ["282 283"]
@@ -522,8 +532,8 @@ def test_messages_split_across_read_blocks_are_found(monkeypatch: pytest.MonkeyP
 
 
 def test_huge_line_without_newlines_is_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(explain, "CHUNK_BYTES", 1024)
-    monkeypatch.setattr(explain, "MAX_LINE_BYTES", 2048)
+    monkeypatch.setattr(scanner, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(scanner, "MAX_LINE_BYTES", 2048)
     data = b"\x00\xff" * 5000 + b" RuntimeError: CUDA out of memory. Tried to allocate 1.00 GiB " + b"z" * 9000
     result = explain_text(data, name="rank0.log", file_rank=0)  # one rank's log: a rank's OOM
     assert "cuda-oom" in ids(result)
@@ -534,8 +544,8 @@ def test_evidence_and_details_stay_bounded() -> None:
     result = explain_text("".join(line.format(r=r) for r in range(10000)))
     d = diag(result, "cuda-oom")
     assert d.count == 10000 and len(d.ranks) == 10000
-    assert len(d.evidence) == explain.MAX_EVIDENCE
-    assert all(len(v) <= explain.MAX_DETAIL_VALUES for v in d.details.values())
+    assert len(d.evidence) == model.MAX_EVIDENCE
+    assert all(len(v) <= model.MAX_DETAIL_VALUES for v in d.details.values())
 
 
 def test_invalid_utf8_is_replaced_not_fatal() -> None:
@@ -569,8 +579,8 @@ def test_kb_keywords_keep_the_prefilter_to_few_passes() -> None:
     scanner = Scanner()
     assert len(scanner._prefilter) <= 6
     keywords = {k for s in load_kb() for k in s.keywords}
-    for keyword, anchor in explain.prefilter_anchors(keywords).items():
-        assert keyword.encode().endswith(anchor) and anchor[0] in explain.ANCHOR_LEAD_BYTES, (keyword, anchor)
+    for keyword, anchor in prefilter.prefilter_anchors(keywords).items():
+        assert keyword.encode().endswith(anchor) and anchor[0] in prefilter.ANCHOR_LEAD_BYTES, (keyword, anchor)
 
 
 def test_prefilter_lets_through_almost_no_healthy_line() -> None:

@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from ddpdoctor import explain
-from ddpdoctor.explain import explain_text, load_kb
+from ddpdoctor.explain import explain_text, load_kb, scanner
+from ddpdoctor.explain import lines as explain_lines
 from tests.support import clean_env, run_cli
 
-CAP = explain.MAX_MATCH_CHARS
+CAP = scanner.MAX_MATCH_CHARS
 OOM_LINE = b"[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
 
 
@@ -102,9 +103,11 @@ def test_no_regex_is_handed_more_than_the_cap_on_any_pathological_line(monkeypat
     matched in windows of at most MAX_MATCH_CHARS, each regex call is bounded, so the scan is linear."""
     cap = CAP
     log: list[int] = []
-    for name, value in list(vars(explain).items()):
-        if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
-            monkeypatch.setattr(explain, name, _Recording(value, log))
+    modules = [m for n, m in list(sys.modules.items()) if n.startswith("ddpdoctor.explain")]
+    for module in modules:  # every module of the package: each binds the regexes it uses
+        for name, value in list(vars(module).items()):
+            if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
+                monkeypatch.setattr(module, name, _Recording(value, log))
     kb = [dataclasses.replace(s, patterns=tuple(_Recording(p, log) for p in s.patterns),  # type: ignore[misc]
                               extract=tuple(_Recording(p, log) for p in s.extract)) for s in load_kb()]
     lines = _pathological_lines(100_000)
@@ -123,7 +126,7 @@ def test_block_wide_regexes_have_no_repetition() -> None:
     """The regexes that run over whole 4 MB blocks (keyword prefilter, distributed-job sign) are literal
     alternations: their work per position is bounded by the longest keyword, whatever the text."""
     scanner = explain.Scanner()
-    for rx in (*scanner._prefilter, explain._DIST_CONTEXT):
+    for rx in (*scanner._prefilter, explain_lines.DIST_CONTEXT):
         source = re.sub(rb"\\.", b"", rx.pattern)  # escaped characters are literals
         source = source.replace(b"(?:", b"")
         assert not re.search(rb"[*+?{]", source), rx.pattern[:80]
@@ -309,6 +312,6 @@ def test_the_fast_distributed_sign_agrees_with_the_regex() -> None:
     for filler in (b"", b"x" * 5000, b"torch/nn/modules/module.py line 3\n" * 400):  # the last: past the cap
         for text in [*signs, *near_misses, " ".join(near_misses)]:
             block = bytearray(filler + text.encode() + b"\n" + filler)
-            want = explain._DIST_CONTEXT.search(block) is not None
-            assert explain._has_dist_sign(block, len(block)) is want, (text, len(filler))
+            want = explain_lines.DIST_CONTEXT.search(block) is not None
+            assert explain_lines.has_dist_sign(block, len(block)) is want, (text, len(filler))
             assert want is (text in signs), text
