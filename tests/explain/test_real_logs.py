@@ -185,10 +185,12 @@ def test_corpus_is_big_enough_and_sourced() -> None:
     for e in INDEX:
         threads.setdefault(_thread(e["source"]), []).append(e["file"])
     assert len(threads) >= 150, f"{len(threads)} distinct threads"
-    # Two logs of one thread (only in the corpus that predates issue 26) must at least sit in the same half,
-    # or the held-out half would share a thread with the tuning half.
-    split = {t: {held_out(f) for f in fs} for t, fs in threads.items() if len(fs) > 1}
-    assert all(len(halves) == 1 for halves in split.values()), split
+    # Never a second log from a thread: the corpus that predates issue 26 has two pairs (leptonai/gpud#1174,
+    # NVIDIA/NVSentinel#155), and no more may come. A pair sits in one half, or the held-out half would share a
+    # thread with the tuning half.
+    shared = {t: fs for t, fs in threads.items() if len(fs) > 1}
+    assert len(INDEX) - len(threads) <= 2, f"a thread gives at most one log: {shared}"
+    assert all(len({held_out(f) for f in fs}) == 1 for fs in shared.values()), shared
     assert len({e["project"] for e in INDEX}) >= 30
     assert sum(e["expected"] is None for e in INDEX) >= 30
     assert sum(e["expected"] is not None for e in INDEX) >= 100
