@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from ddpdoctor.explain.knowledge import Signature, load_kb
 from ddpdoctor.explain.lines import (
+    DIST_CONTEXT,
     LINE_PREFIX_RANK,
     MIN_WRAP_CHARS,
     NCCL_RANK,
@@ -185,17 +186,21 @@ class Scanner:
         then to the end (counting the whole block again cost as much as a prefilter pass).
         """
         hits: dict[int, int] = {}
-        if not self._distributed and has_dist_sign(block, size):
-            # Extra passes per block, and only until the first sign: a distributed log pays them once.
+        if not self._distributed and lines_before == 0 and has_dist_sign(block, size):
+            # The first block of each input only (the launcher's banner, torchrun's and NCCL's start-up lines
+            # are there); later signs are looked for around the lines a needs_distributed signature matched
+            # (see _match_line). Checking every block of a log with no sign cost twelve passes per block:
+            # trainer and HF-Trainer logs ran at half speed for it.
             self._distributed = True
-        for rx in self._prefilter:
-            m = rx.search(block, 0, size)
-            while m is not None:
-                start = block.rfind(b"\n", 0, m.start()) + 1
-                # A cut anchor (see _cut_trie) ends with the line's own newline.
-                end = m.end() - 1 if block[m.end() - 1] == 10 else _line_end(block, m.end(), size)
-                hits[start] = end
-                m = rx.search(block, end + 1, size) if end + 1 < size else None
+        prefilter = self._prefilter
+        folded = prefilter.fold(block)
+        m = prefilter.search(folded, 0, size)
+        while m is not None:
+            start = block.rfind(b"\n", 0, m.start()) + 1
+            # A cut anchor (see _anchor_trie) ends with the line's own newline.
+            end = m.end() - 1 if block[m.end() - 1] == 10 else _line_end(block, m.end(), size)
+            hits[start] = end
+            m = prefilter.search(folded, end + 1, size) if end + 1 < size else None
         pending, self._pending = self._pending, None
         self._floor = 0
         if pending is not None:  # a match at the end of the previous block wants to see these lines
@@ -450,6 +455,9 @@ class Scanner:
                 groups.setdefault("signal", signal_name(groups["signal_number"]))
             if not sig.needs_distributed:
                 self._distributed = True
+            elif not self._distributed:  # the traceback around it may show the job is distributed
+                around = "\n".join((text, *lookback(TRACEBACK_LOOKBACK_LINES)))
+                self._distributed = DIST_CONTEXT.search(around.encode("utf-8", "replace")) is not None
             diag = self._found.get(sig.id)
             if diag is None:
                 diag = self._found[sig.id] = Diagnosis(sig)

@@ -126,21 +126,22 @@ def test_block_wide_regexes_have_no_repetition() -> None:
     """The regexes that run over whole 4 MB blocks (keyword prefilter, distributed-job sign) are literal
     alternations: their work per position is bounded by the longest keyword, whatever the text."""
     scanner = explain.Scanner()
-    for rx in (*scanner._prefilter, explain_lines.DIST_CONTEXT):
+    for rx in (scanner._prefilter.regex, explain_lines.DIST_CONTEXT):
         source = re.sub(rb"\\.", b"", rx.pattern)  # escaped characters are literals
         source = source.replace(b"(?:", b"")
         assert not re.search(rb"[*+?{]", source), rx.pattern[:80]
 
 
 def test_a_one_megabyte_line_of_nccl_error_finishes(tmp_path: Path) -> None:
-    """The issue's reproduction: a 1 MB line of `NCCL error ` did not finish in 100 s."""
+    """The issue's reproduction: a 1 MB line of `NCCL error ` did not finish in 100 s (here behind a keyword,
+    `Error: `, so the line is matched, in windows)."""
     f = tmp_path / "l.log"
-    f.write_text("NCCL error " * 100_000 + "\n" + "NCCL error: unhandled system error\n")
+    f.write_text("RuntimeError: " + "NCCL error " * 100_000 + "\n" + "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.17.1\n")
     proc = run_cli(["explain", "--json", "-", str(f)], timeout=90)
     assert proc.returncode == 1, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
-    assert [d["id"] for d in data["diagnoses"]] == ["nccl-system-error"]
-    assert data["diagnoses"][0]["evidence"][0]["line"] == 2
+    system = [d for d in data["diagnoses"] if d["id"] == "nccl-system-error"]
+    assert system and system[0]["evidence"][0]["line"] == 2
     assert data["lines_windowed"] == 1  # the long line was matched on its head and tail only
 
 
