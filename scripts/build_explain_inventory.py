@@ -6,20 +6,28 @@ what a distributed PyTorch job's log holds and writes one JSON-lines file per so
 A template is the message's literal text with ``{}`` where the code formats a value in; no code is copied.
 
 Usage (each SOURCE=PATH[@REV]; PATH is a directory or a bare git directory as the `fetch` tool brings it,
-REV a commit or tag of that git directory; only the sources given are rewritten)::
+REV a commit or tag of that git directory; only the sources given are rewritten; a source given twice reads
+its trees in that order, a file of the first hiding the same path in the next)::
 
+    T=.venv/lib/python3.11/site-packages/torch   # the installed torch (2.13.0 here)
     python scripts/build_explain_inventory.py \\
-        torch-python=.venv/lib/python3.11/site-packages/torch \\
-        torch-cpp=/work/.mirror/jizhuoran+EasyFHE/repo \\
+        torch-python=$T torch-cpp=$T torch-cpp=/work/.mirror/jizhuoran+EasyFHE/repo \\
         nccl=/work/.mirror/NVIDIA+nccl/repo@v2.28.9-1 gloo=/work/.mirror/pytorch+gloo/repo \\
         lightning=/work/.mirror/Lightning-AI+pytorch-lightning/repo \\
         accelerate=/work/.mirror/huggingface+accelerate/repo deepspeed=/work/.mirror/deepspeedai+DeepSpeed/repo \\
-        transformers=/tmp/transformers-X.Y.Z  # an unpacked wheel
+        transformers=/tmp/transformers-5.24.0  # the wheel, unpacked
+
+``torch-cpp=$T`` reads c10d's headers as the installed release ships them (``torch/include``, provenance: that
+release and its commit from ``version.py``); the ``.cpp`` files are not in a wheel and come from the next tree,
+a PyTorch 2.7.0a0 copy inside another repository, recorded as such in each entry's ``version``
+(docs/internals/explain-kb.md says why no upstream copy is used).
 
 What is read (``SCOPES``): torch's ``distributed/``, ``nn/parallel/``, ``multiprocessing/`` (Python:
 ``raise``, ``warnings.warn``, logger ``error``/``warning``/``exception``/``critical`` calls; torchrun and
 elastic files form the source ``torch-elastic``); c10d's C++ in ``torch/csrc/distributed/`` (``TORCH_CHECK``,
-``TORCH_CHECK_WITH``, ``C10_THROW_ERROR``, ``C10D_THROW_ERROR``, ``TORCH_WARN``, ``LOG(ERROR|WARNING)``);
+``TORCH_CHECK_WITH``, ``C10_THROW_ERROR``, ``C10D_THROW_ERROR``, ``TORCH_WARN``, ``LOG(ERROR|WARNING)``,
+``C10D_ERROR``/``C10D_WARNING`` and socket.cpp's ``recordError``, and messages built with ``c10::str`` /
+``fmt::format`` into a variable that is logged or thrown later: kind ``cpp-format``);
 NCCL's ``src/`` (``WARN(...)`` and the texts of ``ncclGetErrorString``); gloo (``GLOO_ENFORCE*``,
 ``GLOO_THROW*``, ``GLOO_ERROR``/``GLOO_WARN``); the launch/strategy files of Lightning, accelerate, DeepSpeed
 and the HF Trainer.
@@ -224,21 +232,32 @@ def _cpp_piece(expr: str, printf: bool = False) -> str:
     if len(pieces) > 1:
         return "".join(_cpp_piece(p, printf) for p in pieces)
     if expr.startswith('"'):
-        lits = _STRING.findall(expr)
-        rest = _STRING.sub("", expr).strip()
-        if rest and not re.fullmatch(r"[A-Z_]*", rest):  # "x" SOME_MACRO "y": the macro is a value
-            text = "".join(_unescape(s) for s in lits)
-            return text + "{}"
-        text = "".join(_unescape(s) for s in lits)
+        # Adjacent literals with what the preprocessor puts between them, in place: `"Call to " #call " failed"`
+        # (a stringified macro argument: a value), `"%" PRIu64` (a printf length macro: part of the conversion).
+        text = ""
+        for tok in re.finditer(r'"(?:[^"\\\n]|\\.)*"|PRI[a-zA-Z]\w*|#?\w+|\S', expr):
+            t = tok.group(0)
+            if t.startswith('"'):
+                text += _unescape(t)
+            elif t.startswith("PRI"):
+                text += t[3] if printf else "{}"
+            else:
+                text += "{}"
         if printf:
-            text = re.sub(r"%[-#0 +']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|z|j|t|L)?[diouxXeEfgGcspn%]", "{}",
-                          text)
-        return text
+            text = re.sub(r"%[-#0 +']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|z|j|t|L)?[diouxXeEfgGcspn]", "{}",
+                          text).replace("%%", "%")
+        return re.sub(r"(?:\{\})+", "{}", text)
     return "{}"
 
 
 def _macro_calls(text: str, names: str) -> Iterator[tuple[int, str, str]]:
     """(line, macro name, argument text) of every call of the macros matched by ``names``."""
+    for line, name, args, _span in _macro_spans(text, names):
+        yield line, name, args
+
+
+def _macro_spans(text: str, names: str) -> Iterator[tuple[int, str, str, tuple[int, int]]]:
+    """``_macro_calls`` with the offsets each call spans in ``text``."""
     for m in re.finditer(rf"\b({names})\s*\(", text):
         start = m.end()
         depth, i = 1, start
@@ -256,7 +275,7 @@ def _macro_calls(text: str, names: str) -> Iterator[tuple[int, str, str]]:
                 depth -= 1
             i += 1
         if depth == 0:
-            yield text.count("\n", 0, m.start()) + 1, m.group(1), text[start:i - 1]
+            yield text.count("\n", 0, m.start()) + 1, m.group(1), text[start:i - 1], (m.start(), i)
 
 
 def _strip_comments(text: str) -> str:
@@ -267,10 +286,18 @@ def _strip_comments(text: str) -> str:
     return re.sub(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', blank, text, flags=re.S)
 
 
+# A message built with c10::str / fmt::format into a variable, then logged or thrown elsewhere (ProcessGroupNCCL's
+# watchdog timeout, socket.cpp's connect errors): kept when it reads like a sentence, not a key or a "{}:{}".
+MIN_BUILT_MESSAGE = 20
+
+
 def torch_cpp_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
     text = _strip_comments(text)
-    for line, name, args in _macro_calls(text, r"TORCH_CHECK|TORCH_CHECK_WITH|C10_THROW_ERROR|C10D_THROW_ERROR|"
-                                               r"TORCH_WARN|TORCH_WARN_ONCE|TORCH_CHECK_VALUE|TORCH_CHECK_TYPE"):
+    spans: list[tuple[int, int]] = []
+    for line, name, args, span in _macro_spans(
+            text, r"TORCH_CHECK|TORCH_CHECK_WITH|C10_THROW_ERROR|C10D_THROW_ERROR|TORCH_WARN|TORCH_WARN_ONCE|"
+                  r"TORCH_CHECK_VALUE|TORCH_CHECK_TYPE|C10D_ERROR|C10D_WARNING|recordError"):
+        spans.append(span)
         parts = _split_args(args)
         if name in ("TORCH_CHECK", "TORCH_CHECK_VALUE", "TORCH_CHECK_TYPE"):
             exc = {"TORCH_CHECK_VALUE": "ValueError", "TORCH_CHECK_TYPE": "TypeError"}.get(name, "RuntimeError")
@@ -279,13 +306,27 @@ def torch_cpp_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
             yield line, "cpp-check", "error", parts[0], "".join(_cpp_piece(p) for p in parts[2:])
         elif name in ("C10_THROW_ERROR", "C10D_THROW_ERROR"):
             yield line, "cpp-throw", "error", parts[0], "".join(_cpp_piece(p) for p in parts[1:])
+        elif name in ("C10D_ERROR", "C10D_WARNING", "recordError"):
+            # c10d/logging.h: fmt-style, printed as a glog line "[c10d] ..."; socket.cpp's recordError() logs its
+            # message with C10D_WARNING and keeps it for the exception thrown when every address failed.
+            level = "error" if name == "C10D_ERROR" else "warning"
+            yield line, "cpp-log", level, "c10d", _cpp_piece(parts[0]) if parts else ""
         else:
             yield line, "cpp-warn", "warning", "", "".join(_cpp_piece(p) for p in parts)
     for m in re.finditer(r"\bLOG\((ERROR|WARNING|FATAL)\)((?:[^;\"]|\"(?:[^\"\\\n]|\\.)*\")*);", text):
+        spans.append((m.start(), m.end()))
         pieces = _split_args(m.group(2), "<<")
         template = "".join(_cpp_piece(p) for p in pieces if p)
         level = "warning" if m.group(1) == "WARNING" else "error"
         yield text.count("\n", 0, m.start()) + 1, "cpp-log", level, "", template
+    for line, name, args, (start, _end) in _macro_spans(text, r"c10::str|fmt::format"):
+        if any(a <= start < b for a, b in spans):
+            continue  # part of a message extracted above
+        parts = _split_args(args)
+        template = _cpp_piece(parts[0]) if name == "fmt::format" else "".join(_cpp_piece(p) for p in parts)
+        words = template.replace("{}", " ").split()
+        if len(" ".join(words)) >= MIN_BUILT_MESSAGE and len(words) >= 3:
+            yield line, "cpp-format", "error", "", template
 
 
 def nccl_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
@@ -364,30 +405,63 @@ def _torch_commit(tree: Tree) -> str:
     return m.group(1) if m else ""
 
 
-def build(source: str, tree: Tree) -> list[dict[str, object]]:
+def _mirror_repo(root: Path) -> str:
+    """``owner/name`` of a snapshot the `fetch` tool brought (``/work/.mirror/owner+name/repo``), else ""."""
+    for part in reversed(root.resolve().parts):
+        if "+" in part:
+            return part.replace("+", "/", 1)
+    return ""
+
+
+def provenance(source: str, tree: Tree) -> tuple[Tree, str, str]:
+    """(the tree to read, version, commit) of one source root, as the entries record them.
+
+    torch-cpp takes an installed torch package (``site-packages/torch``): its ``include/`` holds c10d's
+    headers exactly as that release ships them, and ``version.py`` names the release and its PyTorch commit.
+    A git tree that is not PyTorch's own repository (a copy inside another project) says so in the version,
+    with the commit of the repository it was read from: the provenance is that copy, not upstream.
+    """
+    if source in ("torch-python", "torch-cpp") and (tree.root / "version.py").is_file():
+        m = re.search(r"__version__ = '([^']+)'", tree.read("version.py"))
+        version, commit = (m.group(1) if m else ""), _torch_commit(tree)
+        if source == "torch-cpp":
+            return Tree(tree.root / "include", None), version, commit
+        return tree, version, commit
+    version, commit = _version(source, tree), tree.commit()
+    repo = _mirror_repo(tree.root)
+    if source == "torch-cpp" and repo and repo != "pytorch/pytorch":
+        version = f"{version} (copy in {repo})"
+    return tree, version, commit
+
+
+def build(source: str, trees: list[Tree]) -> list[dict[str, object]]:
+    """Every message of ``source`` in ``trees``; a file found in an earlier tree hides the same path in later
+    ones (the exact release's headers before an older copy's), each entry with its own tree's provenance."""
     project, globs = SCOPES[source]
-    version = _version(source, tree)
-    commit = _torch_commit(tree) if source == "torch-python" else tree.commit()
     extract = {"torch-cpp": torch_cpp_messages, "nccl": nccl_messages, "gloo": gloo_messages}.get(source,
                                                                                                   python_messages)
     entries: list[dict[str, object]] = []
     seen: set[tuple[str, int, str]] = set()
-    for path in tree.files():
-        if not _matches(path, globs) or "/test" in path or path.startswith("test"):
-            continue
-        for line, kind, level, exc, template in extract(tree.read(path)):
-            # torch's Python files are listed by their place in the PyTorch repository (torch/...).
-            shown = f"torch/{path}" if source == "torch-python" else path
-            src = "torch-elastic" if source == "torch-python" and path.startswith(ELASTIC) else source
-            template = template.strip()
-            key = (shown, line, template)
-            if key in seen:
+    done: set[str] = set()
+    for given in trees:
+        tree, version, commit = provenance(source, given)
+        for path in tree.files():
+            if path in done or not _matches(path, globs) or "/test" in path or path.startswith("test"):
                 continue
-            seen.add(key)
-            entries.append({"source": src, "project": project, "version": version, "commit": commit,
-                            "file": shown, "line": line, "kind": kind, "level": level, "exception": exc,
-                            "template": template,
-                            "literal": len(template.replace("{}", "").strip()) >= MIN_LITERAL})
+            done.add(path)
+            for line, kind, level, exc, template in extract(tree.read(path)):
+                # torch's Python files are listed by their place in the PyTorch repository (torch/...).
+                shown = f"torch/{path}" if source == "torch-python" else path
+                src = "torch-elastic" if source == "torch-python" and path.startswith(ELASTIC) else source
+                template = template.strip()
+                key = (shown, line, template)
+                if key in seen:
+                    continue
+                seen.add(key)
+                entries.append({"source": src, "project": project, "version": version, "commit": commit,
+                                "file": shown, "line": line, "kind": kind, "level": level, "exception": exc,
+                                "template": template,
+                                "literal": len(template.replace("{}", "").strip()) >= MIN_LITERAL})
     entries.sort(key=lambda e: (str(e["source"]), str(e["file"]), int(str(e["line"]))))
     return entries
 
@@ -396,16 +470,21 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
-    OUT.mkdir(parents=True, exist_ok=True)
+    trees: dict[str, list[Tree]] = {}  # a source given twice: its trees in the order given
     for arg in argv:
         source, _, spec = arg.partition("=")
         if source not in SCOPES or not spec:
             print(f"unknown source {arg!r}; one of {sorted(SCOPES)} as SOURCE=PATH[@REV]", file=sys.stderr)
             return 2
         path, _, rev = spec.partition("@")
-        entries = build(source, Tree(Path(path), rev or None))
+        if not Path(path).is_dir():
+            print(f"{source}: no such directory {path!r}", file=sys.stderr)
+            return 2
+        trees.setdefault(source, []).append(Tree(Path(path), rev or None))
+    OUT.mkdir(parents=True, exist_ok=True)
+    for source, given in trees.items():
         by_source: dict[str, list[dict[str, object]]] = {}
-        for e in entries:
+        for e in build(source, given):
             by_source.setdefault(str(e["source"]), []).append(e)
         for name, rows in by_source.items():
             target = OUT / f"{name}.jsonl"

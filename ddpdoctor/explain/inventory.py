@@ -108,6 +108,8 @@ def fill_template(template: str, fill: tuple[str, ...] = ()) -> str:
     for i, part in enumerate(parts[1:]):
         if i < len(fill):
             value = fill[i]
+        elif i == 0 and not parts[0] and part[:1].isalpha():
+            value = "[Rank 1] "  # c10d's logPrefix() in front of a message: "{}Watchdog caught ..."
         else:
             value = "3" if _NUMBER_BEFORE.search(out[-1][-24:]) or not out[-1].strip() else "data3"
         out.extend((value, part))
@@ -149,9 +151,10 @@ def log_lines(entry: Entry, fill: tuple[str, ...] = ()) -> str:
                 f"{p}   File \"{site}torch/distributed/distributed_c10d.py\", line 2501, in all_reduce\n"
                 f"{p}     work = group.allreduce([tensor], opts)\n{p} {_qualified(entry.exception)}: {first}\n{rest}"
                 f"{p} Exception raised from check at /pytorch/{entry.file}:{entry.line} (most recent call first):\n")
-    if entry.kind == "cpp-log":
+    if entry.kind in ("cpp-log", "cpp-format"):  # cpp-format: built, then logged with LOG(ERROR) (or thrown)
         level = "E" if entry.level == "error" else "W"
-        return f"{p}[{level}1126 10:00:00.123456789 {base}:{entry.line}] {first}\n{rest}"
+        tag = "[c10d] " if entry.exception == "c10d" else ""  # c10d/logging.h's C10D_ERROR / C10D_WARNING
+        return f"{p}[{level}1126 10:00:00.123456789 {base}:{entry.line}] {tag}{first}\n{rest}"
     if entry.kind == "cpp-warn":
         return f"{p}[W1126 10:00:00.123456789 {base}:{entry.line}] Warning: {first} (function check)\n{rest}"
     if entry.kind == "nccl-warn":
