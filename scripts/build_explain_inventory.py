@@ -22,8 +22,10 @@ release and its commit from ``version.py``); the ``.cpp`` files are not in a whe
 a PyTorch 2.7.0a0 copy inside another repository, recorded as such in each entry's ``version``
 (docs/internals/explain-kb.md says why no upstream copy is used).
 
-What is read (``SCOPES``): torch's ``distributed/``, ``nn/parallel/``, ``multiprocessing/`` (Python:
-``raise``, ``warnings.warn``, logger ``error``/``warning``/``exception``/``critical`` calls; torchrun and
+What is read (``SCOPES``): torch's ``distributed/``, ``nn/parallel/``, ``multiprocessing/``, SyncBatchNorm's
+``nn/modules/batchnorm.py`` and ``_functions.py`` (Python:
+``raise``, ``warnings.warn``, logger ``error``/``warning``/``exception``/``critical`` calls, DDP's
+``_log_and_throw(Type, msg)``, ``torch._check*(cond, lambda: msg)``; torchrun and
 elastic files form the source ``torch-elastic``); c10d's C++ in ``torch/csrc/distributed/`` (``TORCH_CHECK``,
 ``TORCH_CHECK_WITH``, ``C10_THROW_ERROR``, ``C10D_THROW_ERROR``, ``TORCH_WARN``, ``LOG(ERROR|WARNING)``,
 ``C10D_ERROR``/``C10D_WARNING`` and socket.cpp's ``recordError``, and messages built with ``c10::str`` /
@@ -50,6 +52,7 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "explain_inven
 # source -> (project, path globs relative to the source root, prefix that maps the root to the project's layout)
 SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "torch-python": ("pytorch", ("distributed/*.py", "distributed/**/*.py", "nn/parallel/*.py",
+                                 "nn/modules/batchnorm.py", "nn/modules/_functions.py",  # SyncBatchNorm
                                  "multiprocessing/*.py")),
     "torch-cpp": ("pytorch", ("torch/csrc/distributed/**/*.cpp", "torch/csrc/distributed/**/*.hpp",
                               "torch/csrc/distributed/**/*.h")),
@@ -74,6 +77,9 @@ SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
 ELASTIC = ("distributed/elastic/", "distributed/run.py", "distributed/launch.py", "distributed/launcher/")
 LOG_LEVELS = {"error": "error", "exception": "error", "critical": "error", "fatal": "error",
               "warning": "warning", "warn": "warning"}
+# torch._check* and the exception each raises (torch/__init__.py)
+TORCH_CHECKS = {"_check": "RuntimeError", "_check_value": "ValueError", "_check_type": "TypeError",
+                "_check_index": "IndexError", "_check_not_implemented": "NotImplementedError", "_check_with": ""}
 MIN_LITERAL = 6  # a template with less literal text than this cannot be recognised in a log (only "{}: {}")
 
 
@@ -177,6 +183,16 @@ def python_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
                 if len(node.args) > 1:  # logger.warning("... %s", value): the logger formats it
                     text = re.sub(r"%[-#0 +]*\d*(?:\.\d+)?[sdifrgxeEc]", "{}", text)
                 yield node.lineno, "python-log", LOG_LEVELS[name], "", text
+            elif name == "_log_and_throw" and len(node.args) >= 2:
+                # DistributedDataParallel logs its construction errors, then raises them: _log_and_throw(Type, msg)
+                yield node.lineno, "python-raise", "error", _call_name(node.args[0]), _py_template(node.args[1])
+            elif name in TORCH_CHECKS and recv == "torch":
+                # torch._check(cond, lambda: msg): the message is the lambda's body; _check_with names the type
+                args = node.args[1:] if name == "_check_with" else node.args
+                exc = _call_name(node.args[0]) if name == "_check_with" and node.args else TORCH_CHECKS[name]
+                msg = args[1] if len(args) > 1 else None
+                yield (node.lineno, "python-raise", "error", exc,
+                       _py_template(msg.body if isinstance(msg, ast.Lambda) else msg) if msg is not None else "")
 
 
 # -- C / C++ -----------------------------------------------------------------------------------------------
