@@ -312,7 +312,7 @@ def torch_cpp_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
     spans: list[tuple[int, int]] = []
     for line, name, args, span in _macro_spans(
             text, r"TORCH_CHECK|TORCH_CHECK_WITH|C10_THROW_ERROR|C10D_THROW_ERROR|TORCH_WARN|TORCH_WARN_ONCE|"
-                  r"TORCH_CHECK_VALUE|TORCH_CHECK_TYPE|C10D_ERROR|C10D_WARNING|recordError"):
+                  r"TORCH_CHECK_VALUE|TORCH_CHECK_TYPE|C10D_ERROR|C10D_WARNING|recordError|REDUCER_CHECK"):
         spans.append(span)
         parts = _split_args(args)
         if name in ("TORCH_CHECK", "TORCH_CHECK_VALUE", "TORCH_CHECK_TYPE"):
@@ -320,6 +320,8 @@ def torch_cpp_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
             yield line, "cpp-check", "error", exc, "".join(_cpp_piece(p) for p in parts[1:])
         elif name == "TORCH_CHECK_WITH":
             yield line, "cpp-check", "error", parts[0], "".join(_cpp_piece(p) for p in parts[2:])
+        elif name == "REDUCER_CHECK":  # reducer.cpp: REDUCER_CHECK(cond, logger, message...) logs, then throws
+            yield line, "cpp-check", "error", "RuntimeError", "".join(_cpp_piece(p) for p in parts[2:])
         elif name in ("C10_THROW_ERROR", "C10D_THROW_ERROR"):
             yield line, "cpp-throw", "error", parts[0], "".join(_cpp_piece(p) for p in parts[1:])
         elif name in ("C10D_ERROR", "C10D_WARNING", "recordError"):
@@ -335,6 +337,11 @@ def torch_cpp_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
         template = "".join(_cpp_piece(p) for p in pieces if p)
         level = "warning" if m.group(1) == "WARNING" else "error"
         yield text.count("\n", 0, m.start()) + 1, "cpp-log", level, "", template
+    # A message held in a variable: `kBaseErrorMsg = "Expected to have finished reduction ..." "...";` (reducer.cpp)
+    for m in re.finditer(r"\b\w*(?:Msg|msg|Message|message)\w*\s*=\s*((?:\"(?:[^\"\\\n]|\\.)*\"\s*)+);", text):
+        if not any(a <= m.start() < b for a, b in spans):
+            spans.append((m.start(), m.end()))
+            yield text.count("\n", 0, m.start()) + 1, "cpp-format", "error", "", _cpp_piece(m.group(1))
     for line, name, args, (start, _end) in _macro_spans(text, r"c10::str|fmt::format"):
         if any(a <= start < b for a, b in spans):
             continue  # part of a message extracted above
