@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 
 # How often each byte that may lead an anchor occurs in a healthy, noisy log, per 10,000 bytes: measured on
 # the line families of ``benchmarks/explain_throughput.py`` (glog heartbeat lines, trainer lines, NCCL INFO,
@@ -23,6 +24,10 @@ LEAD_BYTE_FREQUENCY: dict[int, float] = {
 ANCHOR_LEAD_BYTES = frozenset(LEAD_BYTE_FREQUENCY)
 PREFERRED_ANCHOR_BYTES = 10
 MIN_ANCHOR_BYTES = 4  # a shorter anchor ("x" + two bytes) would admit many lines
+# An anchor is cut to this length: the inventory's templates give keywords of hundreds of bytes, and 16 bytes
+# from a rare byte on are distinctive enough; longer anchors only make the trie deeper and its compilation slower
+# (all keywords of the knowledge base and the templates: 0.22 s to compile at 16, 0.54 s at 32, on the dev VM).
+MAX_ANCHOR_BYTES = 16
 # The byte every chosen lead byte is folded to (see ``Prefilter``); a \x01 already in a log is a harmless hit.
 FOLDED_LEAD = 1
 
@@ -42,7 +47,7 @@ def prefilter_anchors(keywords: Iterable[str]) -> dict[str, bytes]:
         options: dict[int, bytes] = {}
         for i, byte in enumerate(kb):
             if byte in ANCHOR_LEAD_BYTES and len(kb) - i >= min(MIN_ANCHOR_BYTES, len(kb)) and byte not in options:
-                options[byte] = kb[i:]
+                options[byte] = kb[i:i + MAX_ANCHOR_BYTES]
         leads[k] = options or ({kb[0]: kb} if kb else {})
     chosen: dict[str, bytes] = {}
     for k, options in leads.items():
@@ -70,15 +75,25 @@ class Prefilter:
     table: bytes
     regex: re.Pattern[bytes]
 
-    def fold(self, block: bytearray) -> bytearray:
-        return block.translate(self.table)
+    def fold(self, block: bytearray, size: int) -> bytearray:
+        """``block[:size]`` with every lead byte folded. Only the bytes in use: the scanner's buffer is 5 MB, and
+        folding all of it for a small input cost 17 ms a scan (the tests' thousands of small scans)."""
+        return block.translate(self.table) if size == len(block) else block[:size].translate(self.table)
 
     def search(self, folded: bytearray, pos: int, end: int) -> re.Match[bytes] | None:
         return self.regex.search(folded, pos, end)
 
 
 def build_prefilter(keywords: Iterable[str]) -> Prefilter:
-    """The ``Prefilter`` for ``keywords``: their anchors (``prefilter_anchors``) folded and put in one trie."""
+    """The ``Prefilter`` for ``keywords``: their anchors (``prefilter_anchors``) folded and put in one trie.
+
+    Built once per set of keywords and process: every input of a run (and every scan in the tests) shares it.
+    """
+    return _build_prefilter(frozenset(keywords))
+
+
+@cache
+def _build_prefilter(keywords: frozenset[str]) -> Prefilter:
     anchors = set(prefilter_anchors(keywords).values())
     leads = bytes(sorted({a[0] for a in anchors}))
     table = bytes.maketrans(leads, bytes([FOLDED_LEAD]) * len(leads))
@@ -90,22 +105,23 @@ def build_prefilter(keywords: Iterable[str]) -> Prefilter:
     return Prefilter(table, re.compile(pattern))
 
 
-def _anchor_trie(rests: set[bytes], depth: int = 0) -> bytes:
+def _anchor_trie(rests: set[bytes], depth: int = 0, plain: bool = False) -> bytes:
     """A regex for any of ``rests`` whole, or for a proper prefix of one followed by the line end.
 
     The second form is an anchor the terminal cut: a terminal wraps a long line at its width wherever the
     width falls, also inside a keyword, and the line holding the anchor's first part must still be a hit or
     the message is lost (issue 15; ``Scanner._rejoin`` then joins the pieces). At least two bytes must follow
-    the lead byte before such a cut: a bare capital at a line end is everywhere (NCCL's ``Init COMPLETE``
-    made ten times the hits on a noisy log), and with lead bytes folded together (``Prefilter``) the ``TE``
-    of ``COMPLETE`` is two lead bytes in a row.
+    the lead byte before such a cut, and one of the bytes so far must be an ordinary one (``plain``): a bare
+    capital at a line end is everywhere (NCCL's ``Init COMPLETE`` made ten times the hits on a noisy log), and
+    with lead bytes folded together (``Prefilter``) the ``ETE`` of ``COMPLETE`` is three lead bytes in a row,
+    which the many anchors of the inventory's templates (``EADDRINUSE``, ``MPI_``...) start with too.
     """
     children: dict[int, set[bytes]] = {}
     for rest in rests:
         children.setdefault(rest[0], set()).add(rest[1:])
     # A rest that ends at a child is matched whole there; longer rests through it contain it.
-    branches = [re.escape(bytes([byte])) + (b"" if b"" in tails else _anchor_trie(tails, depth=depth + 1))
-                for byte, tails in sorted(children.items())]
-    if depth >= 2:
+    branches = [re.escape(bytes([byte])) + (b"" if b"" in tails else _anchor_trie(
+        tails, depth=depth + 1, plain=plain or byte != FOLDED_LEAD)) for byte, tails in sorted(children.items())]
+    if depth >= 2 and plain:
         branches.append(rb"\r\n|\n")
     return b"(?:" + b"|".join(branches) + b")"

@@ -193,7 +193,7 @@ class Scanner:
             # trainer and HF-Trainer logs ran at half speed for it.
             self._distributed = True
         prefilter = self._prefilter
-        folded = prefilter.fold(block)
+        folded = prefilter.fold(block, size)
         m = prefilter.search(folded, 0, size)
         while m is not None:
             start = block.rfind(b"\n", 0, m.start()) + 1

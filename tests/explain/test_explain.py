@@ -596,7 +596,7 @@ def test_prefilter_lets_through_almost_no_healthy_line() -> None:
     admitted = set()
     pre = Scanner()._prefilter
     for rx in (pre.regex,):
-        for m in rx.finditer(pre.fold(bytearray(data))):
+        for m in rx.finditer(pre.fold(bytearray(data), len(data))):
             start = data.rfind(b"\n", 0, m.start()) + 1
             admitted.add(data[start:data.find(b"\n", m.end())])
     # Only c10d's connect retries ('TCP client failed to connect/validate ... - retrying', 'The client socket
