@@ -76,9 +76,12 @@ class Prefilter:
     regex: re.Pattern[bytes]
 
     def fold(self, block: bytearray, size: int) -> bytearray:
-        """``block[:size]`` with every lead byte folded. Only the bytes in use: the scanner's buffer is 5 MB, and
-        folding all of it for a small input cost 17 ms a scan (the tests' thousands of small scans)."""
-        return block.translate(self.table) if size == len(block) else block[:size].translate(self.table)
+        """``block`` with every lead byte folded, at least its first ``size`` bytes (searched up to ``size``).
+
+        A small input folds only its bytes: folding the scanner's whole 5 MB buffer for it cost 17 ms a scan
+        (the tests' thousands of small scans). A full block folds the whole buffer: copying out the part in
+        use first cost more than folding the unused tail (16 % of a heartbeat-log scan)."""
+        return block.translate(self.table) if 2 * size >= len(block) else block[:size].translate(self.table)
 
     def search(self, folded: bytearray, pos: int, end: int) -> re.Match[bytes] | None:
         return self.regex.search(folded, pos, end)
