@@ -3,21 +3,35 @@
 ``scripts/build_explain_inventory.py`` extracts every error/warning text of PyTorch's torch.distributed,
 c10d, torchrun, NCCL, gloo and the launch code of Lightning, accelerate, DeepSpeed and the HF Trainer into
 ``tests/data/explain_inventory/*.jsonl`` (templates: literal text, ``{}`` where a value is formatted in).
-``mapping.json`` there says, rule by rule, what each entry is: a signature id, ``not-a-failure`` (progress,
-INFO, performance hints) or ``generic`` (the fallback names it; the rule gives the reason). This module turns
-a template into the lines a real log would hold (placeholders filled with plausible values, the message
-embedded in the prefixes that source really prints) so a test can check that ``explain`` names what the
-mapping says, and computes the coverage figures for ``docs/internals/explain-kb.md``.
+``rules.json`` there says, rule by rule (source, file, kind, level, exception type, words of the template),
+what each entry is: a signature id, ``not-a-failure`` (progress, INFO, performance hints, debug) or
+``generic`` (only the fallback can name it; the rule gives the reason), with per-entry ``overrides`` where a
+rule is wrong. ``build_mapping`` applies them: the mapping (``mapping.jsonl``) and the matcher's table
+(``ddpdoctor/explain/templates.json``) are generated from it by ``scripts/build_explain_mapping.py`` and checked
+in; a test regenerates both and fails when either is stale or an entry is unmapped.
+
+This module also turns a template into the lines a real log would hold (placeholders filled with plausible
+values, the message embedded in the prefixes that source really prints) so a test can check that ``explain``
+names what the mapping says, and computes the coverage figures for ``docs/internals/explain-kb.md``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ddpdoctor.explain.templates import (
+    MARKED_KINDS,
+    Template,
+    choose_keywords,
+    choose_tokens,
+    split_template,
+    whole_words,
+)
 
 NOT_A_FAILURE = "not-a-failure"
 GENERIC = "generic"
@@ -48,42 +62,67 @@ class Entry:
 
 @dataclass(frozen=True)
 class Rule:
-    """A mapping rule: entries it matches (all given fields must match) -> a target and why."""
+    """A mapping rule: the entries it matches (every condition given must hold) -> a target, and why.
 
+    ``file``, ``exception`` and ``template`` are regexes searched in the entry's field, ``kind`` one that must
+    match the whole kind (``cpp-(?:log|warn)``); an override matches one entry by its file and its exact template
+    (so it survives the line moving when the source changes).
+    """
+
+    id: str
     to: str
     reason: str
     source: str = ""
-    file: re.Pattern[str] | None = None
-    template: re.Pattern[str] | None = None
-    kind: str = ""
+    kind: re.Pattern[str] | None = None
     level: str = ""
-    fill: tuple[str, ...] = ()
+    file: re.Pattern[str] | None = None
+    exception: re.Pattern[str] | None = None
+    template: re.Pattern[str] | None = None
+    exact: str | None = None  # overrides: the template, verbatim
 
     def matches(self, e: Entry) -> bool:
-        return ((not self.source or e.source == self.source) and (not self.kind or e.kind == self.kind)
+        return ((not self.source or e.source == self.source)
+                and (self.kind is None or self.kind.fullmatch(e.kind) is not None)
                 and (not self.level or e.level == self.level)
                 and (self.file is None or self.file.search(e.file) is not None)
+                and (self.exception is None or self.exception.search(e.exception) is not None)
+                and (self.exact is None or e.template == self.exact)
                 and (self.template is None or self.template.search(e.template) is not None))
 
 
 def load_entries(folder: Path) -> list[Entry]:
     out: list[Entry] = []
     for path in sorted(folder.glob("*.jsonl")):
+        if path.name == MAPPING_FILE:
+            continue
         for line in path.read_text(encoding="utf-8").splitlines():
             raw = json.loads(line)
             out.append(Entry(**{k: raw[k] for k in Entry.__dataclass_fields__}))
     return out
 
 
+RULES_FILE = "rules.json"
+MAPPING_FILE = "mapping.jsonl"
+
+
 def load_rules(path: Path) -> list[Rule]:
+    """The overrides, then the rules, in file order: the first that matches an entry maps it."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
     rules = []
-    for raw in json.loads(path.read_text(encoding="utf-8"))["rules"]:
+    for n, raw in enumerate(doc["overrides"]):
+        rules.append(Rule(id=f"override {n + 1}", to=raw["to"], reason=raw["reason"],
+                          file=re.compile(re.escape(raw["file"]) + "$"), exact=raw["template"]))
+    for raw in doc["rules"]:
         if raw["to"] in (GENERIC, NOT_A_FAILURE) and not raw.get("reason"):
-            raise ValueError(f"mapping rule {raw} maps to {raw['to']} without a reason")
-        rules.append(Rule(to=raw["to"], reason=raw.get("reason", ""), source=raw.get("source", ""),
+            raise ValueError(f"mapping rule {raw['id']} maps to {raw['to']} without a reason")
+        rules.append(Rule(id=raw["id"], to=raw["to"], reason=raw.get("reason", ""), source=raw.get("source", ""),
+                          kind=re.compile(raw["kind"]) if "kind" in raw else None, level=raw.get("level", ""),
                           file=re.compile(raw["file"]) if "file" in raw else None,
-                          template=re.compile(raw["template"]) if "template" in raw else None,
-                          kind=raw.get("kind", ""), level=raw.get("level", ""), fill=tuple(raw.get("fill", ()))))
+                          exception=re.compile(raw["exception"]) if "exception" in raw else None,
+                          template=re.compile(raw["template"]) if "template" in raw else None))
+    ids = [r.id for r in rules]
+    if len(set(ids)) != len(ids):
+        raise ValueError("mapping rules: duplicate rule ids")
     return rules
 
 
@@ -92,6 +131,96 @@ def mapping_of(entry: Entry, rules: Iterable[Rule]) -> Rule | None:
         if rule.matches(entry):
             return rule
     return None
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """What the mapping says of one entry: its target, the rule that decided, why."""
+
+    entry: Entry
+    to: str  # a signature id, NOT_A_FAILURE, GENERIC, or UNMAPPED
+    rule: str
+    reason: str
+    template: Template | None = None  # the matcher's form of the entry, when ``to`` is a signature
+
+    def to_json(self) -> dict[str, Any]:
+        e = self.entry
+        out = {"source": e.source, "file": e.file, "line": e.line, "to": self.to, "rule": self.rule}
+        if self.to in (GENERIC, NOT_A_FAILURE):
+            out["reason"] = self.reason
+        return out
+
+
+UNMAPPED = "unmapped"
+
+
+def build_mapping(entries: Sequence[Entry], rules: Sequence[Rule]) -> list[Mapped]:
+    """Every entry's target. An entry a rule gives a signature but whose text cannot be recognised on its own
+    (too little literal text, no word to file it under: see :mod:`.templates`) becomes ``generic``, saying so:
+    the mapping never claims what the matcher cannot do."""
+    decided: list[tuple[Entry, Rule | None, tuple[str, tuple[str, ...]] | None]] = []
+    for e in entries:
+        rule = mapping_of(e, rules)
+        split = split_template(e.template, prefer_first=e.kind in MARKED_KINDS) if rule is not None and e.literal \
+            and rule.to not in (GENERIC, NOT_A_FAILURE) else None
+        decided.append((e, rule, split))
+    tokens = choose_tokens([whole_words(s[0]) if s else [] for _, _, s in decided])
+    out: list[Mapped] = []
+    for (e, rule, split), token in zip(decided, tokens, strict=True):
+        if rule is None:
+            out.append(Mapped(e, UNMAPPED, "", ""))
+        elif rule.to in (GENERIC, NOT_A_FAILURE) or not e.literal:
+            out.append(Mapped(e, rule.to, rule.id, rule.reason or "no literal text of its own"))
+        elif split is None or token is None:
+            why = "too little literal text" if split is None else "no distinctive word"
+            out.append(Mapped(e, GENERIC, rule.id, f"{why} to recognise it on its own (rule: {rule.to})"))
+        elif (keywords := choose_keywords(e.kind, e.template, *split)) is None:
+            out.append(Mapped(e, GENERIC, rule.id, f"no rare byte in its text to find it by in the prefilter's one "
+                                                   f"pass (rule: {rule.to})"))
+        else:
+            where = f"{e.project} {e.version} {e.file}:{e.line}"
+            out.append(Mapped(e, rule.to, rule.id, rule.reason, Template(rule.to, split[1], token, keywords, where)))
+    return _without_ambiguous(out)
+
+
+def _without_ambiguous(mapped: list[Mapped]) -> list[Mapped]:
+    """The same text printed in two places that map to different signatures cannot tell which one a log line
+    comes from ("input tensor has to be contiguous" in ProcessGroupMPI.cpp and in c10d's Utils): such entries
+    become ``generic``, naming the families they were torn between."""
+    targets: dict[tuple[str, ...], set[str]] = {}
+    for m in mapped:
+        if m.template is not None:
+            targets.setdefault(m.template.pieces, set()).add(m.to)
+    out = []
+    for m in mapped:
+        if m.template is not None and len(clash := targets[m.template.pieces]) > 1:
+            m = Mapped(m.entry, GENERIC, m.rule, "the same text is printed where other rules map it elsewhere "
+                       f"({', '.join(sorted(clash))}): the text alone cannot tell which")
+        out.append(m)
+    return out
+
+
+def template_table(mapped: Iterable[Mapped]) -> str:
+    """``ddpdoctor/explain/templates.json``: the matcher's rows, one per distinct (signature, pieces)."""
+    rows: list[list[Any]] = []
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for m in mapped:
+        t = m.template
+        if t is None or (t.signature, t.pieces) in seen:
+            continue
+        seen.add((t.signature, t.pieces))
+        rows.append([t.signature, t.where, t.token, list(t.keywords), *t.pieces])
+    about = ("Generated by scripts/build_explain_mapping.py from tests/data/explain_inventory (the message "
+             "inventory and its rules.json): do not edit. Each row: signature id, where the message is printed "
+             "(project version file:line), the word it is filed under, what the prefilter finds on its line, then "
+             "the literal pieces of its line in order. See ddpdoctor/explain/templates.py.")
+    body = ",\n".join("  " + json.dumps(r, ensure_ascii=False) for r in rows)
+    return f'{{"about": {json.dumps(about)},\n "templates": [\n{body}\n]}}\n'
+
+
+def mapping_lines(mapped: Iterable[Mapped]) -> str:
+    """``mapping.jsonl``: one line per entry, in inventory order."""
+    return "".join(json.dumps(m.to_json(), ensure_ascii=False, sort_keys=True) + "\n" for m in mapped)
 
 
 # -- turning a template into a log ----------------------------------------------------------------------
@@ -191,20 +320,20 @@ class Figures:
         return 100.0 * n / self.failures if self.failures else 100.0
 
 
-def coverage(entries: Iterable[Entry], rules: list[Rule]) -> dict[str, Figures]:
+def coverage(mapped: Iterable[Mapped]) -> dict[str, Figures]:
+    """Per source, what the mapping makes of its messages (a failure template is one with literal text that is
+    not ``not-a-failure``; ``specific`` ones are named by a signature of their own family)."""
     out: dict[str, Figures] = {}
-    for e in entries:
-        f = out.setdefault(e.source, Figures())
+    for m in mapped:
+        f = out.setdefault(m.entry.source, Figures())
         f.messages += 1
-        if not e.literal:
+        if not m.entry.literal:
             f.opaque += 1
-            continue
-        rule = mapping_of(e, rules)
-        if rule is None:
+        elif m.to == UNMAPPED:
             f.unmapped += 1
-        elif rule.to == NOT_A_FAILURE:
+        elif m.to == NOT_A_FAILURE:
             f.not_a_failure += 1
-        elif rule.to == GENERIC:
+        elif m.to == GENERIC:
             f.generic += 1
         else:
             f.specific += 1
@@ -213,20 +342,21 @@ def coverage(entries: Iterable[Entry], rules: list[Rule]) -> dict[str, Figures]:
 
 def figures_table(figs: dict[str, Figures], first: Iterable[str] = TARGET_SOURCES) -> str:
     """The Markdown table of ``docs/internals/explain-kb.md`` (between its inventory markers)."""
+    first = tuple(first)
     order = [s for s in first if s in figs] + sorted(s for s in figs if s not in first)
-    rows = ["| source | messages | no literal text | not a failure | failure templates | specific signature "
-            "| generic (fallback) | covered |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| source | messages | no literal text | not a failure | failure templates | named signature "
+            "| generic (fallback) | unmapped |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     total = Figures()
     for s in order:
         f = figs[s]
         rows.append(f"| {s} | {f.messages} | {f.opaque} | {f.not_a_failure} | {f.failures} | {f.specific} "
-                    f"({f.share(f.specific):.0f} %) | {f.generic} | {f.share(f.specific + f.generic):.1f} % |")
+                    f"({f.share(f.specific):.1f} %) | {f.generic} | {f.unmapped} |")
         if s in first:
             for k in ("messages", "opaque", "not_a_failure", "specific", "generic", "unmapped"):
                 setattr(total, k, getattr(total, k) + getattr(f, k))
-    rows.append(f"| **torch + NCCL** | {total.messages} | {total.opaque} | {total.not_a_failure} | {total.failures} | "
-                f"{total.specific} ({total.share(total.specific):.0f} %) | {total.generic} | "
-                f"{total.share(total.specific + total.generic):.1f} % |")
+    rows.append(f"| **torch.distributed + NCCL** ({', '.join(s for s in first if s in figs)}) | {total.messages} | "
+                f"{total.opaque} | {total.not_a_failure} | {total.failures} | {total.specific} "
+                f"({total.share(total.specific):.1f} %) | {total.generic} | {total.unmapped} |")
     return "\n".join(rows) + "\n"
 
 

@@ -40,6 +40,9 @@ class Signature:
     needs_distributed: bool = False
     # detail name -> value -> what it means (e.g. which Xid); shown as notes under the diagnosis.
     notes: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Matches any line of its kind (python-exception: any "SomeError: message"): a more specific signature
+    # found for the same message, e.g. on the rest of a wrapped line, is preferred to it.
+    catch_all: bool = False
 
 def load_kb() -> list[Signature]:
     """The knowledge base, in match-priority order; a malformed entry fails loudly (it is a ddpdoctor bug)."""
@@ -58,7 +61,8 @@ def load_kb() -> list[Signature]:
             followup_ids=tuple(raw.get("followup", {}).get("ids", ())),
             precedence=int(raw.get("precedence", 0)),
             needs_distributed=bool(raw.get("needs_distributed", False)),
-            notes={k: dict(v) for k, v in raw.get("notes", {}).items()}))
+            notes={k: dict(v) for k, v in raw.get("notes", {}).items()},
+            catch_all=bool(raw.get("catch_all", False))))
     ids = [s.id for s in sigs]
     if len(set(ids)) != len(ids):
         raise ValueError("explain KB: duplicate signature ids")

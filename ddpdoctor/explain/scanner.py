@@ -45,6 +45,7 @@ from ddpdoctor.explain.lines import (
 from ddpdoctor.explain.model import MAX_EVIDENCE_CHARS, Diagnosis, Evidence, ExplainResult
 from ddpdoctor.explain.prefilter import build_prefilter
 from ddpdoctor.explain.ranking import order_diagnoses
+from ddpdoctor.explain.templates import Template, matcher_for
 
 CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines) is scanned as it is
@@ -116,8 +117,10 @@ class Scanner:
 
     def __init__(self, kb: list[Signature] | None = None) -> None:
         self.kb = kb if kb is not None else load_kb()
-        self._prefilter = build_prefilter(k for s in self.kb for k in s.keywords)
         self._by_id = {s.id: s for s in self.kb}
+        # The inventory's templates (see .templates) for this KB's signatures; their anchors join the one pass.
+        self._templates = matcher_for(frozenset(self._by_id))
+        self._prefilter = build_prefilter([*(k for s in self.kb for k in s.keywords), *self._templates.keywords])
         # Which keywords a line holds is found once per line, not once per signature (many signatures
         # share 'Error: ' / 'NCCL WARN'); a line without a signature's keyword is not tried against it.
         self._keywords = tuple(sorted({k for s in self.kb for k in s.keywords}))
@@ -378,7 +381,7 @@ class Scanner:
                 for i in others:
                     if i not in checked:
                         checked[i] = self._probe(stripped[i], sigs, gate)[0]
-                    if checked[i] is joined[0]:
+                    if checked[i] is joined[0] is not None and self._matched_alone(stripped[i], joined[0], alone[0]):
                         clash = True
                         break
                 if clash:
@@ -389,6 +392,20 @@ class Scanner:
                 best, chosen = joined, (pieces[0] + "".join(stripped[1:]), first, nb, last, nf)
         return chosen if best is not alone else None
 
+    def _matched_alone(self, piece: str, sig: Signature, own: Signature | None) -> bool:
+        """Whether ``piece``, which matches ``sig`` on its own, will be credited to it as its own line, so that a
+        rejoined match of ``sig`` through it would count the message twice (the clash ``_rejoin`` avoids).
+
+        Not when the prefilter never admits the piece (an exception's message wrapped off its ``SomeError: ``
+        line, a template found only through that marker), nor when the line's own match ``own`` is a catch-all
+        (``python-exception`` for the ``DistBackendError: NCCL error in: ...`` head of a wrapped ``remote process
+        exited`` message): the pieces are one message and the rejoined, specific match is the one to keep.
+        """
+        if own is not None and own.catch_all and not sig.catch_all:
+            return False
+        data = bytearray(piece.encode("utf-8", "replace"))
+        return self._prefilter.search(self._prefilter.fold(data, len(data)), 0, len(data)) is not None
+
     def _probe(self, text: str, sigs: tuple[Signature, ...] | list[Signature],
                gate: bool) -> _Probe:
         """What ``text`` (already stripped) would be credited as, without crediting it.
@@ -396,23 +413,39 @@ class Scanner:
         (signature or None, index of the pattern that matched, rank if the text names one, named details).
         """
         present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
+        template = self._templates.match(text) if gate else None
         for sig in sigs:
-            if gate and self._sig_keywords[sig.id].isdisjoint(present):
+            index, named = self._sig_match(sig, text, gate, present, template)
+            if named is None:
                 continue
-            index, m = _first_match(sig.patterns, text)
-            if m is None:
-                continue
-            groups = {k for k, v in m.groupdict().items() if v is not None}
+            groups = {k for k, v in named.items() if v is not None}
             for extra in sig.extract:
                 em = extra.search(text)
                 if em:
                     groups.update(k for k, v in em.groupdict().items() if v is not None)
-            rank = m.groupdict().get("rank")
+            rank = named.get("rank")
             found = rank_int(rank) if rank else self._line_rank(text, None)
             return sig, index, found, len(groups)
         return None, -1, None, 0
 
     # -- matching ----------------------------------------------------------------------------------
+    def _sig_match(self, sig: Signature, text: str, gate: bool, present: frozenset[str],
+                   template: Template | None) -> tuple[int, dict[str, str | None] | None]:
+        """Whether ``sig`` matches ``text``: (pattern index, named groups) or (-1, None).
+
+        Its own patterns first, where the line holds one of its keywords (they extract details and ranks);
+        else the inventory template the line matched (:mod:`.templates`), if that template is one of ``sig``'s:
+        pattern index ``len(sig.patterns)``, no groups. The KB's order still decides between signatures: a
+        specific hand-written signature before a template's family, the template's family before a catch-all.
+        """
+        if not gate or not self._sig_keywords[sig.id].isdisjoint(present):
+            index, m = _first_match(sig.patterns, text)
+            if m is not None:
+                return index, m.groupdict()
+        if template is not None and template.signature == sig.id:
+            return len(sig.patterns), {}
+        return -1, None
+
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
                     line_no: int, file_rank: int | None, lookback: Any) -> Signature | None:
         """Credit the line to the first signature that matches it; return that signature (or None)."""
@@ -422,13 +455,14 @@ class Scanner:
             label = None
         text = strip_paste(text)
         present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
+        template = self._templates.match(text) if gate else None
         for sig in sigs:
-            if gate and self._sig_keywords[sig.id].isdisjoint(present):
+            index, found = self._sig_match(sig, text, gate, present, template)
+            if found is None:
                 continue
-            index, m = _first_match(sig.patterns, text)
-            if m is None:
-                continue
-            groups = {k: v for k, v in m.groupdict().items() if v is not None}
+            groups = {k: v for k, v in found.items() if v is not None}
+            if template is not None and template.signature == sig.id:
+                groups["template_source"] = template.where  # the message's provenance: project version file:line
             for extra in sig.extract:
                 em = extra.search(text)
                 if em:

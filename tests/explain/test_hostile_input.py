@@ -59,6 +59,10 @@ class _Recording:
         self._seen(string)
         return self._rx.sub(repl, string, count=count)
 
+    def findall(self, string: Any, pos: int = 0, endpos: int = sys.maxsize) -> Any:
+        self._seen(string, pos, endpos)
+        return self._rx.findall(string, pos, endpos)
+
 
 _META = set(".^$*+?{}[]()|\\")
 
