@@ -78,5 +78,29 @@ fi
     || "$PY" -m pip install --no-deps --no-index --find-links "$WHEELS" -e .
 "$PY" -c "import ddpdoctor, torch; print(f'ddpdoctor {ddpdoctor.__version__} installed next to torch {torch.__version__}')"
 
+# -- explain on real NCCL failures (issue 26) ----------------------------------------------------------------
+# Keeps what the installed torch + NCCL really print when a job fails in three ways, and explain's verdict on it,
+# under $OUT/explain (the inventory's texts are NCCL 2.28.9's and torch 2.13's: these logs show the real ones).
+# tests/gpu/test_gpu_explain.py asserts on the same jobs.
+EXPLAIN_OUT=${OUT:-/tmp}/explain
+mkdir -p "$EXPLAIN_OUT"
+echo "== explain on real NCCL failures -> $EXPLAIN_OUT"
+explain_job() {  # NAME ENV... -- CMD...: run the failing job, then explain its output
+    local name=$1; shift
+    local envs=()
+    while [[ $1 != "--" ]]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" timeout 240 "$@" >"$EXPLAIN_OUT/$name.log" 2>&1 || true
+    timeout 120 "$PY" -m ddpdoctor explain --json "$EXPLAIN_OUT/$name.json" "$EXPLAIN_OUT/$name.log" \
+        >"$EXPLAIN_OUT/$name.explain.txt" 2>&1 || true
+    echo "$name: $(head -c 300 "$EXPLAIN_OUT/$name.explain.txt" | head -3 | tail -1)"
+}
+ONE_RANK=(RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561)
+explain_job no_interface "${ONE_RANK[@]}" CUDA_VISIBLE_DEVICES=0 NCCL_SOCKET_IFNAME=ddpdoctor_no_such_if \
+    NCCL_DEBUG=WARN -- "$PY" tests/gpu/targets/nccl_init_fail.py
+explain_job no_gpu "${ONE_RANK[@]}" CUDA_VISIBLE_DEVICES= -- "$PY" tests/gpu/targets/nccl_init_fail.py
+explain_job duplicate_gpu CUDA_VISIBLE_DEVICES=0 NCCL_DEBUG=WARN DDPDOCTOR_TEST_DEVICE=0 -- \
+    "$PY" -m torch.distributed.run --nproc-per-node=2 --master-port=29562 tests/gpu/targets/nccl_init_fail.py
+
 echo "== tests/gpu"
 exec "$PY" -m pytest -q -ra tests/gpu "$@"
