@@ -101,6 +101,10 @@ explain_job no_interface "${ONE_RANK[@]}" CUDA_VISIBLE_DEVICES=0 NCCL_SOCKET_IFN
 explain_job no_gpu "${ONE_RANK[@]}" CUDA_VISIBLE_DEVICES= -- "$PY" tests/gpu/targets/nccl_init_fail.py
 explain_job duplicate_gpu CUDA_VISIBLE_DEVICES=0 NCCL_DEBUG=WARN DDPDOCTOR_TEST_DEVICE=0 -- \
     "$PY" -m torch.distributed.run --nproc-per-node=2 --master-port=29562 tests/gpu/targets/nccl_init_fail.py
+# The inventory's c10d messages (ProcessGroupNCCL's from a 2.7.0a0 copy) against this CUDA build's binaries.
+timeout 300 "$PY" scripts/check_inventory_in_binaries.py --out "$EXPLAIN_OUT/inventory_in_binaries.json" \
+    >"$EXPLAIN_OUT/inventory_in_binaries.txt" 2>&1 || true
+head -1 "$EXPLAIN_OUT/inventory_in_binaries.txt"
 
 echo "== tests/gpu"
 exec "$PY" -m pytest -q -ra tests/gpu "$@"
