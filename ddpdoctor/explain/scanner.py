@@ -112,6 +112,23 @@ def _says_more(joined: _Probe, alone: _Probe) -> bool:
     return rank is not None or index < alone[1] or details > alone[3]
 
 
+def _strip_pieces(pieces: list[str]) -> list[str]:
+    """The pieces of a terminal-wrapped line without what pasting put in front of each (see ``strip_paste``).
+
+    The first piece loses its prefixes (a Ray actor's, a glog header, a quote mark). A later piece loses one
+    only where pasting decorated every line alike (quote marks, line numbers: the first piece's prefix starts
+    with the same character); otherwise what looks like a prefix is the message's own text, cut there by the
+    terminal ("... [Proxy Service " wrapped onto "9] Failed to execute operation ...").
+    """
+    first = strip_paste(pieces[0])
+    lead = pieces[0][:len(pieces[0]) - len(first)][:1]
+    out = [first]
+    for piece in pieces[1:]:
+        bare = strip_paste(piece)
+        out.append(bare if lead and piece[:1] == lead else piece)
+    return out
+
+
 class Scanner:
     """Feed it streams (one per file); ask for the ordered diagnoses at the end."""
 
@@ -372,7 +389,7 @@ class Scanner:
                 pieces = [p for _, p in reversed(back[:nb])] + [text] + [p for _, p in fwd[:nf]]
                 if sum(map(len, pieces)) > MAX_MATCH_CHARS:
                     continue
-                stripped = [strip_paste(p) for p in pieces]
+                stripped = _strip_pieces(pieces)
                 joined = self._probe("".join(stripped), sigs, gate)
                 if not _says_more(joined, best):
                     continue

@@ -114,6 +114,31 @@ def test_mapped_templates_are_named_by_their_signature_and_cite_their_source(mon
     assert sum(checked[s] for s in TARGET_SOURCES) > 2500, checked
 
 
+def _wrapped(text: str, width: int) -> str:
+    """The lines as a terminal `width` columns wide shows them: each longer line cut into pieces, no marker."""
+    return "".join("\n".join(line[i:i + width] for i in range(0, len(line), width)) + "\n"
+                   for line in text.splitlines() if line) if text else text
+
+
+def test_mapped_templates_terminal_wrapped_keep_their_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same lines copied from a terminal 80, 100 or 120 columns wide (issue 15's pastes): the scanner rejoins
+    the pieces, and a long message is matched on its first 100 characters of text, so all but a few keep their
+    signature first (the ones lost are messages whose first 100 characters wrap over more pieces than the
+    scanner rejoins)."""
+    lost, total = [], 0
+    for m in _mapped():
+        if m.template is None:
+            continue
+        text = inventory.log_lines(m.entry)
+        for width in (80, 100, 120):
+            total += 1
+            got = [d.id for d in _explain(_wrapped(text, width), monkeypatch).diagnoses]
+            if not got or got[0] != m.to:
+                lost.append(f"{width} columns, {m.entry.where}: mapped {m.to}, explain says {got}")
+    assert total > 9000
+    assert len(lost) <= total // 200, "\n".join(lost[:40])
+
+
 def test_coverage_of_torch_distributed_and_nccl_is_at_least_90_percent() -> None:
     """Issue 26's target, per the mapping the previous test holds explain to: of the failure templates (literal
     text, not `not-a-failure`) of torch.distributed's Python, C++ and torchrun, and NCCL, >= 90 % are named by a
