@@ -108,7 +108,11 @@ def _links(raw: dict, own_id: str) -> list[Link]:
 
 def load_kb() -> list[Signature]:
     """The knowledge base, in match-priority order; a malformed entry fails loudly (it is a ddpdoctor bug)."""
-    text = resources.files("ddpdoctor.explain").joinpath("kb.json").read_text(encoding="utf-8")
+    return parse_kb(resources.files("ddpdoctor.explain").joinpath("kb.json").read_text(encoding="utf-8"))
+
+
+def parse_kb(text: str) -> list[Signature]:
+    """The signatures of a ``kb.json`` text, validated (see ``load_kb``)."""
     sigs = []
     for raw in json.loads(text)["signatures"]:
         role = ROLE_ALIASES.get(raw["role"], raw["role"])

@@ -68,13 +68,13 @@ EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<exception>[A-Z]\w*(?:Error
 GLOG_TIME = re.compile(r"(?:^|[\[\s:])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
 ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 SIGTERM_LIKE = {int(_signal.SIGTERM), int(_signal.SIGINT), int(_signal.SIGHUP)}
-# The level a line was printed at, by the first level mark in it (see quiet_level). Quiet: glog W/I
-# ("[W1122 ...", "I1122 ...", "[W socket.cpp:462]"), Python warnings ("UserWarning: ", TORCH_WARN's
-# "Warning: "), logging's WARNING/INFO/DEBUG ("WARNING:root:", "[INFO]", " - WARNING - ", "WARNING 04-15").
+# The level a line was printed at, by the first level mark in it (see quiet_level). Quiet: glog W/I and
+# torch._logging's V (debug) ("[W1122 ...", "I1122 ...", "V1126 ...", "[W socket.cpp:462]"), Python
+# warnings ("UserWarning: ", TORCH_WARN's "Warning: "), logging's WARNING/INFO/DEBUG ("WARNING:root:", "[INFO]", " - WARNING - ", "WARNING 04-15").
 # Loud: glog E/F, ERROR/CRITICAL, "SomeError: " / "SomeException: ", and NCCL's "NCCL WARN", which is how
 # NCCL reports its errors (src/include/debug.h: WARN is its error level).
 LEVEL_MARK = re.compile(
-    r"(?P<quiet>(?:^|[\[\s:])[WI]\d{4} \d\d:\d\d:\d\d|\[[WI] [\w./-]+:\d+\]|\b\w*Warning: |\b(?:WARNING|INFO|DEBUG)\b(?=[:\] -]))"
+    r"(?P<quiet>(?:^|[\[\s:])[WIV]\d{4} \d\d:\d\d:\d\d|\[[WIV] [\w./-]+:\d+\]|\b\w*Warning: |\b(?:WARNING|INFO|DEBUG)\b(?=[:\] -]))"
     r"|(?P<loud>NCCL WARN|(?:^|[\[\s:])[EF]\d{4} \d\d:\d\d:\d\d|\[[EF] [\w./-]+:\d+\]|\b(?:ERROR|CRITICAL|FATAL)\b"
     r"|\w(?:Error|Exception): )")
 # A Python traceback frame: File "/workspace/train.py", line 212, in <module>

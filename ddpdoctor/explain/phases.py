@@ -75,8 +75,11 @@ _NCCL_COMPLETE = re.compile(r"NCCL INFO (?:\w+ )?comm (?P<comm>0x[0-9a-fA-F]+) r
                             r".*- Init COMPLETE")
 _NCCL_VERSION = re.compile(r"NCCL INFO NCCL version \d")
 _NCCL_HOST = re.compile(r"^(?P<host>[\w.-]+:\d+):\d+ \[\d+\] NCCL ")
-# Lines that say nothing about progress: the launcher's banner, Python's echo of a warning's source line.
-_CHATTER = re.compile(r"^\*{5,}\s*$|^Setting OMP_NUM_THREADS environment variable|^\s+warnings\.warn\(|NCCL INFO ")
+# Lines that say nothing about progress: the launcher's banner, Python's echo of a warning's source line, and
+# the C++ stack c10 appends to a logged error (c10/util/Exception.cpp: "Exception raised from recvBytes at
+# ...", "frame #3: ...", "<omitting python frames>"), e.g. under each of TCPStore's retry warnings.
+_CHATTER = re.compile(r"^\*{5,}\s*$|^Setting OMP_NUM_THREADS environment variable|^\s+warnings\.warn\(|NCCL INFO "
+                      r"|^Exception raised from \S+ at |^frame #\d+: |^<omitting python frames>")
 
 MAX_EVIDENCE_LINES = 5
 

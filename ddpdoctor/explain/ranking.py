@@ -147,8 +147,8 @@ def _fold(diags: list[Diagnosis], facts: Facts) -> dict[str, str]:
                 for c in pool:
                     if c is d or c.signature.is_note or d.id in ancestors(c.id):
                         continue
-                    if not named and (c.signature.role not in link.cause_roles or c.id in parent):
-                        continue  # an echo is of a failure that nothing else explains
+                    if not named and c.signature.role not in link.cause_roles:
+                        continue
                     if _holds(link, c, d):
                         candidates.append(c)
             if candidates:

@@ -462,7 +462,7 @@ class Scanner:
                         if v is not None:
                             groups.setdefault(k, v)
             rank = rank_int(groups.pop("rank")) if "rank" in groups else None
-            when = timestamp(text)
+            when = timestamp(raw)  # raw: a glog prefix strip_paste removed carries the time
             if sig.context == "torchrun-summary":
                 keep, summary_rank, root, summary_time = self._torchrun_context(text, groups, lookback)
                 if not keep:
