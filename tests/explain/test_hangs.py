@@ -18,9 +18,10 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ddpdoctor.explain import ExplainResult, explain_streams, explain_text
@@ -42,8 +43,17 @@ def running(cmds: Sequence[tuple[list[str], dict[str, str]]], log: Path, cwd: Pa
             yield
         finally:
             for p in procs:
-                if p.poll() is None:
+                # torchrun starts each worker in a session of its own: kill the workers too, by pid, not just
+                # the launcher's process group (the log must just stop, as in a hang killed by the user).
+                try:
+                    family = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    family = []
+                with suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
+                for pid in family:
+                    with suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             for p in procs:
                 p.wait(timeout=30)
 
