@@ -111,9 +111,11 @@ def render_text(result: ExplainResult) -> str:
     problems, notes = result.problems, result.notes
     folded = len(result.failures) - len(problems)
     if problems:
-        head = (f"ddpdoctor explain: {_plural(len(problems), 'known problem')} found ({where}); root cause first"
-                + (f"; {_plural(folded, 'more diagnosis', 'more diagnoses')} shown as "
-                   f"{'its' if len(problems) == 1 else 'their'} consequences" if folded else "") + ".")
+        under = "it" if len(problems) == 1 else "its cause"
+        more = (f"; 1 more diagnosis is shown under {under} as a consequence" if folded == 1 else
+                f"; {folded} more diagnoses are shown under {'it' if len(problems) == 1 else 'their causes'} "
+                f"as consequences" if folded else "")
+        head = f"ddpdoctor explain: {_plural(len(problems), 'known problem')} found ({where}); root cause first{more}."
     else:
         head = f"ddpdoctor explain: no failure found ({where}); {_plural(len(notes), 'note')} below."
     out = [head, ""]

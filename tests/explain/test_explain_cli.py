@@ -30,7 +30,7 @@ def test_text_report_root_cause_first_and_exit_1() -> None:
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout
     # Rank 0's "Connection reset by peer" is the echo of rank 1's SIGKILL: shown under it, not as a rival.
-    assert "1 known problem found" in out and "1 more diagnosis shown as its consequences" in out
+    assert "1 known problem found" in out and "1 more diagnosis is shown under it as a consequence" in out
     first, second = out.index("[worker-killed-by-signal]"), out.index("[remote-process-exited]")
     assert first < out.index("   consequences (explained by the above, not separate problems):") < second
     assert "2. " not in out
