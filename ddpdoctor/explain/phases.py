@@ -81,7 +81,14 @@ _NCCL_HOST = re.compile(r"^(?P<host>[\w.-]+:\d+):\d+ \[\d+\] NCCL ")
 _CHATTER = re.compile(r"^\*{5,}\s*$|^Setting OMP_NUM_THREADS environment variable|^\s+warnings\.warn\(|NCCL INFO "
                       r"|^Exception raised from \S+ at |^frame #\d+: |^<omitting python frames>")
 
+# A glog info/warning/debug line, as c10d, torchrun and torch._logging print them ("[rank0]:[W1126 ...",
+# "I1126 ...", "[rank0]:V1126 ..."): chatter (see lines.quiet_level, which this anchored test short-cuts).
+_GLOG_QUIET = re.compile(r"^\s*(?:\[(?:rank|default)\d{1,7}\]:)?\[?[WIV]\d{4} \d\d:\d\d:\d\d")
+
 MAX_EVIDENCE_LINES = 5
+# Every phase line holds one of these (see the regexes above).
+MARKER_WORDS = ("Init START", "Init COMPLETE", "store based barrier", "store-based barrier", "Rendezvous",
+                "rendezvous", "connect/validate", "client socket has connected")
 
 
 @dataclass(frozen=True)
@@ -147,8 +154,15 @@ def _rank_list(ranks: list[int]) -> str:
     return format_rank_list(ranks)
 
 
+def _may_be_marker(raw: str) -> bool:
+    """A substring test every phase line passes (cheap: most lines are no phase line)."""
+    return any(word in raw for word in MARKER_WORDS)
+
+
 def _marker(raw: str, line: int, file_rank: int | None) -> Marker | None:
     """The phase line ``raw`` is (after its paste and rank prefixes), or None."""
+    if not _may_be_marker(raw):
+        return None
     text = strip_paste(raw)
     prefix = LINE_PREFIX_RANK.match(text)
     line_rank = file_rank
@@ -195,6 +209,8 @@ def _marker(raw: str, line: int, file_rank: int | None) -> Marker | None:
 
 def _chatter(raw: str) -> bool:
     """Whether a line that is no phase line says nothing about progress (see the module docstring)."""
+    if "NCCL INFO " in raw or _GLOG_QUIET.match(raw):
+        return True  # the two most common kinds, decided without the general level search
     text = strip_paste(raw)
     prefix = LINE_PREFIX_RANK.match(text)
     if prefix:
@@ -215,6 +231,14 @@ def where_input_ends(tail: bytes, at_file_start: bool, last_line: int, name: str
     if not at_file_start and lines:
         lines.pop(0)
     first_no = last_line - len(lines) + 1
+    # Whatever was open before the last line that shows progress was closed by it: only what follows that
+    # line (and the pieces it may be the wrapped rest of) can tell where the input stops. On a healthy log
+    # that is its last line or so; the rest of the tail is never classified.
+    start = _last_progress(lines)
+    if start is not None:
+        skip = max(0, start - MAX_CONTINUATION_PIECES)
+        first_no += skip
+        lines = lines[skip:]
     open_: dict[tuple[str, str], Marker] = {}
     retries: dict[str, int] = {}
     nccl_block_start: int | None = None  # index where the trailing run of NCCL/chatter lines began
@@ -268,6 +292,20 @@ def where_input_ends(tail: bytes, at_file_start: bool, last_line: int, name: str
         ends = [Marker(FIRST_COLLECTIVE, True, str(no), no, text, _nccl_rank(text, file_rank), timestamp(text))
                 for no, text in block]
         return PhaseEnd(name, file_index, [FIRST_COLLECTIVE], ends[-1].line, ends)
+    return None
+
+
+def _last_progress(lines: list[str]) -> int | None:
+    """The index of the last line that is neither a phase line, nor chatter, nor the wrapped rest of the line
+    above it: the last sign that the job moved on (see ``where_input_ends``)."""
+    for i in range(len(lines) - 1, -1, -1):
+        raw = lines[i].rstrip("\r")[:MAX_TAIL_LINE_CHARS]
+        if not raw.strip() or _may_be_marker(raw) or _chatter(raw):
+            continue
+        above = lines[i - 1].rstrip("\r")[:MAX_TAIL_LINE_CHARS] if i else ""
+        if above and _continues(above, above, raw):
+            continue  # may be a piece of a wrapped phase line: the forward pass decides
+        return i
     return None
 
 
