@@ -248,6 +248,7 @@ def test_unknown_exception_names_the_rank_its_error_and_frame_and_the_peers_echo
 
 
 FIRST_FAILURE_JOB = textwrap.dedent("""\
+    import signal
     import time
 
     import torch.distributed as dist
@@ -257,13 +258,17 @@ FIRST_FAILURE_JOB = textwrap.dedent("""\
     def check_shards(rank: int) -> None:
         if rank == 1:
             raise KeyError("shard-00017 missing from the index")
-        time.sleep(3)  # rank 0 fails later, with another error
+        # Rank 0 fails two seconds later with another error. torchrun stops the other ranks with SIGTERM as
+        # soon as it sees rank 1's exit; ignoring it lets rank 0's own failure happen, whatever the timing.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(2)
         raise FileNotFoundError("/data/val/shard-00003.tar")
 
 
     @record
     def main() -> None:
         dist.init_process_group("gloo")
+        dist.barrier()
         check_shards(dist.get_rank())
 
 
@@ -273,23 +278,24 @@ FIRST_FAILURE_JOB = textwrap.dedent("""\
 
 @pytest.mark.slow
 def test_first_rank_by_torchruns_first_observed_failure_not_by_input_order(tmp_path: Path) -> None:
-    """Two ranks raise unknown exceptions, rank 1 three seconds before rank 0; the lines carry no time stamps.
-    With @record the error files hold real times, so torchrun's summary names rank 1 the first observed
-    failure: that, not the input order (rank 0's file first), says which rank failed first."""
+    """Two ranks raise unknown exceptions, rank 1 two seconds before rank 0; the lines carry no time stamps.
+    torchrun's summary names rank 1 the first observed failure: that, not the input order (rank 0's file
+    first), says which rank failed first."""
     console, (rank0, rank1) = _torchrun(tmp_path, FIRST_FAILURE_JOB)
     summary = console.read_text()
     assert summary.index("Root Cause (first observed failure)") < summary.index("rank      : 1 (local_rank: 1)")
+    assert "FileNotFoundError" in rank0.read_text() and "KeyError" in rank1.read_text()
     result = explain_files(rank0, rank1, console)
     head = result.diagnoses[0]
     assert head.id == "python-exception" and head.ranks == {0, 1}
     assert (head.first_rank, head.first_rank_by) == (1, "torchrun's first observed failure")
     assert head.first_event is not None and head.first_event.exception == "KeyError"
-    assert head.first_event.frame == f"{tmp_path / 'job.py'}:9 in check_shards"
+    assert head.first_event.frame == f"{tmp_path / 'job.py'}:10 in check_shards"
     data = json.loads(run_cli(["explain", "--json", "-", str(rank0), str(rank1), str(console)]).stdout)
     first = data["diagnoses"][0]
     assert (first["first_rank"], first["first_rank_by"]) == (1, "torchrun's first observed failure")
     assert first["exception"] == {"exception": "KeyError", "message": "'shard-00017 missing from the index'",
-                                  "frame": f"{tmp_path / 'job.py'}:9 in check_shards"}
+                                  "frame": f"{tmp_path / 'job.py'}:10 in check_shards"}
 
 
 def test_time_stamps_refute_an_echo_that_came_first(tmp_path: Path) -> None:
