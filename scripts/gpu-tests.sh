@@ -78,6 +78,19 @@ fi
     || "$PY" -m pip install --no-deps --no-index --find-links "$WHEELS" -e .
 "$PY" -c "import ddpdoctor, torch; print(f'ddpdoctor {ddpdoctor.__version__} installed next to torch {torch.__version__}')"
 
+# --- explain: root cause first, probable hangs, no false alarms (issue 26 part 3) ----------------------
+# Real GPU logs: a watchdog timeout under torchrun and the SIGABRT it causes (the timeout must be the root
+# cause, the abort under it); rank 0's NCCL communicator init waiting for a rank 1 that never joins (a
+# probable hang); single-process device-side assert and OOM (no DDP diagnosis, exit 0). The step runs under
+# `timeout`; its output and the jobs' logs are kept under $OUT.
+OUT=${OUT:-$(mktemp -d /tmp/ddpdoctor-gpu-tests.XXXXXX)}
+mkdir -p "$OUT/explain-rank"
+echo "== explain (issue 26 part 3): output in $OUT/explain-rank.log, job logs in $OUT/explain-rank/"
+DDPDOCTOR_GPU_LOGS="$OUT/explain-rank" timeout 480 "$PY" -m pytest -q -ra -p no:cacheprovider \
+    tests/gpu/test_gpu_explain_rank.py "$@" >"$OUT/explain-rank.log" 2>&1 \
+    && echo "explain-rank: passed" || echo "explain-rank: FAILED or timed out (rc=$?), see $OUT/explain-rank.log"
+tail -n 5 "$OUT/explain-rank.log"
+
 # -- explain on real NCCL failures (issue 26) ----------------------------------------------------------------
 # Keeps what the installed torch + NCCL really print when a job fails in three ways, and explain's verdict on it,
 # under $OUT/explain (the inventory's texts are NCCL 2.28.9's and torch 2.13's: these logs show the real ones).
@@ -107,4 +120,4 @@ timeout 300 "$PY" scripts/check_inventory_in_binaries.py --out "$EXPLAIN_OUT/inv
 head -1 "$EXPLAIN_OUT/inventory_in_binaries.txt"
 
 echo "== tests/gpu"
-exec "$PY" -m pytest -q -ra tests/gpu "$@"
+exec "$PY" -m pytest -q -ra tests/gpu --ignore=tests/gpu/test_gpu_explain_rank.py "$@"

@@ -7,8 +7,10 @@ message with its provenance, and a coverage test checks that each failure messag
 * :mod:`.knowledge`: the signatures (``kb.json``) and their causal links;
 * :mod:`.prefilter`: which lines can hold a known message, found at C speed;
 * :mod:`.scanner`: streams the inputs, matches keyword lines, keeps bounded per-signature and per-rank facts;
-* :mod:`.ranking`: orders the diagnoses root cause first, by evidence (causal links, which rank ended
-  first, time), and derives the fallback and the probable hang;
+* :mod:`.phases`: where each input ends (inside torchrun's rendezvous, the store, the store barrier,
+  NCCL's init, with nothing after it);
+* :mod:`.ranking`: orders the diagnoses root cause first, by evidence (causal links, errors before warnings,
+  which rank ended first), and makes the probable hang;
 * :mod:`.inventory`: the message inventory's model, templates turned into example lines, coverage figures;
 * :mod:`.rendering`: the text report.
 

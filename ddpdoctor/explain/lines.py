@@ -30,15 +30,20 @@ PASTE_PREFIX = re.compile(
     r"|E {3,}"
     r"|[A-Z]{4,8} \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] "
     r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] )")
-# A log that shows no sign of a distributed job: a CUDA OOM or a Python exception in it is not a DDP problem.
+# A log that shows no sign of a distributed job (no rank, launcher or process group): a CUDA error or a Python
+# exception in it is not a DDP problem. The launchers are named by what only their runs print: torch's
+# mp.spawn (torch/multiprocessing/spawn.py; the standard library's multiprocessing/spawn.py also starts
+# DataLoader workers on Windows and macOS), `accelerate launch` (accelerate/commands/launch.py; a
+# site-packages/accelerate/ frame is also in single-GPU runs of the HF Trainer), deepspeed's launcher.
 DIST_CONTEXT = re.compile(
     rb"torch[./\\]distributed|torchrun|\[rank\d|\[RANK \d|ProcessGroup|NCCL|[Rr]ank \d|local_rank|LOCAL_RANK"
-    rb"|DistributedDataParallel|init_process_group|multiprocessing[./\\]spawn|WORLD_SIZE|deepspeed|accelerate")
+    rb"|DistributedDataParallel|init_process_group|torch[./\\]multiprocessing[./\\]spawn|WORLD_SIZE|deepspeed"
+    rb"|accelerate[./\\]commands[./\\]launch|accelerate launch")
 # Literals every DIST_CONTEXT match contains. DIST_CONTEXT has no literal start, so `re` tries every
 # alternative at every position: 22-38 MB/s over a log with no sign (a plain single-GPU run pays it on every
 # block), against GB/s for `bytes.find` of a literal; the regex only confirms around each literal found.
 DIST_LITERALS = (b"NCCL", b"rank", b"Rank", b"RANK", b"torch", b"ProcessGroup", b"DistributedDataParallel",
-                  b"init_process_group", b"multiprocessing", b"WORLD_SIZE", b"deepspeed", b"accelerate")
+                 b"init_process_group", b"WORLD_SIZE", b"deepspeed", b"accelerate")
 DIST_WINDOW = 32  # bytes either side of a literal: more than the longest DIST_CONTEXT alternative
 DIST_MAX_CANDIDATES = 256  # literals found but not confirmed (torch/nn/... frames): then one regex pass
 # mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.
@@ -55,10 +60,29 @@ LOGDIR_RANK = re.compile(r"attempt_\d+[/\\](\d{1,7})[/\\](?:stdout\.log|stderr\.
 # torchrun failure summary, see torch/distributed/elastic/multiprocessing/errors/__init__.py
 SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,7})(?!\d)")
 SUMMARY_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
+SUMMARY_TIME = re.compile(r"^\s*time\s*:\s*(\S+)")  # "  time      : 2026-11-22_03:02:29"
+# A Python exception's last line: "torch.OutOfMemoryError: CUDA out of memory. ...", "KeyError: 'RANK'".
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<exception>[A-Z]\w*(?:Error|Exception|Interrupt|Exit))"
+                            r"(?:: (?P<message>.*))?$")
 # glog "E1122 01:39:40.561000" (optionally after "[rank0]:[") and ISO-ish "2026-11-22 01:39:40,123"
 GLOG_TIME = re.compile(r"(?:^|[\[\s:])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
 ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 SIGTERM_LIKE = {int(_signal.SIGTERM), int(_signal.SIGINT), int(_signal.SIGHUP)}
+# The level a line was printed at, by the first level mark in it (see quiet_level). Quiet: glog W/I and
+# torch._logging's V (debug) ("[W1122 ...", "I1122 ...", "V1126 ...", "[W socket.cpp:462]"), Python
+# warnings ("UserWarning: ", TORCH_WARN's "Warning: "), logging's WARNING/INFO/DEBUG ("WARNING:root:", "[INFO]", " - WARNING - ", "WARNING 04-15").
+# Loud: glog E/F, ERROR/CRITICAL, "SomeError: " / "SomeException: ", and NCCL's "NCCL WARN", which is how
+# NCCL reports its errors (src/include/debug.h: WARN is its error level).
+LEVEL_MARK = re.compile(
+    r"(?P<quiet>(?:^|[\[\s:])[WIV]\d{4} \d\d:\d\d:\d\d|\[[WIV] [\w./-]+:\d+\]|\b\w*Warning: |\b(?:WARNING|INFO|DEBUG)\b(?=[:\] -]))"
+    r"|(?P<loud>NCCL WARN|(?:^|[\[\s:])[EF]\d{4} \d\d:\d\d:\d\d|\[[EF] [\w./-]+:\d+\]|\b(?:ERROR|CRITICAL|FATAL)\b"
+    r"|\w(?:Error|Exception): )")
+# A Python traceback frame: File "/workspace/train.py", line 212, in <module>
+FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d{1,9}), in (?P<func>\S+)')
+# Frames that are not the user's own code: torch (installed or a source tree), any installed package, the
+# standard library, frozen and generated code.
+LIBRARY_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\]|(?:^|[/\\])torch[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]"
+                          r"|^<|[/\\]Lib[/\\]")
 
 def rank_from_path(path: str) -> int | None:
     """One file per rank: ``rank3.log``, ``train_rank_3.out``, torchrun ``attempt_0/3/stderr.log``."""
@@ -79,6 +103,30 @@ def timestamp(text: str) -> tuple[int, ...] | None:
         return (int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
                 int((m.group(6) or "0").ljust(9, "0")[:9]))
     return None
+
+def quiet_level(text: str) -> bool:
+    """Whether the line was printed as a warning or an info line rather than an error (by its first level
+    mark; a line with none is an error: an exception's last line, NCCL's error texts, torchrun's summary)."""
+    m = LEVEL_MARK.search(text[:MAX_LEVEL_CHARS])
+    return m is not None and m.group("quiet") is not None
+
+
+MAX_LEVEL_CHARS = 512  # the level mark sits near the start; a bound keeps the search linear
+
+
+def user_frame(lines: list[str]) -> str | None:
+    """``path:line in function`` of the innermost frame outside torch, installed packages and the standard
+    library, from the traceback lines above an exception (nearest first, rank prefixes stripped), or None.
+
+    Stops at the traceback's header: what lies above it belongs to another message."""
+    for ln in lines:
+        if ln.startswith("Traceback (most recent call last)"):
+            return None
+        m = FRAME.match(ln)
+        if m and not LIBRARY_PATH.search(m.group("path")):
+            return f"{m.group('path')}:{m.group('line')} in {m.group('func')}"
+    return None
+
 
 def signal_name(digits: str) -> str:
     number = rank_int(digits)

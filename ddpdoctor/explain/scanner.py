@@ -12,8 +12,11 @@ messages. The scanner streams the input in fixed-size blocks, so memory stays fl
   and last ``MAX_MATCH_CHARS`` bytes only, and the report says so (issue 20: this bound is what keeps the
   scan linear on any input);
 * a message the terminal wrapped over several lines is matched rejoined (see ``Scanner._rejoin``);
-* besides the diagnoses it keeps per-rank facts the ranking needs (:class:`.model.RankFacts`): where each
-  rank's log ended, its last exception, the last phase it entered (rendezvous, store, collective).
+* besides the diagnoses it keeps what the ranking weighs as evidence (:class:`.ranking.Facts`): whether
+  each line was an error or only a warning (``lines.quiet_level``), each diagnosis's first line per rank
+  with its time and, for an exception, its type, message and the user's own frame; the rank torchrun's
+  failure summary calls the first observed failure; and where each input ends (:mod:`.phases`: inside a
+  rendezvous, the store barrier, NCCL's init, with nothing after it).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import IO, Any
 from ddpdoctor.explain.knowledge import Signature, load_kb
 from ddpdoctor.explain.lines import (
     DIST_CONTEXT,
+    EXCEPTION_LINE,
     LINE_PREFIX_RANK,
     MIN_WRAP_CHARS,
     NCCL_RANK,
@@ -35,16 +39,27 @@ from ddpdoctor.explain.lines import (
     SRUN_LABEL,
     SUMMARY_ENTRY,
     SUMMARY_RANK,
+    SUMMARY_TIME,
     has_dist_sign,
+    quiet_level,
     rank_int,
     signal_name,
     strip_paste,
     timestamp,
+    user_frame,
     wraps_onto,
 )
-from ddpdoctor.explain.model import MAX_EVIDENCE_CHARS, Diagnosis, Evidence, ExplainResult
+from ddpdoctor.explain.model import (
+    MAX_DETAIL_CHARS,
+    MAX_EVIDENCE_CHARS,
+    Diagnosis,
+    Evidence,
+    ExplainResult,
+    RankEvent,
+)
+from ddpdoctor.explain.phases import TAIL_BYTES, where_input_ends
 from ddpdoctor.explain.prefilter import build_prefilter
-from ddpdoctor.explain.ranking import order_diagnoses
+from ddpdoctor.explain.ranking import Facts, order_diagnoses
 from ddpdoctor.explain.templates import Template, matcher_for
 
 CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
@@ -146,6 +161,7 @@ class Scanner:
         self._floor = 0  # offset in the current block before which lines were matched already (see _rejoin)
         self._found: dict[str, Diagnosis] = {}
         self._distributed = False  # seen any sign of a distributed job (see DIST_CONTEXT)
+        self._facts = Facts()
         self.files: list[str] = []
         self.lines_scanned = 0
         self.bytes_scanned = 0
@@ -168,6 +184,8 @@ class Scanner:
         readinto = getattr(stream, "readinto", None)
         have = 0  # bytes in buf: the unfinished last line of the previous chunk, then the new chunk
         tail = b""  # the end of the previous block, for look-back across a block boundary
+        end_tail = b""  # the input's last TAIL_BYTES so far: where it ends (see phases)
+        consumed = 0  # bytes of this input handed to _scan_block so far
         lines_before = 0
         eof = False
         try:
@@ -190,13 +208,21 @@ class Scanner:
                 if end:
                     lines_before = self._scan_block(buf, end, tail, name, file_index, lines_before, file_rank)
                     tail = bytes(buf[max(0, end - 8192):end])
+                    # One copy of at most TAIL_BYTES per block: the end of the input is kept for free.
+                    piece = bytes(view[max(0, end - TAIL_BYTES):end])
+                    end_tail = piece if len(piece) >= TAIL_BYTES else (end_tail + piece)[-TAIL_BYTES:]
+                    consumed += end
                 rest = have - end
                 if rest:
                     buf[:rest] = buf[end:have]
                 have = rest
         finally:
             view.release()
-        self.lines_scanned += lines_before + (1 if tail and not tail.endswith(b"\n") else 0)
+        lines_in_input = lines_before + (1 if tail and not tail.endswith(b"\n") else 0)
+        self.lines_scanned += lines_in_input
+        ending = where_input_ends(end_tail, len(end_tail) == consumed, lines_in_input, name, file_index, file_rank)
+        if ending is not None:
+            self._facts.phase_ends.append(ending)
 
     def _scan_block(self, block: bytearray, size: int, tail: bytes, name: str, file_index: int,
                     lines_before: int, file_rank: int | None) -> int:
@@ -487,12 +513,16 @@ class Scanner:
                         if v is not None:
                             groups.setdefault(k, v)
             rank = rank_int(groups.pop("rank")) if "rank" in groups else None
+            when = timestamp(raw)  # raw: a glog prefix strip_paste removed carries the time
             if sig.context == "torchrun-summary":
-                keep, summary_rank = self._torchrun_context(text, groups, lookback)
+                keep, summary_rank, root, summary_time = self._torchrun_context(text, groups, lookback)
                 if not keep:
                     return None
                 if rank is None:
                     rank = summary_rank
+                if root and rank is not None:
+                    self._facts.summary_roots.add(rank)
+                when = when or summary_time
             if sig.context == "python-traceback" and self._ignored_exception(lookback):
                 return None
             if rank is None and label is not None:
@@ -513,9 +543,37 @@ class Scanner:
             if diag is None:
                 diag = self._found[sig.id] = Diagnosis(sig)
             ev = Evidence(name, line_no, raw.strip()[:MAX_EVIDENCE_CHARS])
-            diag.add(ev, rank, index, groups, (file_index, line_no), timestamp(text))
+            # A warning printed on the way (a UserWarning, a glog W line, an INFO line) is not why a rank ended.
+            fatal = not quiet_level(raw)
+            seq = (file_index, line_no)
+            event = None
+            if rank not in diag.rank_events:  # the first line on this rank: what and where, for the ranking
+                event = self._event(text, seq, when, lookback)
+            if "frame" not in groups and event is not None and event.frame is not None:
+                groups["frame"] = event.frame
+            diag.add(ev, rank, index, groups, seq, when, fatal, event)
+            if fatal:
+                self._facts.last_fatal_line[file_index] = max(line_no, self._facts.last_fatal_line.get(file_index, 0))
             return sig
         return None
+
+    @staticmethod
+    def _event(text: str, seq: tuple[int, int], when: tuple[int, ...] | None, lookback: Any) -> RankEvent:
+        """The first line of a diagnosis on a rank; for an exception, its type, message and the user's frame
+        (the innermost one outside torch and installed packages, from the traceback above it)."""
+        prefix = LINE_PREFIX_RANK.match(text)
+        body = text[prefix.end():].lstrip() if prefix else text
+        m = EXCEPTION_LINE.match(strip_paste(body))
+        if m is None:
+            return RankEvent(seq, when)
+        frames = []
+        for ln in lookback(TRACEBACK_LOOKBACK_LINES):
+            p = LINE_PREFIX_RANK.match(ln)
+            if prefix is not None and (p is None or p.group(0) != prefix.group(0)):
+                continue  # another rank's line, interleaved: not this traceback
+            frames.append(ln[p.end():] if p else ln)
+        return RankEvent(seq, when, m.group("exception"), (m.group("message") or "").strip()[:MAX_DETAIL_CHARS],
+                         user_frame(frames))
 
     @staticmethod
     def _wrapped_label(lookback: Any, text: str) -> bool:
@@ -528,27 +586,34 @@ class Scanner:
         return bool(above) and len(above[0]) >= MIN_WRAP_CHARS and SRUN_LABEL.match(above[0].lstrip("> ")) is None
 
     @staticmethod
-    def _torchrun_context(text: str, groups: dict[str, str], lookback: Any) -> tuple[bool, int | None]:
-        """Rank and root-cause flag of a line in torchrun's failure summary.
+    def _torchrun_context(text: str, groups: dict[str, str],
+                          lookback: Any) -> tuple[bool, int | None, bool, tuple[int, ...] | None]:
+        """Whether to keep a line of torchrun's failure summary, its rank, whether its entry is the summary's
+        ``Root Cause (first observed failure)``, and the entry's ``time :``.
 
         The summary lists ``Root Cause (first observed failure):`` and ``Failures:`` entries; the ranks
         torchrun itself stopped with SIGTERM after the first failure are noise, not causes.
         """
         rank: int | None = None
-        root = "failed (exitcode" in text  # the agent's own log line names the first failure
-        if not root and ("exitcode" in text or "received by PID" in text):
+        when: tuple[int, ...] | None = None
+        agent_line = "failed (exitcode" in text  # the agent's own log line names the first failure
+        root = False
+        if not agent_line and ("exitcode" in text or "received by PID" in text):
             lines = lookback()
             for i, ln in enumerate(lines):
                 m = SUMMARY_RANK.match(ln)
                 if m and rank is None:
                     rank = int(m.group(1))
+                t = SUMMARY_TIME.match(ln)
+                if t and when is None:
+                    when = timestamp(t.group(1))
                 if SUMMARY_ENTRY.match(ln):
                     root = i + 1 < len(lines) and "Root Cause" in lines[i + 1]
                     break
         number = rank_int(groups.get("signal_number", ""))
-        if number is not None and number in SIGTERM_LIKE and not root:
-            return False, rank
-        return True, rank
+        if number is not None and number in SIGTERM_LIKE and not (root or agent_line):
+            return False, rank, root, when
+        return True, rank, root, when
 
     @staticmethod
     def _ignored_exception(lookback: Any) -> bool:
@@ -613,5 +678,5 @@ class Scanner:
 
     # -- result ------------------------------------------------------------------------------------
     def result(self) -> ExplainResult:
-        ordered = order_diagnoses(self._found, self._distributed)
+        ordered = order_diagnoses(self._found, self._distributed, self._facts, self._by_id)
         return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned, self.lines_windowed)
