@@ -35,7 +35,10 @@ class Link:
     ``rank``: which ranks the two must be on (``RANK_RELATIONS``; unknown ranks never refute "same").
     ``when``: detail values the consequence must show (``{"signal": ["SIGABRT"]}``: only an abort is a
     watchdog's doing). ``match``: details both must share when both have them (``pid``: the process the kernel's
-    OOM killer names is the one torchrun reports killed).
+    OOM killer names is the one torchrun reports killed). ``cause_warns``: the source prints the cause at
+    warning level although it is what made the consequence fail (c10d's socket.cpp records each failed
+    ``getaddrinfo`` with ``C10D_WARNING`` and then raises "failed to connect to any network address" with
+    those records), so a cause seen only in warnings still explains it; every other link needs an error.
     """
 
     consequence: str
@@ -44,6 +47,7 @@ class Link:
     rank: str = "any"
     when: tuple[tuple[str, tuple[str, ...]], ...] = ()
     match: tuple[str, ...] = ()
+    cause_warns: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,12 +102,16 @@ def _links(raw: dict, own_id: str) -> list[Link]:
                 raise ValueError(f"explain KB entry {own_id!r}: {direction} roles must be among {ROLE_ORDER}")
             when = tuple((k, tuple(v)) for k, v in item.get("when", {}).items())
             match = tuple(item.get("match", ()))
+            warns = bool(item.get("cause_warns", False))
             if direction == "causes":
-                out.append(Link(consequence=item["id"], cause=own_id, rank=rank, when=when, match=match))
+                out.append(Link(consequence=item["id"], cause=own_id, rank=rank, when=when, match=match,
+                                cause_warns=warns))
             elif "id" in item:
-                out.append(Link(consequence=own_id, cause=item["id"], rank=rank, when=when, match=match))
+                out.append(Link(consequence=own_id, cause=item["id"], rank=rank, when=when, match=match,
+                                cause_warns=warns))
             elif roles:
-                out.append(Link(consequence=own_id, cause_roles=roles, rank=rank, when=when, match=match))
+                out.append(Link(consequence=own_id, cause_roles=roles, rank=rank, when=when, match=match,
+                                cause_warns=warns))
             else:
                 raise ValueError(f"explain KB entry {own_id!r}: explained_by needs an id or roles")
     return out

@@ -11,7 +11,8 @@ order (the knowledge base's, or the log's) puts whichever came first in the file
    rank; a timeout or "remote process exited" on one rank by a failure on another rank: an echo). A link
    holds only when the evidence does not refute it: the ranks relate as declared (unknown ranks never
    refute "same"), the consequence's details fit (every signal is SIGABRT), shared details agree (the pid),
-   the cause is an error (not a warning), and no time stamp puts the consequence before its cause.
+   the cause is an error (not a warning, unless the link says its source warns what it then fails on:
+   c10d's failed name lookups), and no time stamp puts the consequence before its cause.
    Links between named ids are applied before links to a role (an echo), and a link that would close a
    cycle is skipped.
 2. **What remains is ordered by evidence**, most decisive first: a failure before a note; an error before a
@@ -158,8 +159,8 @@ def _fold(diags: list[Diagnosis], facts: Facts) -> dict[str, str]:
 
 def _holds(link: Link, cause: Diagnosis, consequence: Diagnosis) -> bool:
     """Whether the evidence allows ``cause`` -> ``consequence`` along ``link``."""
-    if not cause.fatal:
-        return False  # a warning printed on the way ended nothing
+    if not cause.fatal and not link.cause_warns:
+        return False  # a warning printed on the way ended nothing (unless its source warns what it fails on)
     for name, values in link.when:
         seen = consequence.details.get(name, [])
         if not seen or any(v not in values for v in seen):

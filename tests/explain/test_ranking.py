@@ -344,3 +344,35 @@ def test_kb_links_name_known_ids_and_form_no_cycle() -> None:
         parse_with({"worker-killed-by-signal": {"causes": [{"id": "nccl-timeout"}]}})
     with pytest.raises(ValueError, match="rank must be"):
         parse_with({"nccl-timeout": {"causes": [{"id": "worker-killed-by-signal", "rank": "mine"}]}})
+
+
+# --- a cause its source prints as a warning: c10d's failed name lookups ----------------------------------------
+
+# torch/csrc/distributed/c10d/socket.cpp (SocketConnectOp): every failed getaddrinfo is recorded with
+# C10D_WARNING ("The IPv6 network addresses of (HOST, PORT) cannot be retrieved (gai error: -2 - ...)") and the
+# connect then fails with C10D_ERROR; the name that does not resolve is why. A real client, here: a TCPStore
+# pointed at a name under .invalid (RFC 2606: never resolves).
+UNRESOLVABLE_STORE = """\
+from datetime import timedelta
+import torch.distributed as dist
+dist.TCPStore("ddpdoctor-no-such-host.invalid", {port}, 2, False, timeout=timedelta(seconds=2))
+"""
+
+
+@pytest.mark.slow
+def test_a_name_that_does_not_resolve_explains_the_connect_timeout_though_c10d_warns_it(tmp_path: Path) -> None:
+    (tmp_path / "client.py").write_text(UNRESOLVABLE_STORE.format(port=free_port()))
+    with (tmp_path / "client.log").open("wb") as out:
+        job = subprocess.run([sys.executable, "client.py"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                             timeout=120, env=clean_env())
+    text = (tmp_path / "client.log").read_text()
+    assert job.returncode != 0 and "cannot be retrieved (gai error" in text, text[-2000:]
+    result = explain_files(tmp_path / "client.log")
+    assert tree(result)[:2] == [("hostname-resolution", None), ("master-connect-timeout", "hostname-resolution")]
+    assert result.diagnoses[0].level == "warning"  # what c10d printed it as: still the root cause
+    assert result.diagnoses[0].details["host"] == ["ddpdoctor-no-such-host.invalid"]
+    # The link needs the same endpoint: a lookup that failed for another host explains nothing here.
+    other = "\n".join(line.replace("(ddpdoctor-no-such-host.invalid,", "(other-host.invalid,")
+                      if "cannot be retrieved" in line else line for line in text.splitlines())
+    assert [d for d in tree(explain_text(other)) if d[0] == "master-connect-timeout"] == \
+        [("master-connect-timeout", None)]
