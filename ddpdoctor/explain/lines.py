@@ -34,16 +34,28 @@ PASTE_PREFIX = re.compile(
 # exception in it is not a DDP problem. The launchers are named by what only their runs print: torch's
 # mp.spawn (torch/multiprocessing/spawn.py; the standard library's multiprocessing/spawn.py also starts
 # DataLoader workers on Windows and macOS), `accelerate launch` (accelerate/commands/launch.py; a
-# site-packages/accelerate/ frame is also in single-GPU runs of the HF Trainer), deepspeed's launcher.
+# site-packages/accelerate/ frame is also in single-GPU runs of the HF Trainer), deepspeed's launcher, and
+# Lightning asked for more than one GPU (`You requested gpu: [0, 1]`, fabric/utilities/device_parser.py: its
+# accelerator connector picks the ddp strategy for more than one device and launches a process per device;
+# a request of one GPU is a single-process run). Per-rank line prefixes are signs too: torchrun's
+# `--tee`/`--log-line-prefix-template` `[default3]:`, Open MPI's `--tag-output` `[1,3]<stdout>:` (mpirun,
+# horovodrun); and what the frameworks log only when the job is distributed: Lightning's `Initializing
+# distributed: GLOBAL_RANK: 0, MEMBER: 1/2` (fabric/utilities/distributed.py), accelerate's `Distributed
+# environment: MULTI_GPU` (state.py; `NO` for one process), the HF example scripts' `distributed training:
+# True`, and the rendezvous variables MASTER_ADDR / MASTER_PORT.
 DIST_CONTEXT = re.compile(
     rb"torch[./\\]distributed|torchrun|\[rank\d|\[RANK \d|ProcessGroup|NCCL|[Rr]ank \d|local_rank|LOCAL_RANK"
     rb"|DistributedDataParallel|init_process_group|torch[./\\]multiprocessing[./\\]spawn|WORLD_SIZE|deepspeed"
-    rb"|accelerate[./\\]commands[./\\]launch|accelerate launch")
+    rb"|accelerate[./\\]commands[./\\]launch|accelerate launch|requested gpu: \[\d, \d|requested GPUs: \[\d, \d"
+    rb"|\[default\d\]:|\[default\d\d\]:|\]<stdout>:|\]<stderr>:|GLOBAL_RANK: \d|distributed training: True"
+    rb"|Distributed environment: MULTI_|Distributed environment: DistributedType.MULTI_|Distributed environment: DEEPSPEED"
+    rb"|Distributed environment: FSDP|MASTER_ADDR|MASTER_PORT")
 # Literals every DIST_CONTEXT match contains. DIST_CONTEXT has no literal start, so `re` tries every
 # alternative at every position: 22-38 MB/s over a log with no sign (a plain single-GPU run pays it on every
 # block), against GB/s for `bytes.find` of a literal; the regex only confirms around each literal found.
 DIST_LITERALS = (b"NCCL", b"rank", b"Rank", b"RANK", b"torch", b"ProcessGroup", b"DistributedDataParallel",
-                 b"init_process_group", b"WORLD_SIZE", b"deepspeed", b"accelerate")
+                 b"init_process_group", b"WORLD_SIZE", b"deepspeed", b"accelerate", b"requested", b"[default",
+                 b"]<std", b"distributed training: True", b"Distributed environment: ", b"MASTER_")
 DIST_WINDOW = 32  # bytes either side of a literal: more than the longest DIST_CONTEXT alternative
 DIST_MAX_CANDIDATES = 256  # literals found but not confirmed (torch/nn/... frames): then one regex pass
 # mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.

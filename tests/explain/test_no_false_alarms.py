@@ -133,3 +133,44 @@ def test_grad_strides_warning_is_not_a_failure(name: str) -> None:
     performance." Real logs whose runs went on (tuning half of the corpus)."""
     proc = run_cli(["explain", str(REAL_LOGS / name)])
     assert proc.returncode == 0, proc.stdout
+
+
+# lightning/fabric/utilities/device_parser.py (_check_data_type/_sanitize_gpu_ids): "You requested gpu: {gpus}\n
+# But your machine only has: {all_available_gpus}". More than one GPU asked for is a DDP job (the accelerator
+# connector picks the ddp strategy for more than one device); one is a single-process run.
+LIGHTNING_GPUS = """\
+lightning.fabric.utilities.exceptions.MisconfigurationException: You requested gpu: {requested}
+ But your machine only has: [0]
+"""
+# c10/cuda/CUDACachingAllocator.cpp's OOM message, the same in every case below.
+OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "79.10 GiB of which 1.19 GiB is free.\n")
+
+
+@pytest.mark.parametrize(("text", "distributed"), [
+    (LIGHTNING_GPUS.format(requested="[0, 1]"), True),
+    (LIGHTNING_GPUS.format(requested="[1]"), False),
+    # torchrun --tee 3 / --log-line-prefix-template: each worker line starts with [default<rank>]:
+    ("".join(f"[default1]:{line}\n" for line in OOM_LINE.splitlines()), True),
+    # mpirun / horovodrun --tag-output: [jobid,rank]<stream>:
+    ("".join(f"[1,1]<stderr>:{line}\n" for line in OOM_LINE.splitlines()), True),
+    # lightning/fabric/utilities/distributed.py, _init_dist_connection's log line
+    ("Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2\n" + OOM_LINE, True),
+    # accelerate/state.py PartialState.__repr__; "NO" when there is one process
+    ("Distributed environment: MULTI_GPU  Backend: nccl\nNum processes: 2\n" + OOM_LINE, True),
+    ("Distributed environment: NO\nNum processes: 1\n" + OOM_LINE, False),
+    # transformers' examples (run_clm.py, ...): the summary each process logs
+    ("Process rank: 1, device: cuda:1, n_gpu: 1, distributed training: True, 16-bits training: False\n" + OOM_LINE,
+     True),
+    ("Process rank: 0, device: cuda:0, n_gpu: 1, distributed training: False, 16-bits training: False\n" + OOM_LINE,
+     False),
+    # the rendezvous variables, echoed by a launch script
+    ("MASTER_ADDR=node-0 MASTER_PORT=29500 WORLD=2\n" + OOM_LINE, True),
+], ids=["lightning-2-gpus", "lightning-1-gpu", "torchrun-tee-prefix", "open-mpi-tag-output", "lightning-init",
+        "accelerate-multi-gpu", "accelerate-no", "hf-example-distributed", "hf-example-single", "master-addr"])
+def test_what_only_a_distributed_job_prints_makes_its_errors_ddp_problems(text: str, distributed: bool) -> None:
+    """A sign of a distributed job the launchers and frameworks print (lines.DIST_CONTEXT) turns the same error
+    into a DDP diagnosis (exit 1); its single-process counterpart leaves it a plain script's error (exit 0)."""
+    proc = run_cli(["explain", "--json", "-"], input_text=text)
+    got = json.loads(proc.stdout)["diagnoses"]
+    assert (proc.returncode, bool(got)) == ((1, True) if distributed else (0, False)), got
