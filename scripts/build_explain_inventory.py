@@ -12,12 +12,19 @@ its trees in that order, a file of the first hiding the same path in the next)::
     T=.venv/lib/python3.11/site-packages/torch   # the installed torch (2.13.0 here)
     python scripts/build_explain_inventory.py \\
         torch-python=$T torch-cpp=$T torch-cpp=/work/.mirror/jizhuoran+EasyFHE/repo \\
-        nccl=/work/.mirror/NVIDIA+nccl/repo@v2.28.9-1 gloo=/work/.mirror/pytorch+gloo/repo \\
+        nccl=/work/.mirror/NVIDIA+nccl/repo@v2.28.9-1 \\
+        nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.27.7-1 nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.26.2-1 \\
+        nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.21.5-1 nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.20.5-1 \\
+        nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.18.3-1 nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.14.3-1 \\
+        nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.10.3-1 nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.7.8-1 \\
+        nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.4.8-1 gloo=/work/.mirror/pytorch+gloo/repo \\
         lightning=/work/.mirror/Lightning-AI+pytorch-lightning/repo \\
         accelerate=/work/.mirror/huggingface+accelerate/repo deepspeed=/work/.mirror/deepspeedai+DeepSpeed/repo \\
         transformers=/tmp/transformers-5.24.0  # the wheel, unpacked
 
-``torch-cpp=$T`` reads c10d's headers as the installed release ships them (``torch/include``, provenance: that
+``SOURCE+=PATH@REV`` names an earlier release of a source given before it (newest first): only the messages
+none of the later releases prints are added, with that release's provenance (NCCL: the releases torch wheels
+bundled, 2.4.8 in torch 1.4-1.6 to 2.27 in 2.8-2.9). ``torch-cpp=$T`` reads c10d's headers as the installed release ships them (``torch/include``, provenance: that
 release and its commit from ``version.py``); the ``.cpp`` files are not in a wheel and come from the next tree,
 a PyTorch 2.7.0a0 copy inside another repository, recorded as such in each entry's ``version``
 (docs/internals/explain-kb.md says why no upstream copy is used).
@@ -457,22 +464,35 @@ def provenance(source: str, tree: Tree) -> tuple[Tree, str, str]:
     return tree, version, commit
 
 
-def build(source: str, trees: list[Tree]) -> list[dict[str, object]]:
+def build(source: str, trees: list[Tree], older: list[Tree] | None = None) -> list[dict[str, object]]:
     """Every message of ``source`` in ``trees``; a file found in an earlier tree hides the same path in later
-    ones (the exact release's headers before an older copy's), each entry with its own tree's provenance."""
+    ones (the exact release's headers before an older copy's), each entry with its own tree's provenance.
+
+    ``older``: earlier releases of the same project (newest first), read whole: a message whose text none of
+    the releases before it prints is added with its own release's provenance. Users' logs come from the NCCL
+    their torch wheel bundles (2.4 for torch 1.4-1.6 ... 2.28 today), and NCCL rewords its messages between
+    releases ("Connect to {} failed" in include/socket.h up to 2.11, "socketStartConnect: Connect to {}
+    failed" in misc/socket.cc since): a text only an older release prints is still what users paste."""
     project, globs = SCOPES[source]
     extract = {"torch-cpp": torch_cpp_messages, "nccl": nccl_messages, "gloo": gloo_messages}.get(source,
                                                                                                   python_messages)
     entries: list[dict[str, object]] = []
     seen: set[tuple[str, int, str]] = set()
     done: set[str] = set()
-    for given in trees:
+    known: set[str] = set()  # templates of the releases read so far (for ``older``)
+    releases = [(t, False) for t in trees] + [(t, True) for t in older or ()]
+    for given, is_older in releases:
+        if is_older:
+            done = set()
+            known |= {str(e["template"]) for e in entries}
         tree, version, commit = provenance(source, given)
         for path in tree.files():
             if path in done or not _matches(path, globs) or "/test" in path or path.startswith("test"):
                 continue
             done.add(path)
             for line, kind, level, exc, template in extract(tree.read(path)):
+                if is_older and template.strip() in known:
+                    continue
                 # torch's Python files are listed by their place in the PyTorch repository (torch/...).
                 shown = f"torch/{path}" if source == "torch-python" else path
                 src = "torch-elastic" if source == "torch-python" and path.startswith(ELASTIC) else source
@@ -485,7 +505,7 @@ def build(source: str, trees: list[Tree]) -> list[dict[str, object]]:
                                 "file": shown, "line": line, "kind": kind, "level": level, "exception": exc,
                                 "template": template,
                                 "literal": len(template.replace("{}", "").strip()) >= MIN_LITERAL})
-    entries.sort(key=lambda e: (str(e["source"]), str(e["file"]), int(str(e["line"]))))
+    entries.sort(key=lambda e: (str(e["source"]), str(e["file"]), int(str(e["line"])), str(e["version"])))
     return entries
 
 
@@ -494,20 +514,28 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     trees: dict[str, list[Tree]] = {}  # a source given twice: its trees in the order given
+    older: dict[str, list[Tree]] = {}  # SOURCE+=PATH@REV: an earlier release of it (see build)
     for arg in argv:
         source, _, spec = arg.partition("=")
+        is_older = source.endswith("+")
+        source = source.removesuffix("+")
         if source not in SCOPES or not spec:
-            print(f"unknown source {arg!r}; one of {sorted(SCOPES)} as SOURCE=PATH[@REV]", file=sys.stderr)
+            print(f"unknown source {arg!r}; one of {sorted(SCOPES)} as SOURCE=PATH[@REV] or SOURCE+=PATH@REV",
+                  file=sys.stderr)
             return 2
         path, _, rev = spec.partition("@")
         if not Path(path).is_dir():
             print(f"{source}: no such directory {path!r}", file=sys.stderr)
             return 2
-        trees.setdefault(source, []).append(Tree(Path(path), rev or None))
+        (older if is_older else trees).setdefault(source, []).append(Tree(Path(path), rev or None))
+    if set(older) - set(trees):
+        print(f"an older release needs its source's current one first: {sorted(set(older) - set(trees))}",
+              file=sys.stderr)
+        return 2
     OUT.mkdir(parents=True, exist_ok=True)
     for source, given in trees.items():
         by_source: dict[str, list[dict[str, object]]] = {}
-        for e in build(source, given):
+        for e in build(source, given, older.get(source)):
             by_source.setdefault(str(e["source"]), []).append(e)
         for name, rows in by_source.items():
             target = OUT / f"{name}.jsonl"
