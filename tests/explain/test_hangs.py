@@ -280,3 +280,21 @@ def test_a_hang_on_a_rank_whose_peer_crashed_is_the_peers_echo(tmp_path: Path) -
     result = explain_streams([("rank0.log", io.BytesIO(rank0.encode()), 0), ("rank1.log", io.BytesIO(rank1.encode()), 1)])
     assert [(d.id, d.caused_by) for d in result.diagnoses] == [("python-exception", None),
                                                                 ("probable-hang", "python-exception")]
+
+
+def test_a_phase_line_cut_inside_its_marker_word_is_still_found() -> None:
+    """Where the input ends is read only when its tail holds a marker word (phases.where_input_ends' quick test,
+    which spares a trainer logging at INFO level the classification of 1 MiB of lines); the test joins the tail's
+    lines first, so a terminal that cut the waiting line inside "store based barrier", quoted or not, still
+    leaves a probable hang."""
+    line = "INFO:torch.distributed.distributed_c10d:" + BARRIER_WAIT.rstrip("\n")
+    width = line.index("store based bar") + len("store based bar")  # 66 columns: the cut is inside the word
+    wrapped = "".join("\n".join(line[k:k + width] for k in range(0, len(line), width)) + "\n" for _ in range(2))
+    assert "store based barrier" not in wrapped
+    assert first(explain_text(wrapped)) == ("probable-hang", [0], ["store barrier"])
+    quoted = "".join(f"> {piece}\n" for piece in wrapped.splitlines())
+    assert first(explain_text(quoted)) == ("probable-hang", [0], ["store barrier"])
+    # A long tail of trainer INFO lines before the wait (no marker word among them) changes nothing.
+    info = "".join(f"2024-05-01 10:00:{i % 60:02d},000 - INFO - train.py:212 - step {i} loss 2.3\n" for i in range(9000))
+    assert first(explain_text(info + BARRIER_WAIT)) == ("probable-hang", [0], ["store barrier"])
+    assert explain_text(info).diagnoses == []
