@@ -207,28 +207,38 @@ def test_every_label_is_a_diagnosis_id_or_listed_as_unlabeled() -> None:
             assert e["file"] in text, f"{e['file']} ({e['expected']}) is not listed in UNLABELED.md"
 
 
-# Issue 26's thresholds are not reached yet: the knowledge base is still growing (its engineer works on the
-# tuning half). The figures below are the held-out half's when this mark was last updated; the lead decides
-# when the mark goes. raises=AssertionError: a crash or a broken corpus still fails the test.
-HELD_OUT_XFAIL = pytest.mark.xfail(
-    strict=False, raises=AssertionError,
-    reason="held-out half below issue 26's thresholds: right cause first 53/74 (71.6 %), recognised 62/74 "
-           "(83.8 %), false alarms 3/21 (corpus of 175 logs, knowledge base at fd69805)")
-
-
-@HELD_OUT_XFAIL
 def test_real_logs_score(request: pytest.FixtureRequest) -> None:
-    """The issue's thresholds on the held-out half; counts only, so a failure names no held-out log."""
-    scores = score_corpus()
+    """Issue 26's thresholds on the held-out half: right root cause first >= 90 %, no false alarm. Counts only,
+    so a failure names no held-out log."""
+    scores = _scores()
     summary = scores.summary()
     request.config.stash[SUMMARY_KEY] = summary
     held = scores.held
-    positives, negatives = held.positives, held.negatives
-    false_alarms, recognised, right_first = len(held.false_alarms), held.recognised, held.right_first
-    assert positives > 0 and negatives > 0, summary
-    assert false_alarms == 0, summary
-    assert recognised >= 0.95 * positives, summary
-    assert right_first >= 0.90 * positives, summary
+    assert held.positives > 0 and held.negatives > 0, summary
+    assert len(held.false_alarms) == 0, summary
+    assert held.right_first >= 0.90 * held.positives, summary
+
+
+# The older bar kept from before issue 26 (at least 95 % of the failures recognised at all, whichever diagnosis
+# comes first) is not reached on the held-out half; the figures below are the held-out half's when this mark was
+# last updated. raises=AssertionError: a crash or a broken corpus still fails the test.
+RECOGNISED_XFAIL = pytest.mark.xfail(
+    strict=False, raises=AssertionError,
+    reason="held-out half: recognised 70/74 (94.6 %), below 95 % (right cause first 67/74, 90.5 %, and false "
+           "alarms 0/21 meet issue 26's thresholds; corpus of 173 logs, knowledge base at ccf906c)")
+
+
+@RECOGNISED_XFAIL
+def test_real_logs_recognised() -> None:
+    """At least 95 % of the held-out half's failures recognised (exit 1 with some diagnosis)."""
+    held = _scores().held
+    assert held.recognised >= 0.95 * held.positives, _scores().summary()
+
+
+@cache
+def _scores() -> CorpusScore:
+    """The corpus scored once per session (both tests above read it)."""
+    return score_corpus()
 
 
 SUMMARY_KEY = pytest.StashKey[str]()
