@@ -225,7 +225,7 @@ def test_real_logs_score(request: pytest.FixtureRequest) -> None:
 RECOGNISED_XFAIL = pytest.mark.xfail(
     strict=False, raises=AssertionError,
     reason="held-out half: recognised 70/74 (94.6 %), below 95 % (right cause first 67/74, 90.5 %, and false "
-           "alarms 0/21 meet issue 26's thresholds; corpus of 173 logs, knowledge base at ccf906c)")
+           "alarms 0/21 meet issue 26's thresholds; corpus of 173 logs, knowledge base at e4ac3fe)")
 
 
 @RECOGNISED_XFAIL
