@@ -1,7 +1,8 @@
 """Throughput and memory of `ddpdoctor explain` on a large generated log (target: >= 150 MB/s, flat RSS).
 
 Usage: python benchmarks/explain_throughput.py [SIZE_MB] [--realistic] (default 1024 MB), or
-``--pathological`` (hostile long lines against a plain log, see ``pathological``).
+``--families [SIZE_MB]`` (each common line family alone and a mix, see ``families``; default 25 MB a family,
+4 x that for the mix), or ``--pathological`` (hostile long lines against a plain log, see ``pathological``).
 
 * default: a multi-rank log of training step lines, NCCL INFO chatter, Python traceback frames and a few
   real error lines spread through it;
@@ -26,9 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ddpdoctor.explain import Scanner
+from ddpdoctor.explain.prefilter import build_prefilter
+from ddpdoctor.explain.templates import TemplateMatcher
 
 # Real texts (see tests/explain/test_explain.py for where each comes from), sprinkled so the matcher does real work.
 _ERRORS = [
@@ -349,8 +352,124 @@ def pathological(size_mb: int = 8) -> None:
         print(f"  {name[:40]!r:44} {rate:8,.0f} MB/s  ({rate / plain:.2f}x the plain log)")
 
 
+# --- one family of healthy lines at a time (issue 26) ------------------------------------------------------
+# Issue 26 measured these alone, before its prefilter work: 25 MB of heartbeat lines at 14 MB/s, trainer lines
+# at 101, NCCL INFO at 103, HF-Trainer dicts at 75, a 100 MB mix of the four at 37 MB/s, where `grep -E` read
+# the mix at 1.8 GB/s. A log of one family is the worst case for that family: every line pays for whatever the
+# prefilter does with its bytes.
+
+def heartbeat(i: int) -> str:
+    """ProcessGroupNCCL's glog line under torchrun, as issue 26 quotes it."""
+    r = i % 8
+    return (f"[rank{r}]:[I501 10:00:00.{i % 1000000:06d}659 ProcessGroupNCCL.cpp:1538] [PG ID 0 PG GUID "
+            f"0(default_pg) Rank {r}] ProcessGroupNCCL heart beat monitor thread joined.\n")
+
+
+def trainer(i: int) -> str:
+    """A training script's logging line (Python logging's default-ish format)."""
+    return (f"2024-05-01 10:00:{i % 60:02d},{i % 1000:03d} - INFO - train.py:212 - epoch 3 step {i} loss "
+            f"2.{i % 9999:04d} lr 3.0e-4 grad_norm 0.8{i % 10} tokens/s 123456\n")
+
+
+def nccl_info(i: int) -> str:
+    """NCCL_DEBUG=INFO's channel set-up line."""
+    return (f"node-a:{1000 + i % 8}:{2000 + i % 8} [{i % 8}] NCCL INFO Channel {i % 32:02d}/0 : {i % 8}[{i % 8}] -> "
+            f"{(i + 1) % 8}[{(i + 1) % 8}] via P2P/CUMEM/read\n")
+
+
+def hf_dict(i: int) -> str:
+    """The HF Trainer's metrics, as its log() prints them."""
+    return f"{{'loss': 1.{i % 9999:04d}, 'grad_norm': 0.5{i % 10}, 'learning_rate': 1.9e-05, 'epoch': 0.{i % 100:02d}}}\n"
+
+
+FAMILIES: dict[str, Callable[[int], str]] = {"heartbeat": heartbeat, "trainer": trainer, "nccl-info": nccl_info,
+                                             "hf-dict": hf_dict}
+
+
+def mixed(i: int) -> str:
+    """The four families, line by line in turn."""
+    return list(FAMILIES.values())[i % 4](i)
+
+
+def write_family(path: str, line: Callable[[int], str], size: int) -> int:
+    written, i = 0, 0
+    with open(path, "w", encoding="utf-8") as fh:
+        while written < size:
+            chunk = "".join(line(i + k) for k in range(10000))
+            fh.write(chunk)
+            written += len(chunk)
+            i += 10000
+    return written
+
+
+def without_templates() -> Scanner:
+    """The shipped scanner with the message inventory's templates switched off (the knowledge base's own keywords
+    only): what the template matcher of issue 26 costs is the ratio of the two, measured, not guessed."""
+    scanner = Scanner()
+    scanner._templates = TemplateMatcher(())
+    scanner._prefilter = build_prefilter(k for s in scanner.kb for k in s.keywords)
+    return scanner
+
+
+def timed_scan(path: str, make: Callable[[], Scanner]) -> tuple[float, float, list[str]]:
+    """(MB/s of wall time, MB/s of this process's CPU time, what was found) for one scan of ``path``. The scan
+    is single-threaded and CPU-bound (the file is in the page cache); on a machine other jobs share, wall time
+    also measures them, CPU time much less so."""
+    scanner = make()
+    w0, c0 = time.perf_counter(), time.process_time()
+    with open(path, "rb") as fh:
+        scanner.scan(path, fh)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    mb = scanner.bytes_scanned / 1e6
+    return mb / wall, mb / cpu, [d.id for d in scanner.result().diagnoses]
+
+
+GREP_E = "Error|NCCL WARN|Watchdog|exitcode|Traceback"  # the words a user would grep a failed job's log for
+
+
+def grep_e_rate(path: str, size: int) -> float | None:
+    """MB/s of wall time of GNU ``grep -c -E`` with ``GREP_E`` over the same file (the plain way; output to a
+    pipe, not /dev/null: GNU grep stops at the first match when it writes to /dev/null)."""
+    if not shutil.which("grep"):
+        return None
+    t0 = time.perf_counter()
+    subprocess.run(["grep", "-c", "-E", GREP_E, path], capture_output=True, check=False, timeout=600,
+                   env={**os.environ, "LC_ALL": "C"})
+    return size / 1e6 / (time.perf_counter() - t0)
+
+
+def families(size_mb: int = 25, runs: int = 3) -> None:
+    """``--families``: each family alone (``size_mb`` MB) and the mix (4 x that), scanned by the engine the CLI
+    uses, best of ``runs`` alternating with the templates switched off and with ``grep -E``; prints MB/s and the
+    ratios, asserts nothing."""
+    Scanner(), without_templates()  # build (and cache) both prefilters before any timing
+    print(f"target: >= 150 MB/s a family; best of {runs}; grep -c -E '{GREP_E}' over the same file for scale")
+    print(f"{'family':10} {'MB':>4} {'wall MB/s':>10} {'CPU MB/s':>9} {'no-templates CPU':>17} {'ratio':>6} "
+          f"{'grep -E MB/s':>13} {'explain/grep':>13}  found")
+    with tempfile.TemporaryDirectory(prefix="ddpdoctor-explain-families-") as tmp:
+        for name, line in [*FAMILIES.items(), ("mix", mixed)]:
+            path = os.path.join(tmp, f"{name}.log")
+            size = write_family(path, line, size_mb * 1_000_000 * (4 if name == "mix" else 1))
+            wall = cpu = before = 0.0
+            grep: float | None = None
+            found: list[str] = []
+            for _ in range(runs):
+                w, c, found = timed_scan(path, Scanner)
+                wall, cpu = max(wall, w), max(cpu, c)
+                before = max(before, timed_scan(path, without_templates)[1])
+                g = grep_e_rate(path, size)
+                grep = g if grep is None or (g is not None and g > grep) else grep
+            grep_col = f"{grep:13,.0f} {wall / grep:12.2f}x" if grep else f"{'n/a':>13} {'n/a':>13}"
+            print(f"{name:10} {size / 1e6:4.0f} {wall:10,.0f} {cpu:9,.0f} {before:17,.0f} {cpu / before:6.2f} "
+                  f"{grep_col}  {found or '-'}")
+            os.unlink(path)
+
+
 if __name__ == "__main__":
     if "--pathological" in sys.argv[1:]:
         pathological()
+    elif "--families" in sys.argv[1:]:
+        sizes = [a for a in sys.argv[1:] if not a.startswith("--")]
+        families(int(sizes[0]) if sizes else 25)
     else:
         main()

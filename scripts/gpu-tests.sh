@@ -167,6 +167,18 @@ pytest_step bench 150 tests/gpu/test_gpu_bench.py tests/gpu/test_bench_vs_plain.
 step bench-vs-raw 120 "$PY" benchmarks/bench_vs_raw.py --backend nccl --nproc 1 --rounds 7 --max-mib 256
 tail -n 7 "$OUT/bench-vs-raw.log" 2>/dev/null || true
 
+# --- explain (issue 26) ----------------------------------------------------------------------------------
+# Real GPU logs: a watchdog timeout under torchrun and the SIGABRT it causes (the timeout is the root cause,
+# the abort under it); an NCCL init waiting for a rank that never joins (a probable hang); single-process
+# device-side assert and OOM (no DDP diagnosis, exit 0); a bad NCCL_SOCKET_IFNAME, no visible GPU, two ranks
+# on one GPU. The jobs' own logs are kept under $OUT/explain-logs. Then the inventory's c10d messages (its
+# .cpp part is from a 2.7.0a0 copy) looked up in this CUDA build's binaries.
+mkdir -p "$OUT/explain-logs"
+export DDPDOCTOR_GPU_LOGS="$OUT/explain-logs"
+pytest_step explain-rank 240 tests/gpu/test_gpu_explain_rank.py
+pytest_step explain-real 200 tests/gpu/test_gpu_explain.py
+step inventory-in-binaries 120 "$PY" scripts/check_inventory_in_binaries.py --out "$OUT/inventory_in_binaries.json"
+
 # --- outputs (issue 27) -------------------------------------------------------------------------------
 # The output policy with NCCL's own Flight Recorder dumps (a rank's write_dump under the umask and never over
 # an older dump; fr never reading its own verdict).

@@ -64,7 +64,11 @@ def explain(
                                      help="Log files to read (one per rank is fine); none or - reads stdin."),
     json_path: JsonOption = None,
 ) -> None:
-    """Recognise known DDP / NCCL / torchrun errors in logs; root cause first. Exit 1 if any was found."""
+    """Recognise known DDP / NCCL / torchrun errors in logs; root cause first.
+
+    Exit 1 when a failure was found (an error, a probable hang); notes (performance hints such as
+    find_unused_parameters=True with nothing unused) alone exit 0: they are not why a run failed.
+    """
     from ddpdoctor.explain import explain_streams, render_text
     from ddpdoctor.outputs import Plan, emit_json, is_our_json, json_to_stdout
 
@@ -85,10 +89,11 @@ def explain(
         typer.echo(render_text(result), nl=False)
     if json_path is not None:
         emit_json(json_path, result.to_json(), "explain")
-    raise typer.Exit(EXIT_PROBLEM if result.diagnoses else EXIT_OK)
+    raise typer.Exit(EXIT_PROBLEM if result.failures else EXIT_OK)
 
 
 def register(app: typer.Typer) -> None:
     """Add ``explain``."""
-    app.command("explain", help="Recognise known DDP/NCCL/torchrun errors in logs and say the cause and the fix.")(
+    app.command("explain", help="Recognise known DDP/NCCL/torchrun errors in logs and say the cause and the fix; "
+                                         "exit 1 for a failure, 0 for none (notes alone).")(
         explain)

@@ -59,7 +59,11 @@ def test_error_file_alone_gives_the_workers_exception_and_rank(torchrun_failure:
     assert [d.id for d in result.diagnoses] == ["python-exception"]
     d = result.diagnoses[0]
     assert d.ranks == {1}
-    assert d.details == {"exception": ["ValueError"], "message": ["learning rate schedule has 0 steps"]}
+    # The fallback names the exception and the worker's own frame (issue 26): raise is on line 8 of train.py.
+    train = error_file.parents[4] / "train.py"
+    assert d.details == {"exception": ["ValueError"], "message": ["learning rate schedule has 0 steps"],
+                         "frame": [f"{train}:8 in main"]}
+    assert (d.first_rank, d.first_event.exception if d.first_event else None) == (1, "ValueError")
 
 
 def test_real_exception_comes_before_torchruns_exit_code(torchrun_failure: tuple[Path, Path]) -> None:

@@ -29,9 +29,11 @@ def test_text_report_root_cause_first_and_exit_1() -> None:
     proc = run_cli(["explain", str(EXAMPLES / "torchrun_sigkill.log")])
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout
-    assert "2 known problems found" in out
+    # Rank 0's "Connection reset by peer" is the echo of rank 1's SIGKILL: shown under it, not as a rival.
+    assert "1 known problem found" in out and "1 more diagnosis is shown under it as a consequence" in out
     first, second = out.index("[worker-killed-by-signal]"), out.index("[remote-process-exited]")
-    assert first < second
+    assert first < out.index("   consequences (explained by the above, not separate problems):") < second
+    assert "2. " not in out
     assert "ranks: 1 " in out and "signal=SIGKILL" in out
     assert "torchrun_sigkill.log:52:" in out  # evidence as file:line
     assert "next: ddpdoctor env" in out

@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from ddpdoctor import explain
-from ddpdoctor.explain import explain_text, load_kb
+from ddpdoctor.explain import explain_text, load_kb, scanner
+from ddpdoctor.explain import lines as explain_lines
 from tests.support import clean_env, run_cli
 
-CAP = explain.MAX_MATCH_CHARS
+CAP = scanner.MAX_MATCH_CHARS
 OOM_LINE = b"[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
 
 
@@ -57,6 +58,10 @@ class _Recording:
     def sub(self, repl: Any, string: Any, count: int = 0) -> Any:
         self._seen(string)
         return self._rx.sub(repl, string, count=count)
+
+    def findall(self, string: Any, pos: int = 0, endpos: int = sys.maxsize) -> Any:
+        self._seen(string, pos, endpos)
+        return self._rx.findall(string, pos, endpos)
 
 
 _META = set(".^$*+?{}[]()|\\")
@@ -102,9 +107,11 @@ def test_no_regex_is_handed_more_than_the_cap_on_any_pathological_line(monkeypat
     matched in windows of at most MAX_MATCH_CHARS, each regex call is bounded, so the scan is linear."""
     cap = CAP
     log: list[int] = []
-    for name, value in list(vars(explain).items()):
-        if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
-            monkeypatch.setattr(explain, name, _Recording(value, log))
+    modules = [m for n, m in list(sys.modules.items()) if n.startswith("ddpdoctor.explain")]
+    for module in modules:  # every module of the package: each binds the regexes it uses
+        for name, value in list(vars(module).items()):
+            if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
+                monkeypatch.setattr(module, name, _Recording(value, log))
     kb = [dataclasses.replace(s, patterns=tuple(_Recording(p, log) for p in s.patterns),  # type: ignore[misc]
                               extract=tuple(_Recording(p, log) for p in s.extract)) for s in load_kb()]
     lines = _pathological_lines(100_000)
@@ -123,21 +130,22 @@ def test_block_wide_regexes_have_no_repetition() -> None:
     """The regexes that run over whole 4 MB blocks (keyword prefilter, distributed-job sign) are literal
     alternations: their work per position is bounded by the longest keyword, whatever the text."""
     scanner = explain.Scanner()
-    for rx in (*scanner._prefilter, explain._DIST_CONTEXT):
+    for rx in (scanner._prefilter.regex, explain_lines.DIST_CONTEXT):
         source = re.sub(rb"\\.", b"", rx.pattern)  # escaped characters are literals
-        source = source.replace(b"(?:", b"")
+        source = source.replace(b"(?:", b"").replace(b"(?=", b"")  # groups and a one-byte lookahead
         assert not re.search(rb"[*+?{]", source), rx.pattern[:80]
 
 
 def test_a_one_megabyte_line_of_nccl_error_finishes(tmp_path: Path) -> None:
-    """The issue's reproduction: a 1 MB line of `NCCL error ` did not finish in 100 s."""
+    """The issue's reproduction: a 1 MB line of `NCCL error ` did not finish in 100 s (here behind a keyword,
+    `Error: `, so the line is matched, in windows)."""
     f = tmp_path / "l.log"
-    f.write_text("NCCL error " * 100_000 + "\n" + "NCCL error: unhandled system error\n")
+    f.write_text("RuntimeError: " + "NCCL error " * 100_000 + "\n" + "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.17.1\n")
     proc = run_cli(["explain", "--json", "-", str(f)], timeout=90)
     assert proc.returncode == 1, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
-    assert [d["id"] for d in data["diagnoses"]] == ["nccl-system-error"]
-    assert data["diagnoses"][0]["evidence"][0]["line"] == 2
+    system = [d for d in data["diagnoses"] if d["id"] == "nccl-system-error"]
+    assert system and system[0]["evidence"][0]["line"] == 2
     assert data["lines_windowed"] == 1  # the long line was matched on its head and tail only
 
 
@@ -303,12 +311,15 @@ def test_the_fast_distributed_sign_agrees_with_the_regex() -> None:
     into silence, a false one a plain script's exception into a DDP diagnosis."""
     signs = ["torch/distributed/run.py", "torchrun --nproc", "[rank3]: x", "[RANK 2] y", "ProcessGroupNCCL",
              "NCCL INFO", "Rank 7 z", "rank 0 w", "local_rank=1", "LOCAL_RANK", "DistributedDataParallel(",
-             "init_process_group(", "multiprocessing/spawn.py", "WORLD_SIZE=8", "deepspeed.launcher",
-             "accelerate launch"]
-    near_misses = ["torch/nn/modules/module.py", "franks 3", "Ranked", "rankings", "NCC L", "accelerat"]
+             "init_process_group(", "torch/multiprocessing/spawn.py", "WORLD_SIZE=8", "deepspeed.launcher",
+             "accelerate launch", "accelerate/commands/launch.py"]
+    # Issue 26: the standard library's multiprocessing/spawn.py (DataLoader workers on Windows and macOS) and an
+    # accelerate frame (the HF Trainer on one GPU) are in single-process runs too: no sign of a distributed job.
+    near_misses = ["torch/nn/modules/module.py", "franks 3", "Ranked", "rankings", "NCC L", "accelerat",
+                   "Lib/multiprocessing/spawn.py", "site-packages/accelerate/accelerator.py"]
     for filler in (b"", b"x" * 5000, b"torch/nn/modules/module.py line 3\n" * 400):  # the last: past the cap
         for text in [*signs, *near_misses, " ".join(near_misses)]:
             block = bytearray(filler + text.encode() + b"\n" + filler)
-            want = explain._DIST_CONTEXT.search(block) is not None
-            assert explain._has_dist_sign(block, len(block)) is want, (text, len(filler))
+            want = explain_lines.DIST_CONTEXT.search(block) is not None
+            assert explain_lines.has_dist_sign(block, len(block)) is want, (text, len(filler))
             assert want is (text in signs), text

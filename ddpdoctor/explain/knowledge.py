@@ -1,0 +1,180 @@
+"""The knowledge base: known messages (signatures) and what to tell the user about each.
+
+The signatures are data (``kb.json`` next to this module, shipped in the wheel); each one names the texts
+it matches (regexes, from the sources that print them: see ``tests/data/explain_inventory/``), its role in
+a failure, and what the user should do.
+
+Causal links are data too, because whether one event brings about another is knowledge of the sources, not
+of a log: ``causes`` on a signature (a watchdog timeout ends in the SIGABRT that kills its rank: the watchdog
+calls abort), ``explained_by`` on a consequence (torchrun's "failed (exitcode: 1)" is explained by the
+exception that ended the same rank; a peer's "connection reset" by a failure on another rank).
+:mod:`.ranking` turns them into a tree: each consequence is shown under its cause, not as a rival.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+
+# "note": a hint, not a failure (a performance warning); reported with exit 0. Entries written before notes
+# existed say "warning": the same role (see ROLE_ALIASES).
+ROLE_ORDER = ("cause", "crash", "lagging-rank", "symptom", "note")
+ROLE_ALIASES = {"warning": "note"}
+# Which ranks a link relates (see Link): the same rank (a rank's own exception and its exit code), another
+# rank (an echo on a survivor), or any.
+RANK_RELATIONS = ("same", "other", "any")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One causal relation: a diagnosis ``cause`` (or any diagnosis of a role in ``cause_roles``) brings about
+    the diagnosis ``consequence``.
+
+    ``rank``: which ranks the two must be on (``RANK_RELATIONS``; unknown ranks never refute "same").
+    ``when``: detail values the consequence must show (``{"signal": ["SIGABRT"]}``: only an abort is a
+    watchdog's doing). ``match``: details both must share when both have them (``pid``: the process the kernel's
+    OOM killer names is the one torchrun reports killed). ``cause_warns``: the source prints the cause at
+    warning level although it is what made the consequence fail (c10d's socket.cpp records each failed
+    ``getaddrinfo`` with ``C10D_WARNING`` and then raises "failed to connect to any network address" with
+    those records), so a cause seen only in warnings still explains it; every other link needs an error.
+    """
+
+    consequence: str
+    cause: str | None = None
+    cause_roles: tuple[str, ...] = ()
+    rank: str = "any"
+    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    match: tuple[str, ...] = ()
+    cause_warns: bool = False
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One known error message: how to find it and what to tell the user."""
+
+    id: str
+    role: str
+    title: str
+    keywords: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+    extract: tuple[re.Pattern[str], ...]
+    cause: str
+    remedy: str
+    command: str
+    context: str = ""
+    suppressed_by: tuple[str, ...] = ()
+    followup_lines: int = 0
+    followup_ids: tuple[str, ...] = ()
+    # Within its role, a higher precedence comes first whatever the order of the lines: a rank killed by a
+    # signal explains the peers that then exit with an error, even when torchrun logs those first.
+    precedence: int = 0
+    # Only a finding in a distributed job: a CUDA OOM or an exception in a plain script is not one.
+    needs_distributed: bool = False
+    # detail name -> value -> what it means (e.g. which Xid); shown as notes under the diagnosis.
+    notes: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Matches any line of its kind (python-exception: any "SomeError: message"): a more specific signature
+    # found for the same message, e.g. on the rest of a wrapped line, is preferred to it.
+    catch_all: bool = False
+    # Causal links this signature takes part in, as cause or as consequence (see Link).
+    links: tuple[Link, ...] = ()
+    # Made by the ranking from facts of the whole input (a log that ends inside a start-up phase), never
+    # matched on a line: it has no keywords or patterns.
+    derived: bool = False
+
+    @property
+    def is_note(self) -> bool:
+        """A hint, not a failure: never the reason for exit 1."""
+        return self.role == "note"
+
+
+def _links(raw: dict, own_id: str) -> list[Link]:
+    """The ``causes`` and ``explained_by`` entries of one KB entry, as Links (each one validated)."""
+    out = []
+    for direction in ("causes", "explained_by"):
+        for item in raw.get(direction, ()):
+            rank = item.get("rank", "any")
+            if rank not in RANK_RELATIONS:
+                raise ValueError(f"explain KB entry {own_id!r}: {direction} rank must be one of {RANK_RELATIONS}")
+            roles = tuple(ROLE_ALIASES.get(r, r) for r in item.get("roles", ()))
+            if any(r not in ROLE_ORDER for r in roles):
+                raise ValueError(f"explain KB entry {own_id!r}: {direction} roles must be among {ROLE_ORDER}")
+            when = tuple((k, tuple(v)) for k, v in item.get("when", {}).items())
+            match = tuple(item.get("match", ()))
+            warns = bool(item.get("cause_warns", False))
+            if direction == "causes":
+                out.append(Link(consequence=item["id"], cause=own_id, rank=rank, when=when, match=match,
+                                cause_warns=warns))
+            elif "id" in item:
+                out.append(Link(consequence=own_id, cause=item["id"], rank=rank, when=when, match=match,
+                                cause_warns=warns))
+            elif roles:
+                out.append(Link(consequence=own_id, cause_roles=roles, rank=rank, when=when, match=match,
+                                cause_warns=warns))
+            else:
+                raise ValueError(f"explain KB entry {own_id!r}: explained_by needs an id or roles")
+    return out
+
+
+def load_kb() -> list[Signature]:
+    """The knowledge base, in match-priority order; a malformed entry fails loudly (it is a ddpdoctor bug)."""
+    return parse_kb(resources.files("ddpdoctor.explain").joinpath("kb.json").read_text(encoding="utf-8"))
+
+
+def parse_kb(text: str) -> list[Signature]:
+    """The signatures of a ``kb.json`` text, validated (see ``load_kb``)."""
+    sigs = []
+    for raw in json.loads(text)["signatures"]:
+        role = ROLE_ALIASES.get(raw["role"], raw["role"])
+        if role not in ROLE_ORDER:
+            raise ValueError(f"explain KB entry {raw['id']!r}: role must be one of {ROLE_ORDER}")
+        derived = bool(raw.get("derived", False))
+        if derived and (raw.get("keywords") or raw.get("patterns")):
+            raise ValueError(f"explain KB entry {raw['id']!r}: a derived diagnosis matches no line")
+        sigs.append(Signature(
+            id=raw["id"], role=role, title=raw["title"], keywords=tuple(raw.get("keywords", ())),
+            patterns=tuple(re.compile(p) for p in raw.get("patterns", ())),
+            extract=tuple(re.compile(p) for p in raw.get("extract", ())),
+            cause=raw["cause"], remedy=raw["remedy"], command=raw["command"],
+            context=raw.get("context", ""), suppressed_by=tuple(raw.get("suppressed_by", ())),
+            followup_lines=int(raw.get("followup", {}).get("lines", 0)),
+            followup_ids=tuple(raw.get("followup", {}).get("ids", ())),
+            precedence=int(raw.get("precedence", 0)),
+            needs_distributed=bool(raw.get("needs_distributed", False)),
+            notes={k: dict(v) for k, v in raw.get("notes", {}).items()},
+            catch_all=bool(raw.get("catch_all", False)),
+            links=tuple(_links(raw, raw["id"])), derived=derived))
+    ids = [s.id for s in sigs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("explain KB: duplicate signature ids")
+    named = {i for s in sigs for i in (*s.followup_ids, *s.suppressed_by)}
+    named |= {i for s in sigs for link in s.links for i in (link.cause, link.consequence) if i}
+    unknown = named - set(ids)
+    if unknown:
+        raise ValueError(f"explain KB: followup/suppressed_by/causes/explained_by name unknown ids {sorted(unknown)}")
+    _refuse_causal_cycles(sigs)
+    return sigs
+
+
+def _refuse_causal_cycles(sigs: list[Signature]) -> None:
+    """Id-to-id links must form no cycle: A causes B causes A would fold each under the other."""
+    edges: dict[str, set[str]] = {}
+    for s in sigs:
+        for link in s.links:
+            if link.cause:
+                edges.setdefault(link.cause, set()).add(link.consequence)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                raise ValueError(f"explain KB: causal links form a cycle: {' -> '.join([*path, node, nxt])}")
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])

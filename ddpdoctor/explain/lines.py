@@ -1,0 +1,187 @@
+"""What one log line says apart from its message: the rank, the time, what pasting put in front of it.
+
+Ranks come from, in order: the signature's own ``rank`` group, torchrun's ``[rank3]:`` line prefix (also
+``[default3]:`` and Open MPI's ``[1,3]<stdout>:``), the file name (``rank3.log``, ``*_rank_3*``, torchrun
+``--log-dir`` layout ``attempt_0/3/stderr.log``), ProcessGroupNCCL's ``[Rank 3]`` / ``[PG ... Rank 3]``,
+and ``rank 3`` in NCCL lines. Pure functions of text: the scanner and the ranking use them.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+
+MAX_RANK_DIGITS = 7
+
+MIN_WRAP_CHARS = 60
+
+LINE_PREFIX_RANK = re.compile(
+    r"^\s*\[(?:rank|default)(\d{1,7})\]:|^\[\d+,(\d{1,7})\]<std(?:out|err)>:|^\[RANK (\d{1,7})\]")
+# SLURM's `srun --label` puts the task id in front of every line: "10: ..."; the task id is the rank.
+SRUN_LABEL = re.compile(r"^(\d{1,6}): ")
+# What users paste around the real line, stripped before matching (repeatedly, outermost first): "> " quote
+# marks, pasted line numbers ("[80746] ", "1743] "), srun's "10: " label, Ray's "(RayWorker pid=7046, ip=...) ", pytest's
+# "E       ", vLLM-style "ERROR 04-15 00:31:11 worker_base.py:574] " and glog "E0325 20:57:27.62 2606 api.py:869] ".
+PASTE_PREFIX = re.compile(
+    r"^(?:>+ ?"
+    r"|\[?\d{1,7}\][ \t]"
+    r"|\d{1,7}:[ \t]"
+    r"|\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?"
+    r"|E {3,}"
+    r"|[A-Z]{4,8} \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] "
+    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] )")
+# A log that shows no sign of a distributed job (no rank, launcher or process group): a CUDA error or a Python
+# exception in it is not a DDP problem. The launchers are named by what only their runs print: torch's
+# mp.spawn (torch/multiprocessing/spawn.py; the standard library's multiprocessing/spawn.py also starts
+# DataLoader workers on Windows and macOS), `accelerate launch` (accelerate/commands/launch.py; a
+# site-packages/accelerate/ frame is also in single-GPU runs of the HF Trainer), deepspeed's launcher, and
+# Lightning asked for more than one GPU (`You requested gpu: [0, 1]`, fabric/utilities/device_parser.py: its
+# accelerator connector picks the ddp strategy for more than one device and launches a process per device;
+# a request of one GPU is a single-process run). Per-rank line prefixes are signs too: torchrun's
+# `--tee`/`--log-line-prefix-template` `[default3]:`, Open MPI's `--tag-output` `[1,3]<stdout>:` (mpirun,
+# horovodrun); and what the frameworks log only when the job is distributed: Lightning's `Initializing
+# distributed: GLOBAL_RANK: 0, MEMBER: 1/2` (fabric/utilities/distributed.py), accelerate's `Distributed
+# environment: MULTI_GPU` (state.py; `NO` for one process), the HF example scripts' `distributed training:
+# True`, and the rendezvous variables MASTER_ADDR / MASTER_PORT.
+DIST_CONTEXT = re.compile(
+    rb"torch[./\\]distributed|torchrun|\[rank\d|\[RANK \d|ProcessGroup|NCCL|[Rr]ank \d|local_rank|LOCAL_RANK"
+    rb"|DistributedDataParallel|init_process_group|torch[./\\]multiprocessing[./\\]spawn|WORLD_SIZE|deepspeed"
+    rb"|accelerate[./\\]commands[./\\]launch|accelerate launch|requested gpu: \[\d, \d|requested GPUs: \[\d, \d"
+    rb"|\[default\d\]:|\[default\d\d\]:|\]<stdout>:|\]<stderr>:|GLOBAL_RANK: \d|distributed training: True"
+    rb"|Distributed environment: MULTI_|Distributed environment: DistributedType.MULTI_|Distributed environment: DEEPSPEED"
+    rb"|Distributed environment: FSDP|MASTER_ADDR|MASTER_PORT")
+# Literals every DIST_CONTEXT match contains. DIST_CONTEXT has no literal start, so `re` tries every
+# alternative at every position: 22-38 MB/s over a log with no sign (a plain single-GPU run pays it on every
+# block), against GB/s for `bytes.find` of a literal; the regex only confirms around each literal found.
+DIST_LITERALS = (b"NCCL", b"rank", b"Rank", b"RANK", b"torch", b"ProcessGroup", b"DistributedDataParallel",
+                 b"init_process_group", b"WORLD_SIZE", b"deepspeed", b"accelerate", b"requested", b"[default",
+                 b"]<std", b"distributed training: True", b"Distributed environment: ", b"MASTER_")
+DIST_WINDOW = 32  # bytes either side of a literal: more than the longest DIST_CONTEXT alternative
+DIST_MAX_CANDIDATES = 256  # literals found but not confirmed (torch/nn/... frames): then one regex pass
+# mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.
+# What starts a new log line, never the middle of a wrapped one: a glog or ISO time stamp, an NCCL
+# "host:pid:tid [dev] NCCL" header, a traceback's header.
+LINE_HEADER = re.compile(
+    r"\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[?\d{4}-\d\d-\d\d[ T]\d\d:|[\w.-]+:\d+:\d+ \[\d+\] NCCL |Traceback \(most")
+SPAWN_HEADER = re.compile(r"Process (\d{1,7}) terminated with the following error")
+PG_RANK = re.compile(r"\[(?:PG [^\]\[]*?)?Rank (\d{1,7})\]")
+NCCL_RANK = re.compile(r"\brank (\d{1,7})\b")
+FILE_RANK = re.compile(r"(?:^|[^a-z])rank[_-]?(\d{1,7})(?!\d)", re.IGNORECASE)
+# torchrun --log-dir: {log_dir}/{run_id}_{suffix}/attempt_{n}/{local_rank}/{stdout,stderr}.log
+LOGDIR_RANK = re.compile(r"attempt_\d+[/\\](\d{1,7})[/\\](?:stdout\.log|stderr\.log|error\.json)$")
+# torchrun failure summary, see torch/distributed/elastic/multiprocessing/errors/__init__.py
+SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,7})(?!\d)")
+SUMMARY_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
+SUMMARY_TIME = re.compile(r"^\s*time\s*:\s*(\S+)")  # "  time      : 2026-11-22_03:02:29"
+# A Python exception's last line: "torch.OutOfMemoryError: CUDA out of memory. ...", "KeyError: 'RANK'".
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<exception>[A-Z]\w*(?:Error|Exception|Interrupt|Exit))"
+                            r"(?:: (?P<message>.*))?$")
+# glog "E1122 01:39:40.561000" (optionally after "[rank0]:[") and ISO-ish "2026-11-22 01:39:40,123"
+GLOG_TIME = re.compile(r"(?:^|[\[\s:])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
+ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
+SIGTERM_LIKE = {int(_signal.SIGTERM), int(_signal.SIGINT), int(_signal.SIGHUP)}
+# The level a line was printed at, by the first level mark in it (see quiet_level). Quiet: glog W/I and
+# torch._logging's V (debug) ("[W1122 ...", "I1122 ...", "V1126 ...", "[W socket.cpp:462]"), Python
+# warnings ("UserWarning: ", TORCH_WARN's "Warning: "), logging's WARNING/INFO/DEBUG ("WARNING:root:", "[INFO]", " - WARNING - ", "WARNING 04-15").
+# Loud: glog E/F, ERROR/CRITICAL, "SomeError: " / "SomeException: ", and NCCL's "NCCL WARN", which is how
+# NCCL reports its errors (src/include/debug.h: WARN is its error level).
+LEVEL_MARK = re.compile(
+    r"(?P<quiet>(?:^|[\[\s:])[WIV]\d{4} \d\d:\d\d:\d\d|\[[WIV] [\w./-]+:\d+\]|\b\w*Warning: |\b(?:WARNING|INFO|DEBUG)\b(?=[:\] -]))"
+    r"|(?P<loud>NCCL WARN|(?:^|[\[\s:])[EF]\d{4} \d\d:\d\d:\d\d|\[[EF] [\w./-]+:\d+\]|\b(?:ERROR|CRITICAL|FATAL)\b"
+    r"|\w(?:Error|Exception): )")
+# A Python traceback frame: File "/workspace/train.py", line 212, in <module>
+FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d{1,9}), in (?P<func>\S+)')
+# Frames that are not the user's own code: torch (installed or a source tree), any installed package, the
+# standard library, frozen and generated code.
+LIBRARY_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\]|(?:^|[/\\])torch[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]"
+                          r"|^<|[/\\]Lib[/\\]")
+
+def rank_from_path(path: str) -> int | None:
+    """One file per rank: ``rank3.log``, ``train_rank_3.out``, torchrun ``attempt_0/3/stderr.log``."""
+    m = LOGDIR_RANK.search(path)
+    if m:
+        return int(m.group(1))
+    base = re.split(r"[/\\]", path)[-1]
+    m = FILE_RANK.search(base)
+    return int(m.group(1)) if m else None
+
+def timestamp(text: str) -> tuple[int, ...] | None:
+    m = ISO_TIME.search(text)
+    if m:
+        return (int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
+                int((m.group(7) or "0").ljust(9, "0")[:9]))
+    m = GLOG_TIME.search(text)
+    if m:
+        return (int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
+                int((m.group(6) or "0").ljust(9, "0")[:9]))
+    return None
+
+def quiet_level(text: str) -> bool:
+    """Whether the line was printed as a warning or an info line rather than an error (by its first level
+    mark; a line with none is an error: an exception's last line, NCCL's error texts, torchrun's summary)."""
+    m = LEVEL_MARK.search(text[:MAX_LEVEL_CHARS])
+    return m is not None and m.group("quiet") is not None
+
+
+MAX_LEVEL_CHARS = 512  # the level mark sits near the start; a bound keeps the search linear
+
+
+def user_frame(lines: list[str]) -> str | None:
+    """``path:line in function`` of the innermost frame outside torch, installed packages and the standard
+    library, from the traceback lines above an exception (nearest first, rank prefixes stripped), or None.
+
+    Stops at the traceback's header: what lies above it belongs to another message."""
+    for ln in lines:
+        if ln.startswith("Traceback (most recent call last)"):
+            return None
+        m = FRAME.match(ln)
+        if m and not LIBRARY_PATH.search(m.group("path")):
+            return f"{m.group('path')}:{m.group('line')} in {m.group('func')}"
+    return None
+
+
+def signal_name(digits: str) -> str:
+    number = rank_int(digits)
+    try:
+        return _signal.Signals(number).name if number is not None else f"signal {digits[:MAX_RANK_DIGITS]}..."
+    except ValueError:
+        return f"signal {number}"
+
+
+def rank_int(digits: str) -> int | None:
+    """A rank (or a signal number) from a regex group; None for an absurdly long run of digits."""
+    return int(digits) if digits.isdecimal() and len(digits) <= MAX_RANK_DIGITS else None
+
+def has_dist_sign(block: bytearray, size: int) -> bool:
+    """Whether ``block[:size]`` shows a sign of a distributed job (``DIST_CONTEXT``), at ``bytes.find`` speed.
+
+    Each literal of ``DIST_LITERALS`` is searched; the regex confirms in a small window around each hit.
+    Past ``DIST_MAX_CANDIDATES`` unconfirmed hits (a log full of ``torch/nn/...`` frames) one regex pass
+    over the block decides: never slower than that pass alone, which is all there was before.
+    """
+    candidates = 0
+    for literal in DIST_LITERALS:
+        at = block.find(literal, 0, size)
+        while at >= 0:
+            if DIST_CONTEXT.search(block, max(0, at - DIST_WINDOW), min(size, at + len(literal) + DIST_WINDOW)):
+                return True
+            candidates += 1
+            if candidates > DIST_MAX_CANDIDATES:
+                return DIST_CONTEXT.search(block, 0, size) is not None
+            at = block.find(literal, at + 1, size)
+    return False
+
+
+def wraps_onto(above: str, below: str) -> bool:
+    """Whether ``below`` may be the rest of ``above`` that a terminal wrapped onto the next line."""
+    return (len(above) >= MIN_WRAP_CHARS and 0 < len(below) <= len(above) and bool(below.strip())
+            and not LINE_PREFIX_RANK.match(below) and not LINE_HEADER.match(below))
+
+def strip_paste(text: str) -> str:
+    """The line without what pasting added in front of it (quote marks, line numbers, runner prefixes)."""
+    for _ in range(4):  # "> [12] (Actor pid=1) ..." nests a few; a bound keeps it linear
+        m = PASTE_PREFIX.match(text)
+        if m is None or not m.end():
+            break
+        text = text[m.end():]
+    return text

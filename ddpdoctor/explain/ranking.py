@@ -1,0 +1,246 @@
+"""Root cause first, by evidence: the order of the diagnoses, which one explains which, and the probable hang.
+
+A crashed job prints its root cause and then the consequences of it, often more loudly: the watchdog's
+timeout and then the SIGABRT it caused, a rank's OOM and then its peers' "connection reset". Sorting by list
+order (the knowledge base's, or the log's) puts whichever came first in the file first. Instead:
+
+1. **Consequences are folded under their cause** (``Diagnosis.caused_by``), along the causal links the
+   knowledge base declares (:class:`.knowledge.Link`): ``causes`` (nccl-timeout -> worker-killed-by-signal
+   when the signal is SIGABRT: the watchdog calls abort; host-oom-killed -> the SIGKILL of the same pid) and
+   ``explained_by`` (worker-failed, torchrun's exit code, is explained by the exception that ended the same
+   rank; a timeout or "remote process exited" on one rank by a failure on another rank: an echo). A link
+   holds only when the evidence does not refute it: the ranks relate as declared (unknown ranks never
+   refute "same"), the consequence's details fit (every signal is SIGABRT), shared details agree (the pid),
+   the cause is an error (not a warning, unless the link says its source warns what it then fails on:
+   c10d's failed name lookups), and no time stamp puts the consequence before its cause.
+   Links between named ids are applied before links to a role (an echo), and a link that would close a
+   cycle is skipped.
+2. **What remains is ordered by evidence**, most decisive first: a failure before a note; an error before a
+   diagnosis seen only in warnings (a UserWarning printed on the way is not why the run ended); the
+   strongest role in the diagnosis's tree (cause, crash, lagging-rank, symptom); the knowledge base's
+   ``precedence`` (a GPU's Xid or a signal explains what the ranks print afterwards, and torchrun's summary
+   misnames the first failure when a rank was killed: it has no error file); then which ended first: time
+   stamps when every diagnosis compared has one, else the one holding the rank torchrun's summary calls the
+   first observed failure, else input order (file, then line), the documented tie-break.
+3. Each consequence follows its cause, ordered the same way; notes come last.
+
+Each diagnosis also gets the rank that failed first (``first_rank``, and by what evidence).
+
+A **probable hang** (``probable-hang``, derived: no line matches it) is made from the inputs that end inside
+a start-up phase or NCCL's init (:mod:`.phases`) with no error after that point in the same input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ddpdoctor.explain.knowledge import ROLE_ORDER, Link, Signature
+from ddpdoctor.explain.model import (
+    MAX_EVIDENCE,
+    MAX_EVIDENCE_CHARS,
+    MAX_RANKS,
+    Diagnosis,
+    Evidence,
+    RankEvent,
+)
+from ddpdoctor.explain.phases import PhaseEnd
+
+PROBABLE_HANG = "probable-hang"
+BY_TIME = "time stamps"
+BY_TORCHRUN = "torchrun's first observed failure"
+BY_ORDER = "input order"
+BY_ONLY = "only rank"
+
+
+@dataclass
+class Facts:
+    """What the scanner saw besides the diagnoses, for the ranking."""
+
+    # Ranks torchrun's failure summary lists under "Root Cause (first observed failure)".
+    summary_roots: set[int] = field(default_factory=set)
+    # input index -> the last line that was an error (a match not printed as a warning).
+    last_fatal_line: dict[int, int] = field(default_factory=dict)
+    # Inputs that end inside a phase (see phases.where_input_ends).
+    phase_ends: list[PhaseEnd] = field(default_factory=list)
+
+
+def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts | None = None,
+                    kb: dict[str, Signature] | None = None) -> list[Diagnosis]:
+    """The diagnoses, root cause first, each consequence right after its cause (see the module docstring)."""
+    facts = facts or Facts()
+    diags = [d for d in found.values() if not any(s in found for s in d.signature.suppressed_by)
+             and (distributed or not d.signature.needs_distributed)]
+    hang = _probable_hang(facts, kb or {})
+    if hang is not None:
+        diags.append(hang)
+    for d in diags:
+        d.caused_by = None
+        d.first_rank, d.first_rank_by = _first_rank(d, facts.summary_roots)
+    parent = _fold(diags, facts)
+    children: dict[str, list[Diagnosis]] = {}
+    for d in diags:
+        if d.id in parent:
+            d.caused_by = parent[d.id]
+            children.setdefault(parent[d.id], []).append(d)
+    subtree: dict[str, list[Diagnosis]] = {}
+
+    def collect(d: Diagnosis) -> list[Diagnosis]:
+        if d.id not in subtree:
+            subtree[d.id] = [d] + [x for c in children.get(d.id, ()) for x in collect(c)]
+        return subtree[d.id]
+
+    def place(group: list[Diagnosis]) -> list[Diagnosis]:
+        out: list[Diagnosis] = []
+        for d in _sorted(group, collect, facts.summary_roots):
+            out.append(d)
+            out.extend(place(children.get(d.id, [])))
+        return out
+
+    return place([d for d in diags if d.caused_by is None])
+
+
+# -- which rank failed first ---------------------------------------------------------------------------
+
+def _first_rank(d: Diagnosis, roots: set[int]) -> tuple[int | None, str | None]:
+    """The rank of ``d`` that failed first and the evidence for it (see the module docstring)."""
+    events = {r: e for r, e in d.rank_events.items() if r is not None}
+    if not events:
+        return None, None
+    if len(events) == 1:
+        return next(iter(events)), BY_ONLY
+    if all(e.time is not None for e in events.values()):
+        return min(events, key=lambda r: (events[r].time, events[r].seq)), BY_TIME
+    named = sorted(roots & set(events))
+    if named:
+        return named[0], BY_TORCHRUN
+    return min(events, key=lambda r: events[r].seq), BY_ORDER
+
+
+# -- folding consequences under their causes -------------------------------------------------------------
+
+def _fold(diags: list[Diagnosis], facts: Facts) -> dict[str, str]:
+    """consequence id -> cause id, along the KB's links that the evidence does not refute."""
+    links: dict[str, list[Link]] = {}
+    for d in diags:
+        for link in d.signature.links:
+            links.setdefault(link.consequence, []).append(link)
+    by_id = {d.id: d for d in diags}
+    failures = [d for d in diags if not d.signature.is_note]
+    # The order candidates are tried in: the same evidence order as the report's, without the fold.
+    order = {d.id: i for i, d in enumerate(_sorted(failures, lambda d: [d], facts.summary_roots))}
+    parent: dict[str, str] = {}
+
+    def ancestors(d_id: str) -> Iterable[str]:
+        while d_id in parent:
+            d_id = parent[d_id]
+            yield d_id
+
+    for named in (True, False):  # id-to-id links first, then links to a role (echoes)
+        for d in sorted(failures, key=lambda x: order[x.id]):
+            if d.id in parent:
+                continue
+            candidates = []
+            for link in links.get(d.id, ()):
+                if (link.cause is not None) != named:
+                    continue
+                pool = [by_id[link.cause]] if link.cause in by_id else [] if named else failures
+                for c in pool:
+                    if c is d or c.signature.is_note or d.id in ancestors(c.id):
+                        continue
+                    if not named and c.signature.role not in link.cause_roles:
+                        continue
+                    if _holds(link, c, d):
+                        candidates.append(c)
+            if candidates:
+                parent[d.id] = min(candidates, key=lambda c: order[c.id]).id
+    return parent
+
+
+def _holds(link: Link, cause: Diagnosis, consequence: Diagnosis) -> bool:
+    """Whether the evidence allows ``cause`` -> ``consequence`` along ``link``."""
+    if not cause.fatal and not link.cause_warns:
+        return False  # a warning printed on the way ended nothing (unless its source warns what it fails on)
+    for name, values in link.when:
+        seen = consequence.details.get(name, [])
+        if not seen or any(v not in values for v in seen):
+            return False  # e.g. one of the signals is not SIGABRT: not all of it is the watchdog's doing
+    for name in link.match:
+        a, b = cause.details.get(name), consequence.details.get(name)
+        if a and b and not set(a) & set(b):
+            return False
+    if link.rank == "same" and cause.ranks and consequence.ranks and not cause.ranks & consequence.ranks:
+        return False
+    if link.rank == "other" and not (cause.ranks and consequence.ranks and consequence.ranks - cause.ranks):
+        return False
+    t_cause, t_cons = cause.first_time, consequence.first_time
+    return t_cause is None or t_cons is None or t_cause <= t_cons
+
+
+# -- ordering --------------------------------------------------------------------------------------------
+
+_ROLE_INDEX = {role: i for i, role in enumerate(ROLE_ORDER)}
+
+
+def _sorted(group: list[Diagnosis], tree: Callable[[Diagnosis], list[Diagnosis]],
+            roots: set[int]) -> list[Diagnosis]:
+    """``group`` ordered by strength, then by which ended first (see the module docstring)."""
+
+    def strength(d: Diagnosis) -> tuple[bool, bool, int, int]:
+        members = tree(d)
+        role = min(_ROLE_INDEX[m.signature.role] for m in members)
+        return (d.signature.is_note, not any(m.fatal for m in members), role, -d.signature.precedence)
+
+    def time(d: Diagnosis) -> tuple[int, ...] | None:
+        times = [m.first_time for m in tree(d) if m.first_time is not None]
+        return min(times) if times else None
+
+    def seq(d: Diagnosis) -> tuple[int, int]:
+        return min(m.first_seq for m in tree(d))
+
+    def holds_root(d: Diagnosis) -> bool:
+        return any(m.ranks & roots for m in tree(d))
+
+    buckets: dict[tuple[bool, bool, int, int], list[Diagnosis]] = {}
+    for d in group:
+        buckets.setdefault(strength(d), []).append(d)
+    out: list[Diagnosis] = []
+    for key in sorted(buckets):
+        bucket = buckets[key]
+        # Time stamps order lines across files (rank0.log vs rank1.log), but only when every diagnosis
+        # compared has one: a line without one cannot be placed between two that have.
+        times = [time(d) for d in bucket]
+        if all(t is not None for t in times):
+            bucket.sort(key=lambda d: (time(d), seq(d)))
+        else:
+            bucket.sort(key=lambda d: (not holds_root(d), seq(d)))
+        out.extend(bucket)
+    return out
+
+
+# -- the probable hang -----------------------------------------------------------------------------------
+
+def _probable_hang(facts: Facts, kb: dict[str, Signature]) -> Diagnosis | None:
+    """One ``probable-hang`` diagnosis for the inputs that end inside a phase with no error after it."""
+    sig = kb.get(PROBABLE_HANG)
+    ends = [e for e in facts.phase_ends if facts.last_fatal_line.get(e.file_index, 0) < e.line]
+    if sig is None or not ends:
+        return None
+    d = Diagnosis(sig, fatal=True)  # a hang is how the run ended, as much as an error is
+    d.first_seq = min((e.file_index, e.markers[0].line) for e in ends)
+    for end in ends:
+        for name, values in end.details().items():
+            seen = d.details.setdefault(name, [])
+            seen.extend(v for v in values if v not in seen)
+        for m in end.markers:
+            d.count += 1
+            if m.rank is not None and len(d.ranks) < MAX_RANKS:
+                d.ranks.add(m.rank)
+            if m.time is not None and (d.first_time is None or m.time < d.first_time):
+                d.first_time = m.time
+            d.rank_events.setdefault(m.rank, RankEvent((end.file_index, m.line), m.time))
+        room = MAX_EVIDENCE - len(d.evidence)
+        if room > 0:
+            d.evidence.extend(Evidence(end.file, m.line, m.text.strip()[:MAX_EVIDENCE_CHARS])
+                              for m in end.evidence[-room:])
+    return d

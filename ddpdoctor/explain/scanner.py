@@ -1,0 +1,682 @@
+"""The streaming scanner: every input read in fixed-size blocks, keyword lines matched against the signatures.
+
+A crashed job leaves thousands of lines from many ranks; the real cause is one of a few hundred known
+messages. The scanner streams the input in fixed-size blocks, so memory stays flat for a 100 GB log:
+
+* prefilter (:mod:`.prefilter`): the signatures' keywords are searched over a whole block at C speed, so a
+  healthy but noisy log sends almost no line to the matcher;
+* only lines holding a keyword are decoded (``errors="replace"``: binary garbage never crashes it) and
+  run through the regexes of the signatures whose keywords they contain; the first matching signature wins;
+* each diagnosis keeps bounded state (:mod:`.model`);
+* no regex is ever handed more than ``MAX_MATCH_CHARS`` characters: a longer line is matched on its first
+  and last ``MAX_MATCH_CHARS`` bytes only, and the report says so (issue 20: this bound is what keeps the
+  scan linear on any input);
+* a message the terminal wrapped over several lines is matched rejoined (see ``Scanner._rejoin``);
+* besides the diagnoses it keeps what the ranking weighs as evidence (:class:`.ranking.Facts`): whether
+  each line was an error or only a warning (``lines.quiet_level``), each diagnosis's first line per rank
+  with its time and, for an exception, its type, message and the user's own frame; the rank torchrun's
+  failure summary calls the first observed failure; and where each input ends (:mod:`.phases`: inside a
+  rendezvous, the store barrier, NCCL's init, with nothing after it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import partial
+from typing import IO, Any
+
+from ddpdoctor.explain.knowledge import Signature, load_kb
+from ddpdoctor.explain.lines import (
+    DIST_CONTEXT,
+    EXCEPTION_LINE,
+    LINE_PREFIX_RANK,
+    MIN_WRAP_CHARS,
+    NCCL_RANK,
+    PG_RANK,
+    SIGTERM_LIKE,
+    SPAWN_HEADER,
+    SRUN_LABEL,
+    SUMMARY_ENTRY,
+    SUMMARY_RANK,
+    SUMMARY_TIME,
+    has_dist_sign,
+    quiet_level,
+    rank_int,
+    signal_name,
+    strip_paste,
+    timestamp,
+    user_frame,
+    wraps_onto,
+)
+from ddpdoctor.explain.model import (
+    MAX_DETAIL_CHARS,
+    MAX_EVIDENCE_CHARS,
+    Diagnosis,
+    Evidence,
+    ExplainResult,
+    RankEvent,
+)
+from ddpdoctor.explain.phases import TAIL_BYTES, where_input_ends
+from ddpdoctor.explain.prefilter import build_prefilter
+from ddpdoctor.explain.ranking import Facts, order_diagnoses
+from ddpdoctor.explain.templates import Template, matcher_for
+
+CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
+MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines) is scanned as it is
+# The most characters any regex is handed at once (a line, a window of a longer line, or a rejoined wrapped
+# line); see the module docstring. Real error lines are far shorter; only what they match is needed.
+MAX_MATCH_CHARS = 4096
+# Terminal-wrapped lines (issue 15): a line at least MIN_WRAP_CHARS long may continue on up to this many lines.
+MAX_CONTINUATION_LINES = 3
+MAX_BACKWARD_LINES = 2  # the pieces before the keyword's: the message's start, its "[rank3]:" or "[Rank 3]"
+
+LOOKBACK_LINES = 10  # torchrun's failure summary: the "rank :" line sits a few lines above "exitcode :"
+TRACEBACK_LOOKBACK_LINES = 60  # a Python traceback: its header sits above every frame of the stack
+
+def _line_end(block: bytearray, start: int, size: int) -> int:
+    end = block.find(b"\n", start, size)
+    return size if end < 0 else end
+
+
+def _decode(block: bytearray, start: int, end: int) -> str:
+    # errors="replace": a log with binary garbage or another encoding must never crash the scan.
+    return block[start:end].decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _windows(block: bytearray, start: int, end: int) -> list[str]:
+    """What of a line longer than ``MAX_MATCH_CHARS`` bytes is matched: its head and its tail.
+
+    The tail also yields its last carriage-return segment on its own: tqdm glues progress updates into one
+    line with ``\\r`` and the error printed after the last update is what the terminal shows (its ``[rank3]:``
+    prefix must start the text to name the rank).
+    """
+    out = [_decode(block, start, start + MAX_MATCH_CHARS)]
+    tail = _decode(block, end - MAX_MATCH_CHARS, end)
+    cr = tail.rfind("\r")
+    if cr >= 0 and tail[cr + 1:].strip():
+        out.append(tail[cr + 1:])
+    out.append(tail)
+    return out
+
+
+def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> tuple[int, re.Match[str] | None]:
+    for index, pattern in enumerate(patterns):
+        m = pattern.search(text)
+        if m:
+            return index, m
+    return -1, None
+
+_Probe = tuple[Signature | None, int, int | None, int]  # see Scanner._probe
+
+
+def _says_more(joined: _Probe, alone: _Probe) -> bool:
+    """Whether a rejoined line's match (see ``Scanner._probe``) tells more than the line's own.
+
+    More: another signature, or the same one with a rank, a more specific pattern or more details. Not a
+    longer match where the line's own ran to its end (``work: 80`` of ``work: 808`` cut by the wrap): tried,
+    and it glued the next, unrelated line onto a detail line ending in digits.
+    """
+    sig, index, rank, details = joined
+    if sig is None:
+        return False
+    if sig is not alone[0]:
+        return True
+    if alone[2] is not None:
+        return rank == alone[2] and (index < alone[1] or details > alone[3])
+    return rank is not None or index < alone[1] or details > alone[3]
+
+
+def _strip_pieces(pieces: list[str]) -> list[str]:
+    """The pieces of a terminal-wrapped line without what pasting put in front of each (see ``strip_paste``).
+
+    The first piece loses its prefixes (a Ray actor's, a glog header, a quote mark). A later piece loses one
+    only where pasting decorated every line alike (quote marks, line numbers: the first piece's prefix starts
+    with the same character); otherwise what looks like a prefix is the message's own text, cut there by the
+    terminal ("... [Proxy Service " wrapped onto "9] Failed to execute operation ...").
+    """
+    first = strip_paste(pieces[0])
+    lead = pieces[0][:len(pieces[0]) - len(first)][:1]
+    out = [first]
+    for piece in pieces[1:]:
+        bare = strip_paste(piece)
+        out.append(bare if lead and piece[:1] == lead else piece)
+    return out
+
+
+class Scanner:
+    """Feed it streams (one per file); ask for the ordered diagnoses at the end."""
+
+    def __init__(self, kb: list[Signature] | None = None) -> None:
+        self.kb = kb if kb is not None else load_kb()
+        self._by_id = {s.id: s for s in self.kb}
+        # The inventory's templates (see .templates) for this KB's signatures; their anchors join the one pass.
+        self._templates = matcher_for(frozenset(self._by_id))
+        self._prefilter = build_prefilter([*(k for s in self.kb for k in s.keywords), *self._templates.keywords])
+        # Which keywords a line holds is found once per line, not once per signature (many signatures
+        # share 'Error: ' / 'NCCL WARN'); a line without a signature's keyword is not tried against it.
+        self._keywords = tuple(sorted({k for s in self.kb for k in s.keywords}))
+        self._sig_keywords = {s.id: frozenset(s.keywords) for s in self.kb}
+        self._pending: tuple[tuple[Signature, ...], int] | None = None  # follow-up lines owed to the next block
+        self._floor = 0  # offset in the current block before which lines were matched already (see _rejoin)
+        self._found: dict[str, Diagnosis] = {}
+        self._distributed = False  # seen any sign of a distributed job (see DIST_CONTEXT)
+        self._facts = Facts()
+        self.files: list[str] = []
+        self.lines_scanned = 0
+        self.bytes_scanned = 0
+        self.lines_windowed = 0
+
+    # -- streaming ---------------------------------------------------------------------------------
+    def scan(self, name: str, stream: IO[bytes], file_rank: int | None = None) -> None:
+        """Scan one binary stream to the end, ``CHUNK_BYTES`` at a time, into one reused buffer.
+
+        Reusing a bytearray (``readinto``) instead of ``read()`` + concatenation avoids allocating and
+        page-faulting fresh 4 MB objects per chunk, which alone cost more than the regex passes.
+        """
+        file_index = len(self.files)
+        self.files.append(name)
+        self._pending = None
+        if file_rank is not None:
+            self._distributed = True
+        buf = bytearray(CHUNK_BYTES + MAX_LINE_BYTES)
+        view = memoryview(buf)
+        readinto = getattr(stream, "readinto", None)
+        have = 0  # bytes in buf: the unfinished last line of the previous chunk, then the new chunk
+        tail = b""  # the end of the previous block, for look-back across a block boundary
+        end_tail = b""  # the input's last TAIL_BYTES so far: where it ends (see phases)
+        consumed = 0  # bytes of this input handed to _scan_block so far
+        lines_before = 0
+        eof = False
+        try:
+            while not eof:
+                room = min(CHUNK_BYTES, len(buf) - have)
+                if readinto is not None:
+                    got = readinto(view[have:have + room])
+                else:  # a stream without readinto (rare): copy what read() returns
+                    data = stream.read(room)
+                    got = len(data)
+                    buf[have:have + got] = data
+                got = got or 0
+                self.bytes_scanned += got
+                have += got
+                eof = got == 0
+                cut = buf.rfind(b"\n", 0, have)
+                if cut < 0 and not eof and have < MAX_LINE_BYTES:
+                    continue  # no complete line yet: read more
+                end = have if (eof or cut < 0) else cut + 1
+                if end:
+                    lines_before = self._scan_block(buf, end, tail, name, file_index, lines_before, file_rank)
+                    tail = bytes(buf[max(0, end - 8192):end])
+                    # One copy of at most TAIL_BYTES per block: the end of the input is kept for free.
+                    piece = bytes(view[max(0, end - TAIL_BYTES):end])
+                    end_tail = piece if len(piece) >= TAIL_BYTES else (end_tail + piece)[-TAIL_BYTES:]
+                    consumed += end
+                rest = have - end
+                if rest:
+                    buf[:rest] = buf[end:have]
+                have = rest
+        finally:
+            view.release()
+        lines_in_input = lines_before + (1 if tail and not tail.endswith(b"\n") else 0)
+        self.lines_scanned += lines_in_input
+        ending = where_input_ends(end_tail, len(end_tail) == consumed, lines_in_input, name, file_index, file_rank)
+        if ending is not None:
+            self._facts.phase_ends.append(ending)
+
+    def _scan_block(self, block: bytearray, size: int, tail: bytes, name: str, file_index: int,
+                    lines_before: int, file_rank: int | None) -> int:
+        """Find the keyword lines in ``block[:size]`` (complete lines only) and match them.
+
+        Returns the number of lines before the next block: newlines are counted once, hit to hit and
+        then to the end (counting the whole block again cost as much as a prefilter pass).
+        """
+        hits: dict[int, int] = {}
+        if not self._distributed and lines_before == 0 and has_dist_sign(block, size):
+            # The first block of each input only (the launcher's banner, torchrun's and NCCL's start-up lines
+            # are there); later signs are looked for around the lines a needs_distributed signature matched
+            # (see _match_line). Checking every block of a log with no sign cost twelve passes per block:
+            # trainer and HF-Trainer logs ran at half speed for it.
+            self._distributed = True
+        prefilter = self._prefilter
+        folded = prefilter.fold(block, size)
+        m = prefilter.search(folded, 0, size)
+        while m is not None:
+            start = block.rfind(b"\n", 0, m.start()) + 1
+            # A cut anchor (see _anchor_trie) ends with the line's own newline.
+            end = m.end() - 1 if block[m.end() - 1] == 10 else _line_end(block, m.end(), size)
+            hits[start] = end
+            m = prefilter.search(folded, end + 1, size) if end + 1 < size else None
+        pending, self._pending = self._pending, None
+        self._floor = 0
+        if pending is not None:  # a match at the end of the previous block wants to see these lines
+            hits.setdefault(0, _line_end(block, 0, size))
+        if not hits:
+            return lines_before + block.count(b"\n", 0, size)
+        line_no = lines_before  # 0-based number of the line starting at counted_to
+        counted_to = 0
+        done_to = -1  # lines up to this offset were already handled as follow-ups
+        for start in sorted(hits):
+            if start <= done_to:
+                continue
+            line_no += block.count(b"\n", counted_to, start)
+            counted_to = start
+            if pending is not None and start == 0:
+                follow, remaining = pending
+                pending = None
+                done_to, line_no = self._followups(block, size, 0, line_no, follow, remaining, name,
+                                                   file_index, file_rank, tail)
+                counted_to = done_to
+                continue
+            end = hits[start]
+            sig, last, used = self._match_at(block, start, end, size, self.kb, True, name, file_index, line_no,
+                                             file_rank, tail)
+            if used:  # continuation lines of a terminal-wrapped message: consumed with it
+                done_to, line_no, counted_to = last, line_no + used, last
+                end = _line_end(block, last, size)
+            if sig is not None and sig.followup_lines and end + 1 < size:
+                follow = tuple(self._by_id[i] for i in sig.followup_ids)
+                done_to, line_no = self._followups(block, size, end + 1, line_no + 1, follow,
+                                                   sig.followup_lines, name, file_index, file_rank, tail)
+                counted_to = done_to
+            elif sig is not None and sig.followup_lines:
+                self._pending = (tuple(self._by_id[i] for i in sig.followup_ids), sig.followup_lines)
+        return line_no + block.count(b"\n", counted_to, size)
+
+    def _followups(self, block: bytearray, size: int, pos: int, line_no: int, follow: tuple[Signature, ...],
+                   remaining: int, name: str, file_index: int, file_rank: int | None,
+                   tail: bytes) -> tuple[int, int]:
+        """Try ``remaining`` lines from ``pos`` (0-based line ``line_no``) against ``follow``.
+
+        Multi-line messages put their details on lines without any keyword ('Parameter indices which did
+        not receive grad ...', the line after NCCL's 'Last error:', the desync report). A line that is not
+        such a detail is matched normally; a match with its own follow-ups extends the window. Returns the
+        offset and line number of the last line handled.
+        """
+        last = pos
+        while remaining > 0 and pos < size:
+            end = _line_end(block, pos, size)
+            sig, cont, used = self._match_at(block, pos, end, size, follow, False, name, file_index, line_no,
+                                             file_rank, tail)
+            if sig is None:
+                sig, cont, used = self._match_at(block, pos, end, size, self.kb, True, name, file_index, line_no,
+                                                 file_rank, tail)
+            if used:
+                pos, line_no, remaining = cont, line_no + used, remaining - used
+                end = _line_end(block, pos, size)
+            remaining -= 1
+            if sig is not None and sig.followup_lines:
+                follow = tuple(self._by_id[i] for i in sig.followup_ids)
+                remaining = max(remaining, sig.followup_lines)
+            last = pos
+            pos = end + 1
+            line_no += 1
+        if remaining > 0:
+            self._pending = (follow, remaining)
+        return last, line_no - 1
+
+    @staticmethod
+    def _lookback(block: bytearray, start: int, tail: bytes, count: int = LOOKBACK_LINES,
+                  strip: bool = True) -> list[str]:
+        """Up to ``count`` lines (within 8 KiB) before the line at ``start``, nearest first, paste prefixes
+        stripped unless ``strip`` is False."""
+        before = bytes(block[max(0, start - 8192):start])
+        if start < 8192:
+            before = tail + before
+        lines = before.decode("utf-8", errors="replace").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        clean = strip_paste if strip else str
+        return [clean(ln.rstrip("\r")[:MAX_MATCH_CHARS]) for ln in reversed(lines[-count:])]
+
+    def _match_at(self, block: bytearray, start: int, end: int, size: int, sigs: tuple[Signature, ...] | list[Signature],
+                  gate: bool, name: str, file_index: int, line_no: int, file_rank: int | None,
+                  tail: bytes) -> tuple[Signature | None, int, int]:
+        """Match the line ``block[start:end]`` (0-based line ``line_no``), whole, in windows, or rejoined.
+
+        Returns the signature credited (or None), the offset of the last line used and how many continuation
+        lines were used with it (0 unless a terminal-wrapped message was rejoined with lines after it).
+        """
+        floor, self._floor = self._floor, end + 1
+        if end - start > MAX_MATCH_CHARS:
+            self.lines_windowed += 1
+            lookback = partial(self._lookback, block, start, tail)
+            for text in _windows(block, start, end):
+                sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+                if sig is not None:
+                    return sig, start, 0
+            return None, start, 0
+        text = _decode(block, start, end)
+        joined = self._rejoin(block, start, end, size, text, sigs, gate, floor)
+        if joined is not None:
+            whole, first, back, last, used = joined
+            lookback = partial(self._lookback, block, first, tail)
+            sig = self._match_line(whole, sigs, gate, name, file_index, line_no + 1 - back, file_rank, lookback)
+            if sig is not None:
+                self._floor = _line_end(block, last, size) + 1
+                return sig, last, used
+        lookback = partial(self._lookback, block, start, tail)
+        sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+        if sig is None:
+            self._floor = floor  # a line credited to nothing may still be the first piece of the next one's
+        return sig, start, 0
+
+    def _rejoin(self, block: bytearray, start: int, end: int, size: int, text: str,
+                sigs: tuple[Signature, ...] | list[Signature], gate: bool,
+                floor: int) -> tuple[str, int, int, int, int] | None:
+        """The line joined with the pieces of it a terminal wrapped onto the lines around it, if it is one.
+
+        A terminal wraps a long line at its width without a separator, so the pieces are joined as they are
+        (less what pasting put in front of each). The keyword may sit on a later piece than the message's
+        start or its ``[Rank 3]``, so up to ``MAX_BACKWARD_LINES`` lines before this one are tried too, and
+        up to ``MAX_CONTINUATION_LINES`` after it. A boundary is a plausible wrap only when the piece above
+        it is at least ``MIN_WRAP_CHARS`` long, the piece below is not longer (a terminal fills every piece
+        but the last to its width), and the piece below is neither blank nor a new ``[rankN]:`` line. The
+        joined text is kept only when it says more than the line alone: a signature the line does not match,
+        or the same one with a rank or a more specific pattern; and never when a piece other than this line
+        matches that signature on its own (it would have been its own match). A width-detection heuristic was
+        tried and reverted (repeated NCCL lines of one length looked wrapped). Bounded: a few lines read back
+        within this block and not before ``floor`` (lines already matched), ``MAX_MATCH_CHARS`` characters in
+        all. Returns (joined text, offset of the first piece, pieces before, offset of the last piece, pieces
+        after).
+        """
+        back: list[tuple[int, str]] = []  # (offset, raw text), nearest first
+        below, pos = text, start
+        while len(back) < MAX_BACKWARD_LINES and pos > floor and pos > 0:
+            pstart = block.rfind(b"\n", 0, pos - 1) + 1
+            if pstart < floor or pos - 1 - pstart > MAX_MATCH_CHARS:
+                break
+            piece = _decode(block, pstart, pos - 1)
+            if not wraps_onto(piece, below):
+                break
+            back.append((pstart, piece))
+            below, pos = piece, pstart
+        fwd: list[tuple[int, str]] = []
+        above, pos = text, end + 1
+        while len(fwd) < MAX_CONTINUATION_LINES and pos < size:
+            nend = _line_end(block, pos, size)
+            if nend - pos > MAX_MATCH_CHARS:
+                break
+            piece = _decode(block, pos, nend)
+            if not wraps_onto(above, piece):
+                break
+            fwd.append((pos, piece))
+            above, pos = piece, nend + 1
+        if not back and not fwd:
+            return None
+        best = alone = self._probe(strip_paste(text), sigs, gate)
+        chosen: tuple[str, int, int, int, int] | None = None
+        checked: dict[int, Signature | None] = {}
+        for total in range(1, len(back) + len(fwd) + 1):
+            for nb in range(min(total, len(back)), -1, -1):
+                nf = total - nb
+                if nf > len(fwd):
+                    continue
+                pieces = [p for _, p in reversed(back[:nb])] + [text] + [p for _, p in fwd[:nf]]
+                if sum(map(len, pieces)) > MAX_MATCH_CHARS:
+                    continue
+                stripped = _strip_pieces(pieces)
+                joined = self._probe("".join(stripped), sigs, gate)
+                if not _says_more(joined, best):
+                    continue
+                others = [i for i in range(len(pieces)) if i != nb]
+                clash = False
+                for i in others:
+                    if i not in checked:
+                        checked[i] = self._probe(stripped[i], sigs, gate)[0]
+                    if checked[i] is joined[0] is not None and self._matched_alone(stripped[i], joined[0], alone[0]):
+                        clash = True
+                        break
+                if clash:
+                    continue
+                first = back[nb - 1][0] if nb else start
+                last = fwd[nf - 1][0] if nf else start
+                # Kept, and more pieces tried: the detail that names the rank may be one piece further.
+                best, chosen = joined, (pieces[0] + "".join(stripped[1:]), first, nb, last, nf)
+        return chosen if best is not alone else None
+
+    def _matched_alone(self, piece: str, sig: Signature, own: Signature | None) -> bool:
+        """Whether ``piece``, which matches ``sig`` on its own, will be credited to it as its own line, so that a
+        rejoined match of ``sig`` through it would count the message twice (the clash ``_rejoin`` avoids).
+
+        Not when the prefilter never admits the piece (an exception's message wrapped off its ``SomeError: ``
+        line, a template found only through that marker), nor when the line's own match ``own`` is a catch-all
+        (``python-exception`` for the ``DistBackendError: NCCL error in: ...`` head of a wrapped ``remote process
+        exited`` message): the pieces are one message and the rejoined, specific match is the one to keep.
+        """
+        if own is not None and own.catch_all and not sig.catch_all:
+            return False
+        data = bytearray(piece.encode("utf-8", "replace"))
+        return self._prefilter.search(self._prefilter.fold(data, len(data)), 0, len(data)) is not None
+
+    def _probe(self, text: str, sigs: tuple[Signature, ...] | list[Signature],
+               gate: bool) -> _Probe:
+        """What ``text`` (already stripped) would be credited as, without crediting it.
+
+        (signature or None, index of the pattern that matched, rank if the text names one, named details).
+        """
+        present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
+        template = self._templates.match(text) if gate else None
+        for sig in sigs:
+            index, named = self._sig_match(sig, text, gate, present, template)
+            if named is None:
+                continue
+            groups = {k for k, v in named.items() if v is not None}
+            for extra in sig.extract:
+                em = extra.search(text)
+                if em:
+                    groups.update(k for k, v in em.groupdict().items() if v is not None)
+            rank = named.get("rank")
+            found = rank_int(rank) if rank else self._line_rank(text, None)
+            return sig, index, found, len(groups)
+        return None, -1, None, 0
+
+    # -- matching ----------------------------------------------------------------------------------
+    def _sig_match(self, sig: Signature, text: str, gate: bool, present: frozenset[str],
+                   template: Template | None) -> tuple[int, dict[str, str | None] | None]:
+        """Whether ``sig`` matches ``text``: (pattern index, named groups) or (-1, None).
+
+        Its own patterns first, where the line holds one of its keywords (they extract details and ranks);
+        else the inventory template the line matched (:mod:`.templates`), if that template is one of ``sig``'s:
+        pattern index ``len(sig.patterns)``, no groups. The KB's order still decides between signatures: a
+        specific hand-written signature before a template's family, the template's family before a catch-all.
+        """
+        if not gate or not self._sig_keywords[sig.id].isdisjoint(present):
+            index, m = _first_match(sig.patterns, text)
+            if m is not None:
+                return index, m.groupdict()
+        if template is not None and template.signature == sig.id:
+            return len(sig.patterns), {}
+        return -1, None
+
+    def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
+                    line_no: int, file_rank: int | None, lookback: Any) -> Signature | None:
+        """Credit the line to the first signature that matches it; return that signature (or None)."""
+        raw = text
+        label = SRUN_LABEL.match(text.lstrip("> "))
+        if label is not None and self._wrapped_label(lookback, text):
+            label = None
+        text = strip_paste(text)
+        present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
+        template = self._templates.match(text) if gate else None
+        for sig in sigs:
+            index, found = self._sig_match(sig, text, gate, present, template)
+            if found is None:
+                continue
+            groups = {k: v for k, v in found.items() if v is not None}
+            if template is not None and template.signature == sig.id:
+                groups["template_source"] = template.where  # the message's provenance: project version file:line
+            for extra in sig.extract:
+                em = extra.search(text)
+                if em:
+                    for k, v in em.groupdict().items():
+                        if v is not None:
+                            groups.setdefault(k, v)
+            rank = rank_int(groups.pop("rank")) if "rank" in groups else None
+            when = timestamp(raw)  # raw: a glog prefix strip_paste removed carries the time
+            if sig.context == "torchrun-summary":
+                keep, summary_rank, root, summary_time = self._torchrun_context(text, groups, lookback)
+                if not keep:
+                    return None
+                if rank is None:
+                    rank = summary_rank
+                if root and rank is not None:
+                    self._facts.summary_roots.add(rank)
+                when = when or summary_time
+            if sig.context == "python-traceback" and self._ignored_exception(lookback):
+                return None
+            if rank is None and label is not None:
+                rank = int(label.group(1))
+            if rank is None:
+                rank = self._line_rank(text, file_rank)
+            if rank is None:
+                rank = self._block_rank(text, lookback)
+            groups.pop("local_rank", None)
+            if "signal_number" in groups:
+                groups.setdefault("signal", signal_name(groups["signal_number"]))
+            if not sig.needs_distributed:
+                self._distributed = True
+            elif not self._distributed:  # the traceback around it may show the job is distributed
+                around = "\n".join((text, *lookback(TRACEBACK_LOOKBACK_LINES)))
+                self._distributed = DIST_CONTEXT.search(around.encode("utf-8", "replace")) is not None
+            diag = self._found.get(sig.id)
+            if diag is None:
+                diag = self._found[sig.id] = Diagnosis(sig)
+            ev = Evidence(name, line_no, raw.strip()[:MAX_EVIDENCE_CHARS])
+            # A warning printed on the way (a UserWarning, a glog W line, an INFO line) is not why a rank ended.
+            fatal = not quiet_level(raw)
+            seq = (file_index, line_no)
+            event = None
+            if rank not in diag.rank_events:  # the first line on this rank: what and where, for the ranking
+                event = self._event(text, seq, when, lookback)
+            if "frame" not in groups and event is not None and event.frame is not None:
+                groups["frame"] = event.frame
+            diag.add(ev, rank, index, groups, seq, when, fatal, event)
+            if fatal:
+                self._facts.last_fatal_line[file_index] = max(line_no, self._facts.last_fatal_line.get(file_index, 0))
+            return sig
+        return None
+
+    @staticmethod
+    def _event(text: str, seq: tuple[int, int], when: tuple[int, ...] | None, lookback: Any) -> RankEvent:
+        """The first line of a diagnosis on a rank; for an exception, its type, message and the user's frame
+        (the innermost one outside torch and installed packages, from the traceback above it)."""
+        prefix = LINE_PREFIX_RANK.match(text)
+        body = text[prefix.end():].lstrip() if prefix else text
+        m = EXCEPTION_LINE.match(strip_paste(body))
+        if m is None:
+            return RankEvent(seq, when)
+        frames = []
+        for ln in lookback(TRACEBACK_LOOKBACK_LINES):
+            p = LINE_PREFIX_RANK.match(ln)
+            if prefix is not None and (p is None or p.group(0) != prefix.group(0)):
+                continue  # another rank's line, interleaved: not this traceback
+            frames.append(ln[p.end():] if p else ln)
+        return RankEvent(seq, when, m.group("exception"), (m.group("message") or "").strip()[:MAX_DETAIL_CHARS],
+                         user_frame(frames))
+
+    @staticmethod
+    def _wrapped_label(lookback: Any, text: str) -> bool:
+        """Whether an srun ``10: `` label at the start of ``text`` is only where a terminal cut a longer line.
+
+        ``...NCCL version 2.18.5 10: ncclSystemError`` wrapped at ``1`` starts the next line with ``0: ``;
+        under ``srun --label`` the line above carries a label too, a wrapped line's first piece does not.
+        """
+        above = lookback(1, strip=False)
+        return bool(above) and len(above[0]) >= MIN_WRAP_CHARS and SRUN_LABEL.match(above[0].lstrip("> ")) is None
+
+    @staticmethod
+    def _torchrun_context(text: str, groups: dict[str, str],
+                          lookback: Any) -> tuple[bool, int | None, bool, tuple[int, ...] | None]:
+        """Whether to keep a line of torchrun's failure summary, its rank, whether its entry is the summary's
+        ``Root Cause (first observed failure)``, and the entry's ``time :``.
+
+        The summary lists ``Root Cause (first observed failure):`` and ``Failures:`` entries; the ranks
+        torchrun itself stopped with SIGTERM after the first failure are noise, not causes.
+        """
+        rank: int | None = None
+        when: tuple[int, ...] | None = None
+        agent_line = "failed (exitcode" in text  # the agent's own log line names the first failure
+        root = False
+        if not agent_line and ("exitcode" in text or "received by PID" in text):
+            lines = lookback()
+            for i, ln in enumerate(lines):
+                m = SUMMARY_RANK.match(ln)
+                if m and rank is None:
+                    rank = int(m.group(1))
+                t = SUMMARY_TIME.match(ln)
+                if t and when is None:
+                    when = timestamp(t.group(1))
+                if SUMMARY_ENTRY.match(ln):
+                    root = i + 1 < len(lines) and "Root Cause" in lines[i + 1]
+                    break
+        number = rank_int(groups.get("signal_number", ""))
+        if number is not None and number in SIGTERM_LIKE and not (root or agent_line):
+            return False, rank, root, when
+        return True, rank, root, when
+
+    @staticmethod
+    def _ignored_exception(lookback: Any) -> bool:
+        """Whether the traceback ending at this line follows Python's "Exception ignored in: ..." header.
+
+        Python prints exceptions raised in ``__del__`` and at interpreter exit that way and carries on,
+        e.g. DataLoader workers' "AssertionError: can only test a child process" at the end of a run that
+        finished fine; such a line did not end the rank.
+        """
+        lines = [LINE_PREFIX_RANK.sub("", ln, count=1) for ln in lookback(TRACEBACK_LOOKBACK_LINES)]
+        for i, ln in enumerate(lines):
+            if ln.startswith("Traceback (most recent call last)"):
+                return i + 1 < len(lines) and lines[i + 1].startswith("Exception ignored in")
+            if ln.startswith("Exception ignored in"):  # no frames: the header right above the exception
+                return True
+            if not ln[:1].isspace():  # frames and their code are indented; anything else ends the walk
+                return False
+        return False
+
+    @staticmethod
+    def _block_rank(text: str, lookback: Any) -> int | None:
+        """The rank of an exception inside a block that names it a few lines above, walking up its traceback.
+
+        * mp.spawn: ``-- Process 3 terminated with the following error:`` then process 3's traceback;
+        * torchrun's failure summary: ``rank : 1 (local_rank: 1)`` ... ``traceback : Traceback ...`` then the
+          worker's traceback, indented (taken from its error file).
+        Only hit lines pay for this walk (at most ``TRACEBACK_LOOKBACK_LINES`` lines, within 8 KiB).
+        """
+        seen_traceback = False
+        lines = lookback(TRACEBACK_LOOKBACK_LINES)
+        for i, ln in enumerate(lines):
+            if i + 1 < len(lines) and wraps_onto(lines[i + 1], ln) and not ln.startswith("Traceback"):
+                continue  # the rest of a long frame line a terminal wrapped: still inside the traceback
+            m = SPAWN_HEADER.search(ln)
+            if m:
+                return int(m.group(1))
+            if "traceback :" in ln:
+                seen_traceback = True
+            elif seen_traceback:
+                m = SUMMARY_RANK.match(ln)
+                if m:
+                    return int(m.group(1))
+            if SUMMARY_ENTRY.match(ln) or (ln and not ln[:1].isspace() and not ln.startswith("Traceback")):
+                return None  # left the traceback: whatever names a rank further up is another block
+        return None
+
+    @staticmethod
+    def _line_rank(text: str, file_rank: int | None) -> int | None:
+        m = LINE_PREFIX_RANK.match(text)
+        if m:
+            return int(m.group(1) or m.group(2) or m.group(3))  # at most MAX_RANK_DIGITS by the regex
+        if file_rank is not None:
+            return file_rank
+        m = PG_RANK.search(text)
+        if m:
+            return int(m.group(1))
+        if "NCCL" in text:
+            m = NCCL_RANK.search(text)
+            if m:
+                return int(m.group(1))
+        return None
+
+    # -- result ------------------------------------------------------------------------------------
+    def result(self) -> ExplainResult:
+        ordered = order_diagnoses(self._found, self._distributed, self._facts, self._by_id)
+        return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned, self.lines_windowed)
