@@ -7,7 +7,7 @@ template (at least 8 characters) occurs in those strings: then the installed ver
 Messages of code a build leaves out (ProcessGroupNCCL in a CPU wheel, libuv-less paths, UCC/MPI) are absent
 for that reason, so the figures are per file and the absent messages are listed for a reader to judge.
 
-Usage: ``python scripts/check_inventory_in_binaries.py [TORCH_LIB_DIR] [--out REPORT.json]`` (default: the
+Usage: ``python scripts/check_inventory_in_binaries.py [LIBDIR] [--out REPORT.json]`` (default: the
 ``lib/`` of the torch this Python imports). Read-only; prints a summary, writes the details with ``--out``.
 """
 
