@@ -2,290 +2,52 @@
 
 The self-launched ranks start as ``python -m ddpdoctor.watch.rank script.py args...``; under torchrun
 ``ddpdoctor watch`` calls :func:`run_script` in each rank. The script runs as ``__main__`` with its own
-``sys.argv`` and its directory first on ``sys.path``, exactly as ``python script.py`` would run it.
+``sys.argv`` and its directory first on ``sys.path``, exactly as ``python script.py`` would run it. A
+script that starts its own ranks runs here too, as their launcher (:mod:`~ddpdoctor.watch.spawned`).
 
-The watchdog thread ships the recorder's records and progress over the side channel, and on request
-the main thread's stack: ``sys._current_frames()`` works while the main thread blocks inside a C++
-collective because gloo and NCCL release the GIL while they wait.
+This module is the top of the in-rank layers: recorder <- watchdog <- script <- spawned <- rank.
 """
 
 from __future__ import annotations
 
 import os
-import runpy
-import socket
 import sys
-import threading
 import time
-import traceback
-from typing import Any
 
-from ddpdoctor.errors import typed_error
-from ddpdoctor.watch.channel import ADDR_ENV, RECORDS_PER_MESSAGE, Client
-from ddpdoctor.watch.pitfalls import PitfallLog
-from ddpdoctor.watch.recorder import Recorder, site_name, user_stack
+from ddpdoctor.watch import pitfalls as pitfall_hooks
+from ddpdoctor.watch import recorder as recording
+from ddpdoctor.watch.channel import ADDR_ENV
+from ddpdoctor.watch.script import enter, execute
+from ddpdoctor.watch.spawned import run_launcher
+from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, Watchdog, enable_flight_recorder
 
-# Set by the self-launching supervisor: when its channel closes, the supervisor is gone and nobody
-# would ever tear this rank down, so the rank ends itself rather than become an orphan.
-EXIT_ON_LOST_ENV = "DDPDOCTOR_WATCH_EXIT_ON_LOST"
 # "spawn": the script starts its own ranks (mp.spawn, a Process per rank); this process is its launcher.
 MODE_ENV = "DDPDOCTOR_WATCH_MODE"
-BEAT_S = 1.0
-TICK_S = 0.1
-# How long init_process_group waits for the channel before its claim is sent (normally milliseconds).
-INIT_CONNECT_S = 10.0
-
-
-def dump_flight_recorder(path: str) -> str:
-    """Write this process's PyTorch Flight Recorder dump (pickle bytes, as torch writes them) to ``path``.
-
-    Returns '' when written, else why not. ``_dump_fr_trace(include_collectives, include_stack_traces,
-    only_active)`` covers every backend on torch >= 2.8 (gloo included); older torch has
-    ``_dump_nccl_trace`` for NCCL only. Both are private: absent or failing means "no dump", never an error.
-    """
-    try:
-        import torch._C._distributed_c10d as c10d_c
-
-        dump = getattr(c10d_c, "_dump_fr_trace", None) or getattr(c10d_c, "_dump_nccl_trace", None)
-        if dump is None:
-            return "this torch has no Flight Recorder dump function"
-        data = dump(True, True, False)
-    except Exception as exc:  # private API: any failure only costs the dump
-        return f"Flight Recorder dump failed: {typed_error(exc)[:200]}"
-    from pathlib import Path
-
-    from ddpdoctor.fileio import atomic_output
-
-    try:
-        # On another host than rank 0's (torchrun, several nodes) the bundle's folder is created here.
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_output(Path(path)) as handle:
-            handle.write(bytes(data))
-    except OSError as exc:
-        return f"cannot write {path}: {exc}"
-    return ""
-
-
-class Watchdog(threading.Thread):
-    """Ships records and progress every tick; answers 'dump' with the main thread's stack."""
-
-    def __init__(self, recorder: Recorder, pitfalls: PitfallLog, address: str, exit_on_lost: bool,
-                 key: int | None = None, bind_on_init: bool = False, hello: dict[str, Any] | None = None) -> None:
-        super().__init__(name="ddpdoctor-watchdog", daemon=True)
-        self.recorder = recorder
-        self.pitfalls = pitfalls
-        self.address = address
-        self.exit_on_lost = exit_on_lost
-        # The channel identity: the rank, or (a process the script started, whose rank is known only once
-        # it calls init_process_group) -pid until its init claim binds it to the rank it claims.
-        self.key = recorder.rank if key is None else key
-        self.bind_on_init = bind_on_init
-        self.hello_extra = hello or {}
-        self.client: Client | None = None
-        self.stopping = threading.Event()
-        self.connected = threading.Event()
-        self.settled = threading.Event()  # the connection attempt ended, either way
-        self._sent_progress = -1
-        self._sent_at = 0.0
-        self._main_ident = threading.main_thread().ident
-
-    def run(self) -> None:
-        try:
-            if not self.address:
-                raise OSError("no channel address")  # the launcher-side lookup already said why
-            # Self-launched, the channel exists before this rank does: refusal means the supervisor died.
-            self.client = Client.connect(self.address, 15 if self.exit_on_lost else 60)
-        except OSError as exc:
-            if self.exit_on_lost:
-                # The self-launching supervisor listens before it starts any rank: no channel means it
-                # is gone (killed), and a rank running on unwatched would be an orphan nobody ends.
-                print(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor's channel at {self.address} "
-                      f"is gone ({exc}); ending this rank", file=sys.stderr, flush=True)
-                os._exit(1)
-            if self.address:
-                print(f"ddpdoctor watch: rank {self.recorder.rank}: cannot reach the watch channel at "
-                      f"{self.address} ({exc}); this rank runs unwatched", file=sys.stderr)
-            self.settled.set()
-            while not self.stopping.wait(TICK_S):
-                self.recorder.pending.clear()
-            return
-        self.client.send({"t": "hello", "rank": self.key, "pid": os.getpid(),
-                          "host": socket.gethostname(), "world_size": self.recorder.world_size, **self.hello_extra})
-        self.connected.set()
-        self.settled.set()
-        while not self.stopping.is_set():
-            self.flush()
-            messages = self.client.receive(TICK_S)
-            if messages is None:
-                if self.exit_on_lost:
-                    print(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor is gone; ending this rank",
-                          file=sys.stderr, flush=True)
-                    os._exit(1)
-                return
-            for message in messages:
-                self.handle(message)
-
-    def on_init(self, claim: dict[str, Any]) -> None:
-        """The recorder's init hook (main thread, before torch's rendezvous): send the claim first."""
-        if self.bind_on_init and isinstance(claim.get("rank"), int) and claim["rank"] >= 0:
-            self.recorder.rank = claim["rank"]
-            self.recorder.world_size = claim["world_size"] if isinstance(claim.get("world_size"), int) else -1
-        if not self.settled.wait(INIT_CONNECT_S) or self.client is None:
-            return
-        self.client.send({"t": "init", "claim": claim, "bind": self.bind_on_init, "rank": claim.get("rank")})
-
-    def handle(self, message: dict[str, Any]) -> None:
-        assert self.client is not None
-        if message.get("t") == "dump":
-            self.flush(force=True)
-            reply: dict[str, Any] = {"t": "stack", "stack": self.main_stack(), "pitfalls": self.pitfalls.findings()}
-            fr_path = message.get("fr_path")
-            if fr_path and self.recorder.claim is not None:
-                reply["fr"] = dump_flight_recorder(fr_path) or fr_path
-            self.client.send(reply)
-        elif message.get("t") == "exit":
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(int(message.get("code", 1)))
-
-    def main_stack(self) -> list[str]:
-        frame = sys._current_frames().get(self._main_ident or -1)
-        return user_stack(frame) if frame is not None else []
-
-    def flush(self, force: bool = False) -> None:
-        """Send new records, then a beat when progress moved (or once a second)."""
-        client, rec = self.client, self.recorder
-        if client is None:
-            return
-        while rec.pending:
-            # In batches: the supervisor refuses lines over channel.MAX_LINE as garbage.
-            records: list[dict[str, Any]] = []
-            while rec.pending and len(records) < RECORDS_PER_MESSAGE:
-                records.append(rec.pending.popleft().to_json())
-            client.send({"t": "rec", "recs": records})
-        now = time.monotonic()
-        progress = rec.progress
-        if force or progress != self._sent_progress or now - self._sent_at >= BEAT_S:
-            current, last = rec.current, rec.last_done
-            client.send({"t": "beat", "progress": progress,
-                         "cur": current.to_json() if current is not None else None,
-                         "last": last.to_json() if last is not None else None, "seqs": rec.group_seqs(),
-                         "steps": rec.step_stats()})
-            self._sent_progress, self._sent_at = progress, now
-
-    def finish(self, code: int, crashed: bool, error: str, ended_at: float | None = None) -> None:
-        """Called by the main thread when the script ended: last records, then the exit message.
-
-        ``at`` is the wall-clock time the script ended (before this rank's interpreter shutdown, which may
-        take seconds): the supervisor orders failures by it, so a rank whose peers broke only because it
-        left is not the one named first."""
-        ended_at = time.time() if ended_at is None else ended_at
-        self.stopping.set()
-        self.join(timeout=2 * TICK_S + 1)
-        if self.client is None or not self.connected.is_set():
-            return
-        self.flush(force=True)
-        self.client.send({"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at,
-                          "pitfalls": self.pitfalls.findings()})
-
-
-def _ours(filename: str) -> bool:
-    """Frames of torch, ddpdoctor and runpy: not what the user wrote."""
-    from ddpdoctor.watch import recorder
-
-    return filename.startswith(recorder._SKIP_DIRS) or "runpy" in filename or filename.startswith("<frozen")
-
-
-def _error_site(exc: BaseException) -> str:
-    """file:line of the innermost user frame of an exception's traceback."""
-    site = ""
-    for summary in traceback.extract_tb(exc.__traceback__):
-        if not _ours(summary.filename):
-            site = f"{site_name(summary.filename)}:{summary.lineno}"
-    return site
-
-
-def execute(script: str) -> tuple[int, bool, str]:
-    """Run the script as __main__; (exit code, crashed by an exception, one-line error).
-
-    ``sys.exit("message")`` is exit code 1 with the message printed, as python does; the message is also
-    the rank's error, so the report can say why it exited."""
-    try:
-        runpy.run_path(script, run_name="__main__")
-        return 0, False, ""
-    except SystemExit as exc:
-        if exc.code is None:
-            return 0, False, ""
-        if isinstance(exc.code, int):
-            # What the OS will report: python exits with the code modulo 256 (sys.exit(256) is 0).
-            return exc.code & 0xFF, False, ""
-        print(exc.code, file=sys.stderr)
-        return 1, False, " ".join(str(exc.code).split())[:300]
-    except BaseException as exc:  # the script's own crash: print it as python would, then report it
-        tb = exc.__traceback__
-        # Drop our own frames (runpy, this function) so the traceback starts in the user's script.
-        while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
-            tb = tb.tb_next
-        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
-        sys.stderr.flush()
-        where = _error_site(exc)
-        error = typed_error(exc)[:300] + (f" (at {where})" if where else "")
-        return 1, True, error
 
 
 def run_script(script: str, args: list[str], rank: int, world_size: int, address: str,
                exit_on_lost: bool) -> int:
     """Run ``script args`` watched in this process; returns its exit code."""
-    from ddpdoctor.watch import pitfalls as pitfall_hooks
-    from ddpdoctor.watch import recorder as recording
-
     enable_flight_recorder()
     recorder = recording.install(rank, world_size)
     pitfalls = pitfall_hooks.install(recorder)
     dog = Watchdog(recorder, pitfalls, address, exit_on_lost)
     recorder.init_hook = dog.on_init
     dog.start()
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    enter(script, args)
     code, crashed, error = execute(script)
     dog.finish(code, crashed, error, time.time())
     return code
-
-
-FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-FR_ENTRIES = "2000"
-
-
-def enable_flight_recorder() -> None:
-    """Turn PyTorch's Flight Recorder on (2000 entries) unless the user chose a size: torch reads these
-    variables when a process group is created, so setting them before the script runs is enough.
-    TORCH_NCCL_TRACE_BUFFER_SIZE is the older (NCCL-only) name; torch 2.8+ reads TORCH_FR_BUFFER_SIZE and
-    warns that the old name is deprecated, so the old name is set only for older torch."""
-    if any(name in os.environ for name in FR_ENV):
-        return
-    os.environ["TORCH_FR_BUFFER_SIZE"] = FR_ENTRIES
-    try:
-        from importlib.metadata import version
-
-        major, minor = (int(part) for part in version("torch").split(".")[:2])
-    except Exception:  # an odd version string or no metadata: set both names, a warning at worst
-        major, minor = 0, 0
-    if (major, minor) < (2, 8):
-        os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FR_ENTRIES
 
 
 def main() -> None:
     """Entry of a self-launched rank: ``python -m ddpdoctor.watch.rank script.py args...``."""
     script, args = sys.argv[1], sys.argv[2:]
     if os.environ.get(MODE_ENV) == "spawn":
-        from ddpdoctor.watch.spawned import run_launcher
-
         code = run_launcher(script, args, os.environ[ADDR_ENV])
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.exit(code)
-    code = run_script(script, args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                      os.environ[ADDR_ENV], os.environ.get(EXIT_ON_LOST_ENV) == "1")
+    else:
+        code = run_script(script, args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                          os.environ[ADDR_ENV], os.environ.get(EXIT_ON_LOST_ENV) == "1")
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)

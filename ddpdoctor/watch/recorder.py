@@ -106,6 +106,11 @@ def _skip_dirs() -> tuple[str, ...]:
             os.path.dirname(multiprocessing.__file__) + os.sep)
 
 
+def skip_dirs() -> tuple[str, ...]:
+    """The folders whose frames are not the user's (torch, ddpdoctor, multiprocessing); () before install."""
+    return _SKIP_DIRS
+
+
 def site_name(filename: str) -> str:
     """How a file is shown: relative to the working directory when inside it, else its base name."""
     name = _site_names.get(filename)

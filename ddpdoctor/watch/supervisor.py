@@ -38,7 +38,9 @@ from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
 from ddpdoctor.watch import evidence
 from ddpdoctor.watch.aggregate import CRASH, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
+from ddpdoctor.watch.rank import MODE_ENV, run_script
 from ddpdoctor.watch.report import render
+from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV
 
 PORT_ENV = "DDPDOCTOR_WATCH_PORT"
 POLL_S = 0.05
@@ -173,8 +175,6 @@ def _notice(agg: Aggregator) -> None:
 # -- self-launch -----------------------------------------------------------------------------------
 
 def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, str]:
-    from ddpdoctor.watch.rank import EXIT_ON_LOST_ENV
-
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
@@ -200,8 +200,6 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 def _launcher_env(channel: str, master_port: int | None) -> dict[str, str]:
     """The environment of a script that starts its own ranks: the user's own, plus the channel."""
-    from ddpdoctor.watch.rank import EXIT_ON_LOST_ENV, MODE_ENV
-
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
     if master_port is not None:
         env["MASTER_PORT"] = str(master_port)
@@ -377,8 +375,6 @@ def _published_channel_port(info: LaunchInfo) -> int | None:
 def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_timeout_s: float,
                        json_path: str | None, evidence_dir: str | None = None) -> int:
     """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
-    from ddpdoctor.watch.rank import run_script
-
     fixed = port_from_env(PORT_ENV)
     # A fixed MASTER_PORT+1 collides with whatever else listens there (commonly a second job started
     # with --master-port one higher); the agent's store lets rank 0 take any free port and say which.
