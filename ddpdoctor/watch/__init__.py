@@ -3,7 +3,7 @@
 - :mod:`~ddpdoctor.watch.supervisor`: self-launch and watch the ranks, or the rank-0 aggregator under torchrun.
 - :mod:`~ddpdoctor.watch.rank`: one watched rank (``python -m ddpdoctor.watch.rank script.py args``): the entry.
 - :mod:`~ddpdoctor.watch.watchdog`: the thread in every watched process that reports to the supervisor.
-- :mod:`~ddpdoctor.watch.script`: running the user's script as ``__main__`` and describing how it ended.
+- :mod:`~ddpdoctor.watch.script`: running the user's script as ``__main__`` (a rank's whole life) and how it ended.
 - :mod:`~ddpdoctor.watch.recorder`: wraps ``torch.distributed``'s collectives and records each call.
 - :mod:`~ddpdoctor.watch.channel`: the side channel (JSON lines over TCP) the ranks report on.
 - :mod:`~ddpdoctor.watch.aggregate`: the supervisor's picture: progress, mismatches, hangs, first divergence.

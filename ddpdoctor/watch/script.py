@@ -1,8 +1,9 @@
 """Running the user's script unchanged, as ``python script.py`` would, and turning its end into an outcome.
 
-Both kinds of watched process need this: a rank (``rank.py``) runs the script as ``__main__``, and the
-launcher of a script that starts its own ranks (``spawned.py``) does too, while the processes it starts
-report their failures with :func:`error_site`. Kept apart from both so neither imports the other.
+Both kinds of watched process need this: a rank (:func:`run_script`, self-launched through ``rank.py`` or
+called in-process under torchrun) runs the script as ``__main__``, and the launcher of a script that
+starts its own ranks (``spawned.py``) does too, while the processes it starts report their failures with
+:func:`failure`. Nothing here imports ``spawned`` or ``rank``: they sit above it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
 import traceback
 
 from ddpdoctor.errors import typed_error
+from ddpdoctor.watch import pitfalls as pitfall_hooks
 from ddpdoctor.watch import recorder
+from ddpdoctor.watch.watchdog import Watchdog, enable_flight_recorder
 
 
 def enter(script: str, args: list[str]) -> None:
@@ -66,3 +70,18 @@ def execute(script: str) -> tuple[int, bool, str]:
         traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
         sys.stderr.flush()
         return 1, True, failure(exc)
+
+
+def run_script(script: str, args: list[str], rank: int, world_size: int, address: str,
+               exit_on_lost: bool) -> int:
+    """Run ``script args`` watched in this process as rank ``rank``; returns its exit code."""
+    enable_flight_recorder()
+    rec = recorder.install(rank, world_size)
+    pitfalls = pitfall_hooks.install(rec)
+    dog = Watchdog(rec, pitfalls, address, exit_on_lost)
+    rec.init_hook = dog.on_init
+    dog.start()
+    enter(script, args)
+    code, crashed, error = execute(script)
+    dog.finish(code, crashed, error, time.time())
+    return code

@@ -36,11 +36,11 @@ from typing import Any
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
 from ddpdoctor.watch import evidence
-from ddpdoctor.watch.aggregate import CRASH, OK, Aggregator
+from ddpdoctor.watch.aggregate import CRASH, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
-from ddpdoctor.watch.rank import MODE_ENV, run_script
 from ddpdoctor.watch.report import render
-from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV
+from ddpdoctor.watch.script import run_script
+from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, MODE_ENV
 
 PORT_ENV = "DDPDOCTOR_WATCH_PORT"
 POLL_S = 0.05
@@ -117,7 +117,9 @@ def join_other_evidence(result: dict[str, Any]) -> None:
 
     folder = result.get("evidence")
     dumps = os.path.join(folder, evidence.FR_FOLDER) if folder else None
-    if dumps and os.path.isdir(dumps) and os.listdir(dumps):
+    # An init conflict stops the job before any rendezvous: there is no process group whose record could
+    # say anything, and `fr` would count the ranks the conflicting claims name but that never existed.
+    if result.get("status") != INIT_CONFLICT and dumps and os.path.isdir(dumps) and os.listdir(dumps):
         try:
             verdict = fr_json(diagnose([dumps], world_size=result.get("world_size") or None))
             result["fr"] = {"status": verdict["status"], "summary": verdict["summary"],

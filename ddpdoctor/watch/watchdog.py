@@ -24,6 +24,8 @@ from ddpdoctor.watch.recorder import Recorder, user_stack
 # Set by the self-launching supervisor: when its channel closes, the supervisor is gone and nobody
 # would ever tear this rank down, so the rank ends itself rather than become an orphan.
 EXIT_ON_LOST_ENV = "DDPDOCTOR_WATCH_EXIT_ON_LOST"
+# "spawn": the script starts its own ranks (mp.spawn, a Process per rank); this process is its launcher.
+MODE_ENV = "DDPDOCTOR_WATCH_MODE"
 BEAT_S = 1.0
 TICK_S = 0.1
 # How long init_process_group waits for the channel before its claim is sent (normally milliseconds).
@@ -39,7 +41,12 @@ def dump_flight_recorder(path: str) -> str:
     """
     try:
         import torch._C._distributed_c10d as c10d_c
+        import torch.distributed as dist
 
+        if not dist.is_initialized():
+            # Still inside init_process_group (a rendezvous that never completes, an init conflict): no
+            # process group recorded anything, and an empty dump would read as "no collectives" to `fr`.
+            return "no process group yet: init_process_group had not returned"
         dump = getattr(c10d_c, "_dump_fr_trace", None) or getattr(c10d_c, "_dump_nccl_trace", None)
         if dump is None:
             return "this torch has no Flight Recorder dump function"
