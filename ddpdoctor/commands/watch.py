@@ -39,6 +39,7 @@ def watch(
         validate_evidence,
     )
 
+    refuse_unknown_option(ctx, script)
     validate_launch_options(nproc, master_port=master_port)
     if not hang_timeout > 0:
         raise DoctorError(f"--hang-timeout must be a positive number of seconds, got: {hang_timeout}")
@@ -63,6 +64,24 @@ def watch(
               "every process it starts" + ("; --nproc is ignored" if nproc is not None else ""), file=sys.stderr)
     raise typer.Exit(supervise(script, args, nproc or default_nproc(), hang_timeout, json_path, master_port,
                                evidence_dir, spawns=bool(sites)))
+
+
+def refuse_unknown_option(ctx: typer.Context, script: str) -> None:
+    """``watch --timeout 5 x.py``: everything from the first non-option is the script's, so an option watch
+    does not have lands in SCRIPT. Name it as the unknown option it is, with the options watch has (a file
+    really named ``-x.py`` still runs)."""
+    import difflib
+    import os
+
+    if not script.startswith("-") or os.path.exists(script):
+        return
+    name = script.split("=", 1)[0]
+    options = sorted({opt for param in ctx.command.params for opt in getattr(param, "opts", ())
+                      if opt.startswith("--")})
+    close = difflib.get_close_matches(name, options, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise DoctorError(f"no such option for watch: {name}{hint} (watch's options: {', '.join(options)}; they go "
+                      "before the script path)")
 
 
 def register(app: typer.Typer) -> None:

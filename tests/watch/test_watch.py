@@ -225,6 +225,20 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
         assert len(bad_flag.stderr.strip().splitlines()) == 1
 
 
+def test_an_option_watch_lacks_is_named_as_an_unknown_option_not_as_a_missing_script(tmp_path: Path) -> None:
+    """Issue 28: `watch --timeout 5 x.py` said "script not found: '--timeout'"."""
+    proc = run_cli(["watch", "--timeout", "5", "x.py"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "script not found" not in line
+    assert "no such option for watch: --timeout; did you mean --hang-timeout?" in line
+    assert "--nproc" in line and "--evidence" in line  # the options watch does have
+    # A script whose name starts with a dash is still a script.
+    (tmp_path / "-odd.py").write_text("print('ODD RAN')\n")
+    ran = run_cli(["watch", "--nproc", "1", "--", "-odd.py"], cwd=tmp_path, timeout=120)
+    assert ran.returncode == 0 and "ODD RAN" in ran.stdout, ran.stderr
+
+
 def test_json_dash_and_master_port_reach_the_job(tmp_path: Path) -> None:
     script = tmp_path / "port.py"
     script.write_text("import os, sys\nimport torch.distributed as dist\n"
