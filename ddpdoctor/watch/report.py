@@ -136,6 +136,28 @@ def ended_text(rank: dict[str, Any]) -> str:
     return f"exited with code {code}{said}"
 
 
+def teardown_lines(teardown: dict[str, Any] | None) -> list[str]:
+    """What needed SIGKILL after the grace, and what the script detached and watch left running."""
+    if not teardown:
+        return []
+    lines = []
+    grace = f"the {teardown['grace_s']:g} s grace after SIGTERM (--shutdown-timeout)"
+    if teardown.get("sigkill_ranks"):
+        ranks = teardown["sigkill_ranks"]
+        lines += ["", f"{rank_phrase(ranks)} still ran after {grace} and needed SIGKILL"]
+    elif teardown.get("sigkill_script"):
+        lines += ["", f"the script's process still ran after {grace} and needed SIGKILL"]
+    others = teardown.get("sigkill_others") or []
+    if others:
+        lines += ["", f"{len(others)} other process(es) of the job still ran after {grace} and needed SIGKILL: "
+                  + ", ".join(f"pid {p['pid']}" for p in others[:10])]
+    left = teardown.get("left_running") or []
+    if left:
+        lines += ["", "left running (the script started them in a session of their own; the run ended well):"]
+        lines += [f"  pid {p['pid']}: {p['cmdline'] or '?'}" for p in left]
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
     """The report: headline, divergence, per-rank table, stacks, warnings."""
     lines = [headline(result)]
@@ -189,6 +211,7 @@ def render(result: dict[str, Any]) -> str:
         said = [f"{rank_phrase(dead)} dead"] * bool(dead) + [f"{rank_phrase(silent)} not answering"] * bool(silent)
         lines += ["", f"NCCL RAS ({ras.get('addr')}): "
                   + (ras.get("error") or "; ".join(said) or "every rank NCCL knows is alive")]
+    lines += teardown_lines(result.get("teardown"))
     if result.get("evidence"):
         lines += ["", f"evidence: {result['evidence']} (verdict.json, report.txt, env.json, and per rank "
                   "stack_rank_N.txt, history_rank_N.json, flight_recorder/fr_rank_N)"]

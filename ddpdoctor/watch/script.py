@@ -17,7 +17,7 @@ import traceback
 from ddpdoctor.errors import typed_error
 from ddpdoctor.watch import pitfalls as pitfall_hooks
 from ddpdoctor.watch import recorder
-from ddpdoctor.watch.watchdog import Watchdog, enable_flight_recorder
+from ddpdoctor.watch.watchdog import Watchdog, enable_flight_recorder, line_buffered_if_piped
 
 
 def enter(script: str, args: list[str]) -> None:
@@ -75,6 +75,7 @@ def execute(script: str) -> tuple[int, bool, str]:
 def run_script(script: str, args: list[str], rank: int, world_size: int, address: str,
                exit_on_lost: bool) -> int:
     """Run ``script args`` watched in this process as rank ``rank``; returns its exit code."""
+    line_buffered_if_piped()
     enable_flight_recorder()
     rec = recorder.install(rank, world_size)
     pitfalls = pitfall_hooks.install(rec)

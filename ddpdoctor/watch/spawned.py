@@ -25,7 +25,7 @@ from ddpdoctor.watch import pitfalls as pitfall_hooks
 from ddpdoctor.watch import recorder as recording
 from ddpdoctor.watch.recorder import site_name
 from ddpdoctor.watch.script import enter, execute, failure
-from ddpdoctor.watch.watchdog import Watchdog, enable_flight_recorder
+from ddpdoctor.watch.watchdog import Watchdog, enable_flight_recorder, line_buffered_if_piped
 
 _SPAWN_FUNCS = ("spawn", "start_processes")
 _MP_MODULES = ("torch.multiprocessing", "multiprocessing", "torch.multiprocessing.spawn")
@@ -125,6 +125,7 @@ _pitfalls: Any = None
 
 def start_watch(address: str, role: str, index: int | None) -> Watchdog:
     """Recorder and watchdog in this process (once per process; a forked child starts afresh)."""
+    line_buffered_if_piped()  # the processes share the script's pipes: whole lines keep them apart
     enable_flight_recorder()
     recorder = recording.install(-1, -1)
     global _pitfalls

@@ -34,13 +34,17 @@ from types import FrameType
 from typing import Any
 
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
+from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
 from ddpdoctor.watch import evidence
 from ddpdoctor.watch.aggregate import CRASH, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
+from ddpdoctor.watch.config import WatchConfig
+from ddpdoctor.watch.output import RankOutput
+from ddpdoctor.watch.reaper import Teardown
 from ddpdoctor.watch.report import render
 from ddpdoctor.watch.script import run_script
-from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, MODE_ENV
+from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, MODE_ENV, PIPED_ENV
 
 PORT_ENV = "DDPDOCTOR_WATCH_PORT"
 POLL_S = 0.05
@@ -75,7 +79,8 @@ def check_script(script: str) -> str:
     return script
 
 
-def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator | None = None) -> None:
+def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator | None = None,
+                 output: RankOutput | None = None) -> None:
     """The evidence bundle (failed runs), the report on stderr, then --json (``--json -``: the JSON on
     stdout instead of the report). A failed write is one line, not an exception: in rank 0's supervisor
     thread an exception would skip telling the other ranks to exit, and hang the job."""
@@ -86,8 +91,9 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
     text = render(result)
     if agg is not None and result.get("evidence"):
         histories = {r: list(s.history) for r, s in agg.ranks.items()}
+        outputs = {rank: output.tail_text(rank) for rank in output.tails} if output is not None else {}
         try:
-            evidence.write(result["evidence"], result, text, histories)
+            evidence.write(result["evidence"], result, text, histories, outputs)
         except Exception as exc:  # the report on the terminal matters more than the bundle
             print(f"ddpdoctor watch: cannot write the evidence bundle ({short_error(exc)})", file=sys.stderr, flush=True)
     if not json_to_stdout(json_path):
@@ -167,13 +173,6 @@ def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -
         _drain(server, agg, POLL_S)
 
 
-def _notice(agg: Aggregator) -> None:
-    """While the job runs: name a confirmed straggler once (the job goes on)."""
-    line = agg.straggler_notice()
-    if line:
-        print(line, file=sys.stderr, flush=True)
-
-
 # -- self-launch -----------------------------------------------------------------------------------
 
 def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, str]:
@@ -209,66 +208,138 @@ def _launcher_env(channel: str, master_port: int | None) -> dict[str, str]:
     return env
 
 
-def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, json_path: str | None,
-              master_port: int | None = None, evidence_dir: str | None = None, spawns: bool = False) -> int:
-    """Self-launch ``nproc`` ranks of the script (or, ``spawns``, the script once: it starts its own
-    ranks), watch them, report; the exit code.
+def _say(config: WatchConfig, line: str) -> None:
+    """A note while the job runs (on stderr); ``--quiet`` keeps only the verdict."""
+    if not config.quiet:
+        print(line, file=sys.stderr, flush=True)
 
-    The job's MASTER_PORT is ``master_port``, else $MASTER_PORT, else a free port (as for ``check``).
-    """
+
+def _start(config: WatchConfig, channel: str, output: RankOutput) -> list[subprocess.Popen[bytes]]:
+    """Start the ranks (or the script once), each in a session of its own with its output piped to us."""
     from ddpdoctor.runtime.selflaunch import choose_port
+
+    rank_cmd = [sys.executable, "-m", "ddpdoctor.watch.rank", config.script, *config.args]
+    plan: list[tuple[int | None, dict[str, str]]]
+    if config.spawns:
+        plan = [(None, _launcher_env(channel, config.master_port))]
+    else:
+        port = choose_port(config.master_port if config.master_port is not None else port_from_env("MASTER_PORT"))
+        plan = [(rank, _rank_env(rank, config.nproc, port, channel)) for rank in range(config.nproc)]
+    procs = []
+    for rank, env in plan:
+        out, err = output.pipes(rank)
+        env[PIPED_ENV] = "1"
+        try:
+            procs.append(subprocess.Popen(rank_cmd, env=env, stdout=out, stderr=err, start_new_session=True))
+        finally:
+            os.close(out)
+            os.close(err)
+    return procs
+
+
+def supervise(config: WatchConfig) -> int:
+    """Self-launch ``config.nproc`` ranks of the script (or, ``config.spawns``, the script once: it starts
+    its own ranks), watch them, report; the exit code.
+
+    The job's MASTER_PORT is ``master_port``, else $MASTER_PORT, else a free port (as for ``check``). The
+    run ends the way torchrun ends one (:meth:`~ddpdoctor.watch.reaper.Reaper.teardown`): SIGTERM, the
+    grace, SIGKILL; a SIGINT/SIGTERM to watch itself does the same and exits 128 + the signal.
+    """
     from ddpdoctor.watch.reaper import Reaper
 
+    output = RankOutput(config.output)
+    output.prepare(1 if config.spawns else config.nproc)
+    if output.run_dir is not None:
+        _say(config, f"ddpdoctor watch: the ranks' logs go to {output.run_dir}/attempt_0/<rank>/")
     server = Server("127.0.0.1", 0)
     channel = f"127.0.0.1:{server.port}"
-    agg = Aggregator(0 if spawns else nproc, hang_timeout_s, owns_processes=not spawns, spawned=spawns)
+    agg = Aggregator(0 if config.spawns else config.nproc, config.hang_timeout_s, owns_processes=not config.spawns,
+                     spawned=config.spawns)
     procs: list[subprocess.Popen[bytes]] = []
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     status: str | None = None
-    rank_cmd = [sys.executable, "-m", "ddpdoctor.watch.rank", script, *args]
+    interrupted: _Interrupted | None = None
+    hurry = threading.Event()
     reaper = Reaper()  # before any rank starts: an orphan of theirs must re-parent to us, not to init
+    teardown = None
     try:
-        if spawns:
-            procs.append(subprocess.Popen(rank_cmd, env=_launcher_env(channel, master_port), start_new_session=True))
-        else:
-            job_port = choose_port(master_port if master_port is not None else port_from_env("MASTER_PORT"))
-            for rank in range(nproc):
-                procs.append(subprocess.Popen(rank_cmd, env=_rank_env(rank, nproc, job_port, channel),
-                                              start_new_session=True))
-        while status is None:
-            _drain(server, agg, POLL_S)
-            if spawns:
-                if agg.launcher_code is None and procs[0].poll() is not None:
-                    _drain(server, agg, POLL_S)
-                    agg.launcher_exited(procs[0].returncode)
-            else:
-                for rank, proc in enumerate(procs):
-                    if agg.ranks[rank].returncode is None and proc.poll() is not None:
+        try:
+            procs = _start(config, channel, output)
+            output.start()
+            while status is None:
+                _drain(server, agg, POLL_S)
+                if config.spawns:
+                    if agg.launcher_code is None and procs[0].poll() is not None:
                         _drain(server, agg, POLL_S)
-                        agg.process_exited(rank, proc.returncode)
-            _notice(agg)
-            reaper.poll(procs)
-            status = agg.verdict()
-        if status != OK:
-            agg.evidence = evidence.prepare(evidence_dir)
-            collect_stacks(server, agg, agg.evidence)
-    except _Interrupted as exc:
-        reaper.teardown(procs)
-        # 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for a scheduler's SIGTERM.
-        raise DoctorError(f"watch interrupted ({exc}); every rank was stopped", exit_code=128 + exc.signum) from None
+                        agg.launcher_exited(procs[0].returncode)
+                else:
+                    for rank, proc in enumerate(procs):
+                        if agg.ranks[rank].returncode is None and proc.poll() is not None:
+                            _drain(server, agg, POLL_S)
+                            agg.process_exited(rank, proc.returncode)
+                line = agg.straggler_notice()
+                if line:
+                    _say(config, line)
+                reaper.poll(procs)
+                status = agg.verdict()
+            if status != OK:
+                agg.evidence = evidence.prepare(config.evidence_dir)
+                collect_stacks(server, agg, agg.evidence if status != INIT_CONFLICT else None)
+        except _Interrupted as exc:
+            interrupted = exc
+        # From here a signal only shortens the grace (a second Ctrl-C): the teardown itself must finish.
+        for sig in previous:
+            signal.signal(sig, lambda signum, frame: hurry.set())
+        # Also after a run that ended by itself: a rank's children outlive it otherwise. After a run that
+        # ended well, what the script deliberately detached (its own session) is left running.
+        teardown = reaper.teardown(procs, config.grace_s, spare_detached=status == OK, hurry=hurry)
     finally:
         try:
-            # Also after a run that ended by itself: a rank's children in new sessions outlive it otherwise.
-            reaper.teardown(procs)
+            if teardown is None:  # an unexpected error above: still never leave a rank behind
+                teardown = reaper.teardown(procs, 0.0)
         finally:
             reaper.close()
+            output.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             server.close()
+    if interrupted is not None:
+        # 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for a scheduler's SIGTERM.
+        raise DoctorError(f"watch interrupted ({interrupted}): {teardown_text(teardown, config.spawns)}",
+                          exit_code=128 + interrupted.signum)
+    assert status is not None  # the loop ends on a verdict; an interruption raised above
     _report_malformed(server)
     result = agg.result(status)
-    write_result(result, json_path, agg)
+    result["teardown"] = teardown_json(teardown, agg, config.spawns)
+    write_result(result, config.json_path, agg, output)
     return int(result["exit_code"])
+
+
+def teardown_text(teardown: Teardown, spawns: bool) -> str:
+    """'SIGTERM to every rank; rank 1 needed SIGKILL after the 30 s grace' and the like."""
+    who = "the script" if spawns else "every rank"
+    if teardown.killed:
+        late = "the script's process" if spawns else rank_phrase(teardown.killed)
+        return (f"SIGTERM to {who}; {late} still ran after the {teardown.grace_s:g} s grace "
+                f"(--shutdown-timeout) and needed SIGKILL")
+    return f"SIGTERM to {who}; every process ended within the {teardown.grace_s:g} s grace"
+
+
+def teardown_json(teardown: Teardown, agg: Aggregator, spawns: bool) -> dict[str, Any]:
+    """The ``teardown`` object: the grace, what needed SIGKILL (ranks by number, where known), what was
+    left running (detached by the script after a run that ended well)."""
+    by_pid = {s.pid: r for r, s in agg.ranks.items() if s.pid is not None}
+    ranks = [] if spawns else list(teardown.killed)
+    others = []
+    for proc in teardown.others_killed:
+        rank = by_pid.get(proc["pid"])
+        if rank is not None and spawns:
+            ranks.append(rank)
+        else:
+            others.append(proc)
+    return {"grace_s": teardown.grace_s, "waited_s": teardown.waited_s, "sigkill_ranks": sorted(set(ranks)),
+            "sigkill_script": bool(spawns and teardown.killed), "sigkill_others": others,
+            "left_running": teardown.left_running}
 
 
 # -- under a launcher ------------------------------------------------------------------------------
@@ -276,13 +347,13 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
 class RankZeroSupervisor(threading.Thread):
     """Rank 0's thread under torchrun/SLURM: the channel server and the verdicts."""
 
-    def __init__(self, server: Server, world_size: int, hang_timeout_s: float, json_path: str | None,
-                 evidence_dir: str | None = None) -> None:
+    def __init__(self, server: Server, world_size: int, config: WatchConfig) -> None:
         super().__init__(name="ddpdoctor-watch-supervisor", daemon=True)
         self.server = server
-        self.agg = Aggregator(world_size, hang_timeout_s)
-        self.json_path = json_path
-        self.evidence_dir = evidence_dir
+        self.config = config
+        self.agg = Aggregator(world_size, config.hang_timeout_s)
+        self.json_path = config.json_path
+        self.evidence_dir = config.evidence_dir
         self.done = threading.Event()
         self.exit_code = 0
 
@@ -303,7 +374,9 @@ class RankZeroSupervisor(threading.Thread):
             _drain(self.server, self.agg, POLL_S)
             if time.monotonic() - started > UNWATCHED_AFTER_S:
                 self._give_up_on_unconnected()
-            _notice(self.agg)
+            line = self.agg.straggler_notice()
+            if line:
+                _say(self.config, line)
             status = self.agg.verdict()
             if status is None and any(s.failed for s in self.agg.ranks.values()):
                 # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
@@ -374,8 +447,7 @@ def _published_channel_port(info: LaunchInfo) -> int | None:
     return int(value)
 
 
-def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_timeout_s: float,
-                       json_path: str | None, evidence_dir: str | None = None) -> int:
+def run_under_launcher(info: LaunchInfo, config: WatchConfig) -> int:
     """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
     fixed = port_from_env(PORT_ENV)
     # A fixed MASTER_PORT+1 collides with whatever else listens there (commonly a second job started
@@ -400,13 +472,13 @@ def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_time
                               f"set {PORT_ENV} to a free port on every rank") from None
         if publish:
             _store_channel_port(info, server.port)
-        supervisor = RankZeroSupervisor(server, info.world_size, hang_timeout_s, json_path, evidence_dir)
+        supervisor = RankZeroSupervisor(server, info.world_size, config)
         supervisor.start()
         address = f"127.0.0.1:{server.port}"
     elif publish:
         published = _published_channel_port(info)
         address = f"{info.master_addr}:{published}" if published is not None else ""
-    code = run_script(script, args, info.rank, info.world_size, address, exit_on_lost=False)
+    code = run_script(config.script, config.args, info.rank, info.world_size, address, exit_on_lost=False)
     if supervisor is None:
         return code
     supervisor.done.wait()

@@ -9,6 +9,7 @@ It also turns the Flight Recorder on before the script creates its process group
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -24,12 +25,38 @@ from ddpdoctor.watch.recorder import Recorder, user_stack
 # Set by the self-launching supervisor: when its channel closes, the supervisor is gone and nobody
 # would ever tear this rank down, so the rank ends itself rather than become an orphan.
 EXIT_ON_LOST_ENV = "DDPDOCTOR_WATCH_EXIT_ON_LOST"
+# "1": the supervisor reads this process's stdout/stderr through pipes (see output.py). Python then buffers
+# whole blocks; lines are flushed as they are on a terminal, so a hung rank's last words are not lost.
+PIPED_ENV = "DDPDOCTOR_WATCH_PIPED"
 # "spawn": the script starts its own ranks (mp.spawn, a Process per rank); this process is its launcher.
 MODE_ENV = "DDPDOCTOR_WATCH_MODE"
 BEAT_S = 1.0
 TICK_S = 0.1
 # How long init_process_group waits for the channel before its claim is sent (normally milliseconds).
 INIT_CONNECT_S = 10.0
+
+
+def _end(line: str, code: int = 1) -> None:
+    """End this process now, from the watchdog thread. Saying why is best effort: a supervisor killed
+    with SIGKILL took the read end of this process's output pipes along (a write raises EPIPE), and the
+    process must end all the same, or it is an orphan nobody stops."""
+    with contextlib.suppress(OSError, ValueError):
+        if line:
+            print(line, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def line_buffered_if_piped() -> None:
+    """As on a terminal: each line leaves the process when it is printed (see :data:`PIPED_ENV`)."""
+    if os.environ.get(PIPED_ENV) != "1":
+        return
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(line_buffering=True)
 
 
 def dump_flight_recorder(path: str) -> str:
@@ -100,9 +127,8 @@ class Watchdog(threading.Thread):
             if self.exit_on_lost:
                 # The self-launching supervisor listens before it starts any rank: no channel means it
                 # is gone (killed), and a rank running on unwatched would be an orphan nobody ends.
-                print(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor's channel at {self.address} "
-                      f"is gone ({exc}); ending this rank", file=sys.stderr, flush=True)
-                os._exit(1)
+                _end(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor's channel at {self.address} "
+                     f"is gone ({exc}); ending this rank")
             if self.address:
                 print(f"ddpdoctor watch: rank {self.recorder.rank}: cannot reach the watch channel at "
                       f"{self.address} ({exc}); this rank runs unwatched", file=sys.stderr)
@@ -119,9 +145,7 @@ class Watchdog(threading.Thread):
             messages = self.client.receive(TICK_S)
             if messages is None:
                 if self.exit_on_lost:
-                    print(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor is gone; ending this rank",
-                          file=sys.stderr, flush=True)
-                    os._exit(1)
+                    _end(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor is gone; ending this rank")
                 return
             for message in messages:
                 self.handle(message)
@@ -145,9 +169,7 @@ class Watchdog(threading.Thread):
                 reply["fr"] = dump_flight_recorder(fr_path) or fr_path
             self.client.send(reply)
         elif message.get("t") == "exit":
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(int(message.get("code", 1)))
+            _end("", int(message.get("code", 1)))
 
     def main_stack(self) -> list[str]:
         frame = sys._current_frames().get(self._main_ident or -1)
