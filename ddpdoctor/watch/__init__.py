@@ -7,6 +7,11 @@
 - :mod:`~ddpdoctor.watch.recorder`: wraps ``torch.distributed``'s collectives and records each call.
 - :mod:`~ddpdoctor.watch.channel`: the side channel (JSON lines over TCP) the ranks report on.
 - :mod:`~ddpdoctor.watch.aggregate`: the supervisor's picture: progress, mismatches, hangs, first divergence.
+- :mod:`~ddpdoctor.watch.progress`: in each rank, what completed and what is still in flight (the hang clock).
+- :mod:`~ddpdoctor.watch.waits`: where a rank waits at a hang, in words (collective, GPU, DataLoader, lock, I/O, own code).
+- :mod:`~ddpdoctor.watch.output`: the ranks' stdout/stderr as whole, prefixed lines; torchrun's log options.
+- :mod:`~ddpdoctor.watch.reaper`: the job's processes, and its torchrun-style shutdown.
+- :mod:`~ddpdoctor.watch.config`: the options of one watched run.
 - :mod:`~ddpdoctor.watch.pitfalls`: training-loop pitfalls (no DistributedSampler, no ``set_epoch``, ...).
 - :mod:`~ddpdoctor.watch.report`: the outcome as text.
 - :mod:`~ddpdoctor.watch.spawned`: scripts that start their own ranks (mp.spawn): recognised, run once, every

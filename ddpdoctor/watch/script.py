@@ -77,11 +77,15 @@ def run_script(script: str, args: list[str], rank: int, world_size: int, address
     """Run ``script args`` watched in this process as rank ``rank``; returns its exit code."""
     line_buffered_if_piped()
     enable_flight_recorder()
-    rec = recorder.install(rank, world_size)
-    pitfalls = pitfall_hooks.install(rec)
-    dog = Watchdog(rec, pitfalls, address, exit_on_lost)
-    rec.init_hook = dog.on_init
+    # The watchdog first: the rank says it started before torch's import (seconds on a busy machine), so a
+    # rank that never starts is told from one that is still importing.
+    rec = recorder.Recorder(rank, world_size)
+    dog = Watchdog(rec, None, address, exit_on_lost)
     dog.start()
+    recorder.install(rank, world_size, rec)
+    dog.pitfalls = pitfall_hooks.install(rec)
+    rec.init_hook = dog.on_init
+    rec.started = True
     enter(script, args)
     code, crashed, error = execute(script)
     dog.finish(code, crashed, error, time.time())

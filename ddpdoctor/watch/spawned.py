@@ -137,6 +137,7 @@ def start_watch(address: str, role: str, index: int | None) -> Watchdog:
     dog = Watchdog(recorder, pitfalls, address, exit_on_lost=True, key=-os.getpid(), bind_on_init=True,
                    hello={"role": role, "index": index})
     recorder.init_hook = dog.on_init
+    recorder.started = True
     dog.start()
     return dog
 

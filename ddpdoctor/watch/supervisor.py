@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,18 +38,23 @@ from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
 from ddpdoctor.watch import evidence
-from ddpdoctor.watch.aggregate import CRASH, INIT_CONFLICT, OK, Aggregator
+from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
 from ddpdoctor.watch.config import WatchConfig
 from ddpdoctor.watch.output import RankOutput
 from ddpdoctor.watch.reaper import Teardown
+from ddpdoctor.watch.recorder import site_name
 from ddpdoctor.watch.report import render
 from ddpdoctor.watch.script import run_script
+from ddpdoctor.watch.waits import is_user_file
 from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, MODE_ENV, PIPED_ENV
 
 PORT_ENV = "DDPDOCTOR_WATCH_PORT"
 POLL_S = 0.05
-STACK_WAIT_S = 2.0
+# How long the ranks get to answer with their stacks (a rank in a DataLoader wait reads its worker's with
+# py-spy first, up to watchdog.PY_SPY_S); ranks that stay silent are then read with py-spy from here.
+STACK_WAIT_S = 8.0
+PY_SPY_S = 5.0
 STORE_WAIT_S = 120.0
 # A rank gives up on the channel after the store wait plus its 60 s of connect retries.
 UNWATCHED_AFTER_S = STORE_WAIT_S + 80.0
@@ -169,8 +175,37 @@ def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -
     while time.monotonic() < deadline:
         if all(agg.ranks[r].stack is not None or agg.ranks[r].finished for r in asked) and \
                 all(agg.procs[k].stack is not None or agg.procs[k].finished for k in procs if k in agg.procs):
-            return
+            break
         _drain(server, agg, POLL_S)
+    silent = [s for s in agg.ranks.values() if s.connected and not s.finished and s.stack is None and s.pid
+              and s.host in ("", socket.gethostname())]
+    if silent:
+        stacks_by_py_spy(silent)
+
+
+def stacks_by_py_spy(states: list[Any]) -> None:
+    """Ranks on this host that did not answer (their main thread holds the GIL in C code, so their
+    watchdog thread cannot run): their stacks read from outside with py-spy, the ``stacks`` engine's way."""
+    import linecache
+
+    from ddpdoctor.stacks.engine import discover, dump_all
+
+    by_pid = {state.pid: state for state in states}
+    try:
+        dumped = dump_all(discover(list(by_pid)), timeout=PY_SPY_S, die_with_parent=False)
+    except DoctorError as exc:  # py-spy not installed
+        for state in states:
+            state.stack = [f"(no stack: the rank did not answer, and {exc})"]
+        return
+    for proc in dumped:
+        state = by_pid[proc.pid]
+        main = proc.main_thread()
+        if proc.error or main is None:
+            state.stack = [f"(no stack: the rank did not answer, and py-spy: {proc.error or 'no Python threads'})"]
+            continue
+        frames = list(reversed(main.frames))  # outermost first, as the ranks send theirs
+        state.frames = [[f.file, f.line, f.function, linecache.getline(f.file, f.line).strip()] for f in frames]
+        state.stack = [f"{site_name(f.file)}:{f.line} in {f.function}" for f in frames if is_user_file(f.file)]
 
 
 # -- self-launch -----------------------------------------------------------------------------------
@@ -214,12 +249,23 @@ def _say(config: WatchConfig, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _start(config: WatchConfig, channel: str, output: RankOutput) -> list[subprocess.Popen[bytes]]:
-    """Start the ranks (or the script once), each in a session of its own with its output piped to us."""
+def _check_rendezvous(agg: Aggregator, host: str, port: int | None, rank0_hosts: bool) -> None:
+    """At a hang with ranks inside init_process_group: read the job's store for who arrived."""
+    if not agg.in_rendezvous():
+        return
+    from ddpdoctor.stacks.rendezvous import read_store
+
+    agg.note_rendezvous(read_store(host, port) if port else None, rank0_hosts)
+
+
+def _start(config: WatchConfig, channel: str, output: RankOutput) -> tuple[list[subprocess.Popen[bytes]], int | None]:
+    """Start the ranks (or the script once), each in a session of its own with its output piped to us;
+    the processes and the job's MASTER_PORT (None for a script that starts its own ranks)."""
     from ddpdoctor.runtime.selflaunch import choose_port
 
     rank_cmd = [sys.executable, "-m", "ddpdoctor.watch.rank", config.script, *config.args]
     plan: list[tuple[int | None, dict[str, str]]]
+    port = None
     if config.spawns:
         plan = [(None, _launcher_env(channel, config.master_port))]
     else:
@@ -234,7 +280,7 @@ def _start(config: WatchConfig, channel: str, output: RankOutput) -> list[subpro
         finally:
             os.close(out)
             os.close(err)
-    return procs
+    return procs, port
 
 
 def supervise(config: WatchConfig) -> int:
@@ -256,6 +302,7 @@ def supervise(config: WatchConfig) -> int:
     agg = Aggregator(0 if config.spawns else config.nproc, config.hang_timeout_s, owns_processes=not config.spawns,
                      spawned=config.spawns)
     procs: list[subprocess.Popen[bytes]] = []
+    job_port: int | None = None
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     status: str | None = None
     interrupted: _Interrupted | None = None
@@ -264,7 +311,7 @@ def supervise(config: WatchConfig) -> int:
     teardown = None
     try:
         try:
-            procs = _start(config, channel, output)
+            procs, job_port = _start(config, channel, output)
             output.start()
             while status is None:
                 _drain(server, agg, POLL_S)
@@ -285,6 +332,8 @@ def supervise(config: WatchConfig) -> int:
             if status != OK:
                 agg.evidence = evidence.prepare(config.evidence_dir)
                 collect_stacks(server, agg, agg.evidence if status != INIT_CONFLICT else None)
+                if status == HANG and not config.spawns:
+                    _check_rendezvous(agg, "127.0.0.1", job_port, rank0_hosts=True)
         except _Interrupted as exc:
             interrupted = exc
         # From here a signal only shortens the grace (a second Ctrl-C): the teardown itself must finish.
@@ -354,6 +403,7 @@ class RankZeroSupervisor(threading.Thread):
         self.agg = Aggregator(world_size, config.hang_timeout_s)
         self.json_path = config.json_path
         self.evidence_dir = config.evidence_dir
+        self.store: tuple[str, int, bool] | None = None  # the job's store (host, port, hosted by torchrun's agent)
         self.done = threading.Event()
         self.exit_code = 0
 
@@ -386,6 +436,8 @@ class RankZeroSupervisor(threading.Thread):
             self.agg.evidence = evidence.prepare(self.evidence_dir)
             if status != CRASH:
                 collect_stacks(self.server, self.agg, self.agg.evidence)
+            if status == HANG and self.store is not None:
+                _check_rendezvous(self.agg, self.store[0], self.store[1], rank0_hosts=not self.store[2])
         _report_malformed(self.server)
         result = self.agg.result(status)
         self.exit_code = int(result["exit_code"])
@@ -473,6 +525,7 @@ def run_under_launcher(info: LaunchInfo, config: WatchConfig) -> int:
         if publish:
             _store_channel_port(info, server.port)
         supervisor = RankZeroSupervisor(server, info.world_size, config)
+        supervisor.store = (info.master_addr, info.master_port, info.agent_store)
         supervisor.start()
         address = f"127.0.0.1:{server.port}"
     elif publish:

@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 from ddpdoctor.errors import typed_error
@@ -34,6 +35,68 @@ BEAT_S = 1.0
 TICK_S = 0.1
 # How long init_process_group waits for the channel before its claim is sent (normally milliseconds).
 INIT_CONNECT_S = 10.0
+MAX_FRAMES = 48
+VERDICT_INFLIGHT = 32  # in-flight calls sent with the verdict's stack
+PY_SPY_S = 5.0  # a DataLoader worker's stack, read with py-spy at the verdict
+
+
+def frames_of(frame: Any) -> list[list[Any]]:
+    """The main thread's whole stack, outermost first, as [file, line, function, source] (the last
+    :data:`MAX_FRAMES`): what :mod:`~ddpdoctor.watch.waits` reads to say where the rank waits."""
+    if frame is None:
+        return []
+    return [[f.filename, f.lineno or 0, f.name, (f.line or "").strip()[:200]]
+            for f in traceback.extract_stack(frame)[-MAX_FRAMES:]]
+
+
+def dataloader_wait(frame: Any) -> dict[str, Any] | None:
+    """A main thread waiting for a batch from a DataLoader's worker processes: which worker (index, pid),
+    every worker's pid, and the waited-for worker's own stack (py-spy; this process is its parent, so
+    ptrace is allowed even under Yama's ptrace_scope=1). None when the main thread is not in one.
+
+    Read from torch's ``_MultiProcessingDataLoaderIter`` (torch/utils/data/dataloader.py): ``_workers``
+    (the worker processes), ``_task_info[_rcvd_idx]`` (``(worker_id,)`` while batch ``_rcvd_idx`` is still
+    awaited from that worker). Private attributes: anything missing gives the facts found so far."""
+    loader = None
+    while frame is not None:
+        if frame.f_code.co_filename.replace("\\", "/").endswith("torch/utils/data/dataloader.py"):
+            candidate = frame.f_locals.get("self")
+            if hasattr(candidate, "_workers"):
+                loader = candidate
+                break
+        frame = frame.f_back
+    if loader is None:
+        return None
+    info: dict[str, Any] = {"site": None, "workers": [], "worker_id": None, "worker_pid": None, "worker_stack": []}
+    with contextlib.suppress(Exception):
+        info["workers"] = [int(w.pid) for w in loader._workers if w.pid is not None]
+        task = loader._task_info.get(loader._rcvd_idx)
+        if task is not None and len(task) == 1:
+            info["worker_id"] = int(task[0])
+            info["worker_pid"] = info["workers"][task[0]]
+    if info["worker_pid"] is not None:
+        info["worker_stack"] = py_spy_stack(info["worker_pid"])
+    return info
+
+
+def py_spy_stack(pid: int) -> list[str]:
+    """Another process's main-thread stack, outermost first ('file:line in function'), by py-spy; one line
+    saying why when it cannot be read."""
+    from ddpdoctor.errors import DoctorError
+    from ddpdoctor.stacks.engine import discover, dump_all
+
+    try:
+        (proc,) = dump_all(discover([pid]), timeout=PY_SPY_S, die_with_parent=False)
+    except (DoctorError, OSError, ValueError) as exc:
+        return [f"(no stack: {exc})"]
+    main = proc.main_thread()
+    if proc.error or main is None:
+        return [f"(no stack: {proc.error or 'no Python threads'})"]
+    frames = list(reversed(main.frames))
+    # A forked worker's stack starts with its parent's frames up to the fork: its own life starts at
+    # multiprocessing's _bootstrap.
+    start = max((i for i, f in enumerate(frames) if f.function.endswith("_bootstrap")), default=-1)
+    return [frame.where() for frame in frames[start + 1:]]
 
 
 def _end(line: str, code: int = 1) -> None:
@@ -97,7 +160,7 @@ def dump_flight_recorder(path: str) -> str:
 class Watchdog(threading.Thread):
     """Ships records and progress every tick; answers 'dump' with the main thread's stack."""
 
-    def __init__(self, recorder: Recorder, pitfalls: PitfallLog, address: str, exit_on_lost: bool,
+    def __init__(self, recorder: Recorder, pitfalls: PitfallLog | None, address: str, exit_on_lost: bool,
                  key: int | None = None, bind_on_init: bool = False, hello: dict[str, Any] | None = None) -> None:
         super().__init__(name="ddpdoctor-watchdog", daemon=True)
         self.recorder = recorder
@@ -113,7 +176,7 @@ class Watchdog(threading.Thread):
         self.stopping = threading.Event()
         self.connected = threading.Event()
         self.settled = threading.Event()  # the connection attempt ended, either way
-        self._sent_progress = -1
+        self._sent: tuple[int, int, int, bool] = (-1, -1, -1, False)  # (calls, completions, in flight, started)
         self._sent_at = 0.0
         self._main_ident = threading.main_thread().ident
 
@@ -141,6 +204,7 @@ class Watchdog(threading.Thread):
         self.connected.set()
         self.settled.set()
         while not self.stopping.is_set():
+            self.recorder.completions.poll()
             self.flush()
             messages = self.client.receive(TICK_S)
             if messages is None:
@@ -149,6 +213,10 @@ class Watchdog(threading.Thread):
                 return
             for message in messages:
                 self.handle(message)
+
+    def findings(self) -> list[dict[str, Any]]:
+        """The pitfall log's observations (none yet while torch is still being imported)."""
+        return self.pitfalls.findings() if self.pitfalls is not None else []
 
     def on_init(self, claim: dict[str, Any]) -> None:
         """The recorder's init hook (main thread, before torch's rendezvous): send the claim first."""
@@ -162,18 +230,22 @@ class Watchdog(threading.Thread):
     def handle(self, message: dict[str, Any]) -> None:
         assert self.client is not None
         if message.get("t") == "dump":
+            self.recorder.completions.poll()
             self.flush(force=True)
-            reply: dict[str, Any] = {"t": "stack", "stack": self.main_stack(), "pitfalls": self.pitfalls.findings()}
+            frame = sys._current_frames().get(self._main_ident or -1)
+            _count, inflight = self.recorder.completions.snapshot(limit=VERDICT_INFLIGHT)
+            reply: dict[str, Any] = {"t": "stack", "stack": user_stack(frame) if frame is not None else [],
+                                     "frames": frames_of(frame), "inflight": inflight,
+                                     "pitfalls": self.findings()}
+            loader = dataloader_wait(frame)
+            if loader is not None:
+                reply["loader"] = loader
             fr_path = message.get("fr_path")
             if fr_path and self.recorder.claim is not None:
                 reply["fr"] = dump_flight_recorder(fr_path) or fr_path
             self.client.send(reply)
         elif message.get("t") == "exit":
             _end("", int(message.get("code", 1)))
-
-    def main_stack(self) -> list[str]:
-        frame = sys._current_frames().get(self._main_ident or -1)
-        return user_stack(frame) if frame is not None else []
 
     def flush(self, force: bool = False) -> None:
         """Send new records, then a beat when progress moved (or once a second)."""
@@ -187,14 +259,16 @@ class Watchdog(threading.Thread):
                 records.append(rec.pending.popleft().to_json())
             client.send({"t": "rec", "recs": records})
         now = time.monotonic()
-        progress = rec.progress
-        if force or progress != self._sent_progress or now - self._sent_at >= BEAT_S:
+        inflight_n, inflight = rec.completions.snapshot()
+        state = (rec.progress, rec.completions.done, inflight_n, rec.started)
+        if force or state != self._sent or now - self._sent_at >= BEAT_S:
             current, last = rec.current, rec.last_done
-            client.send({"t": "beat", "progress": progress,
-                         "cur": current.to_json() if current is not None else None,
+            client.send({"t": "beat", "progress": state[0], "done": state[1], "inflight_n": inflight_n,
+                         "started": rec.started,
+                         "inflight": inflight, "cur": current.to_json() if current is not None else None,
                          "last": last.to_json() if last is not None else None, "seqs": rec.group_seqs(),
                          "steps": rec.step_stats()})
-            self._sent_progress, self._sent_at = progress, now
+            self._sent, self._sent_at = state, now
 
     def finish(self, code: int, crashed: bool, error: str, ended_at: float | None = None) -> None:
         """Called by the main thread when the script ended: last records, then the exit message.
@@ -209,7 +283,7 @@ class Watchdog(threading.Thread):
             return
         self.flush(force=True)
         self.client.send({"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at,
-                          "pitfalls": self.pitfalls.findings()})
+                          "pitfalls": self.findings()})
 
 
 FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")

@@ -124,3 +124,26 @@ def test_the_grace_comes_from_torchelastic_shutdown_timeout_as_under_torchrun(tm
         pass
     err = _stop(proc)
     assert "rank 0 still ran after the 1 s grace (--shutdown-timeout) and needed SIGKILL" in err, err[-2000:]
+
+
+def test_a_verdict_ends_the_job_with_the_same_grace(tmp_path: Path) -> None:
+    """No progress for --hang-timeout (the ranks only sleep): the verdict's teardown gives the handlers
+    their grace as well, and the report says nobody needed SIGKILL."""
+    import json
+
+    from tests.support import run_cli
+    from tests.watch.test_watch import HANG_TIMEOUT
+
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    proc = run_cli(["watch", "--nproc", "2", "--hang-timeout", str(HANG_TIMEOUT), "--json", str(tmp_path / "w.json"),
+                    "--evidence", str(tmp_path / "evidence"), str(script)], timeout=240, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "w.json").read_text())
+    assert data["status"] == "hang" and data["stall"] is True
+    assert data["teardown"]["sigkill_ranks"] == [] and data["teardown"]["grace_s"] == 30
+    assert data["teardown"]["waited_s"] >= 2.5  # the handlers' 3 s of saving ran
+    assert "needed SIGKILL" not in proc.stderr
+    for rank in (0, 1):
+        assert _complete(tmp_path / f"ckpt_rank{rank}.bin"), f"rank {rank}'s checkpoint is not complete"
+    assert leftovers("saver.py") == []

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from tests.support import run_cli
-from tests.watch.test_watch import EXAMPLES, groups_by_rank, leftovers, site
+from tests.watch.test_watch import EXAMPLES, HANG_TIMEOUT, groups_by_rank, leftovers, site
 
 pytestmark = pytest.mark.slow
 
 
 def watch(cwd: Path, script: str, *args: str, options: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
     report = cwd / "watch.json" if cwd != EXAMPLES else Path(options[options.index("--json") + 1])
-    proc = run_cli(["watch", "--hang-timeout", "3", *options, script, *args], timeout=240, cwd=cwd)
+    proc = run_cli(["watch", "--hang-timeout", str(HANG_TIMEOUT), *options, script, *args], timeout=240, cwd=cwd)
     assert report.exists(), f"no report; stderr:\n{proc.stderr[-3000:]}"
     assert leftovers(Path(script).name) == [], "processes of the job survived watch"
     return proc, json.loads(report.read_text())
