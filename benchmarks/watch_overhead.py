@@ -1,6 +1,7 @@
 """How much `ddpdoctor watch` slows a small DDP training loop, and what one recorded collective costs.
 
     python benchmarks/watch_overhead.py [--rounds 3] [--steps 150]
+    python benchmarks/watch_overhead.py --gpu [--rounds 2] [--steps 100]     # on a machine with a GPU
 
 1. examples/train_ok.py (gloo, 2 ranks, one explicit all_reduce per step plus DDP's own) runs bare under
    torchrun and under `ddpdoctor watch`, alternating, ``--rounds`` times each; rank 0 prints the mean step
@@ -12,7 +13,13 @@
    the recorder is installed; the difference is the recording cost per collective in microseconds; and
    the cost of one step boundary (the optimizer post-hook's bookkeeping) and of the per-step medians.
 
-Prints ratios; asserts nothing (timings on a shared machine are noisy).
+3. ``--gpu``: a small transformer (6 encoder layers, d_model 512, batch 16 x 256 tokens) trained with DDP on
+   NCCL, one rank, bare under torchrun against watched, alternating; rank 0 prints the mean step time.
+   Watched, every step's collectives are tracked to completion with CUDA events (issue 25; target: <= 1 %).
+
+The completion tracking (issue 25: what each rank issued and what completed) is part of every watched
+run above; its own cost per call is printed separately in 2. Prints ratios; asserts nothing (timings on a
+shared machine are noisy).
 """
 
 from __future__ import annotations
@@ -93,17 +100,33 @@ def recording_cost(calls: int) -> float:
 
     recorder = recording.install(0, 1)
     original = dist.all_reduce.__ddpdoctor_original__  # type: ignore[attr-defined]
-    # The recorder alone, around a function that does nothing: no gloo noise in the difference.
-    noop = recorder.wrap(lambda *a, **k: None, recording._collective_maker(recorder, "all_reduce", original))
-    bare, watched, wrapped, empty = [], [], [], []
+    # The recorder alone, around a function that does nothing: no gloo noise in the difference; and the
+    # same wrapper without the completion tracking (issue 25), to show what that part costs.
+    maker = recording._collective_maker(recorder, "all_reduce", original)
+    noop = recorder.wrap(lambda *a, **k: None, maker)
+    untracked = recorder.wrap(lambda *a, **k: None, maker, lambda rec, args, result: None)
+    bare, watched, wrapped, plain, empty = [], [], [], [], []
     for _ in range(7):  # alternate, keep the best of each: the machine is shared
         bare.append(per_call(original, tensor))
         watched.append(per_call(dist.all_reduce, tensor))
         wrapped.append(per_call(noop, tensor))
+        plain.append(per_call(untracked, tensor))
         empty.append(per_call(lambda *a: None, tensor))
         recorder.pending.clear()
     print(f"per collective: all_reduce(float32[1]) {min(bare):.1f} us bare, {min(watched):.1f} us recorded; "
-          f"the recording itself costs {min(wrapped) - min(empty):.2f} us per call")
+          f"the recording itself costs {min(wrapped) - min(empty):.2f} us per call, of which completion "
+          f"tracking {min(wrapped) - min(plain):.2f} us")
+    # An async collective's Work is tracked until the watchdog sees it complete: the poll, per in-flight Work.
+    works = [dist.all_reduce(tensor, async_op=True) for _ in range(64)]
+    for work in works:
+        work.wait()
+    tracking = recorder.completions
+    for work in works:
+        tracking.issued(recording.Record("all_reduce", "WORLD", None, 1, "", "", "x.py:1"), work)
+    start = time.perf_counter()
+    tracking.poll()
+    print(f"watchdog poll (its own thread, every 100 ms): {(time.perf_counter() - start) / 64 * 1e6:.2f} us per "
+          f"completed Work ({len(tracking.inflight)} left in flight)")
     # backward() of a DDP model is recorded too (as the pseudo-op naming DDP's gradient all_reduce);
     # the flag the DDP constructor wrapper sets switches that recording on and off.
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -174,12 +197,87 @@ def flight_recorder_cost(rounds: int = 3) -> None:
           f"{min(on):.1f} us on (+{min(on) - min(off):.1f} us)")
 
 
+TRANSFORMER = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+steps = int(sys.argv[1])
+torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+dist.init_process_group("nccl")
+device = torch.device("cuda", torch.cuda.current_device())
+layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True)
+model = DDP(torch.nn.TransformerEncoder(layer, num_layers=6).to(device), device_ids=[device.index])
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x = torch.randn(16, 256, 512, device=device)
+
+
+def step():
+    opt.zero_grad(set_to_none=True)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    logged = loss.detach()
+    dist.all_reduce(logged)  # the usual logging all_reduce: recorded, tracked to completion
+
+
+for _ in range(10):
+    step()
+torch.cuda.synchronize()
+start = time.perf_counter()
+for _ in range(steps):
+    step()
+torch.cuda.synchronize()
+print(f"STEP_US {(time.perf_counter() - start) / steps * 1e6:.1f}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def gpu_overhead(rounds: int, steps: int) -> None:
+    """A transformer DDP step on one GPU (NCCL): bare torchrun against watch, alternating; a second bare
+    run per round is the noise floor."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "transformer_ddp.py"
+        script.write_text(TRANSFORMER)
+
+        def run(cmd: list[str]) -> float:
+            proc = subprocess.run([*cmd, str(script), str(steps)], capture_output=True, text=True, timeout=600,
+                                  env=clean_env({"CUDA_VISIBLE_DEVICES": "0"}), cwd=folder)
+            match = re.search(r"STEP_US ([\d.]+)", proc.stdout)
+            if proc.returncode != 0 or not match:
+                raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            return float(match.group(1))
+
+        bare_cmd = [*torchrun_cmd(), "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
+        watch_cmd = [sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "1", "--quiet"]
+        bare, watched, again = [], [], []
+        for round_number in range(rounds):
+            order = ((bare, bare_cmd), (watched, watch_cmd)) if round_number % 2 == 0 else \
+                ((watched, watch_cmd), (bare, bare_cmd))
+            for into, cmd in order:
+                into.append(run([*cmd, "--master-port", str(free_port())] if cmd is bare_cmd else cmd))
+            again.append(run([*bare_cmd, "--master-port", str(free_port())]))
+    b, w, a = min(bare), min(watched), min(again)
+    print(f"GPU transformer DDP step (NCCL, 1 rank, {steps} steps), best of {rounds}: bare {b:.0f} us/step, "
+          f"watched {w:.0f} us/step, overhead {100 * (w - b) / b:+.2f} % (target <= 1 %; noise: bare vs bare "
+          f"{100 * (a - b) / b:+.2f} %)")
+    print(f"  runs: bare {[round(x) for x in bare]}, watched {[round(x) for x in watched]}, bare again {[round(x) for x in again]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--gpu", action="store_true", help="the transformer DDP step on one GPU (NCCL) instead")
     args = parser.parse_args()
+    if args.gpu:
+        gpu_overhead(args.rounds or 1, args.steps or 100)
+        return
+    args.rounds, args.steps = args.rounds or 3, args.steps or 150
     per_call = recording_cost(args.calls)
     flight_recorder_cost()
     loop_overhead(args.rounds, args.steps, per_call)

@@ -78,5 +78,17 @@ fi
     || "$PY" -m pip install --no-deps --no-index --find-links "$WHEELS" -e .
 "$PY" -c "import ddpdoctor, torch; print(f'ddpdoctor {ddpdoctor.__version__} installed next to torch {torch.__version__}')"
 
+# -- watch (issue 25): hangs as they look on NCCL, and what completion tracking costs ---------------------
+# Within 4 minutes in total: each step under its own timeout, its log under $OUT/watch (default: ./gpu-out).
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT/watch"
+echo "== watch: tests/gpu/test_watch_gpu.py (kernel that never ends, DataLoader deadlock, healthy NCCL DDP)"
+timeout 180 "$PY" -m pytest -q -ra tests/gpu/test_watch_gpu.py "$@" 2>&1 | tee "$OUT/watch/pytest.log" \
+    || echo "watch GPU tests: FAILED or timed out (rc=${PIPESTATUS[0]}), see $OUT/watch/pytest.log"
+echo "== watch: benchmarks/watch_overhead.py --gpu (small transformer DDP step, bare vs watched)"
+timeout 60 "$PY" benchmarks/watch_overhead.py --gpu 2>&1 | tee "$OUT/watch/overhead.txt" \
+    || echo "watch GPU benchmark: FAILED or timed out (rc=${PIPESTATUS[0]}), see $OUT/watch/overhead.txt"
+
 echo "== tests/gpu"
-exec "$PY" -m pytest -q -ra tests/gpu "$@"
+# test_watch_gpu.py ran in the watch section above (minutes of GPU time: not twice).
+exec "$PY" -m pytest -q -ra tests/gpu --ignore=tests/gpu/test_watch_gpu.py "$@"
