@@ -565,8 +565,9 @@ class Aggregator:
         return {"op": "?", "desc": "", "site": None}  # issued, but older than the history kept
 
     def _behind(self, group: str, seq: int, ranks: list[int]) -> list[dict[str, Any]]:
-        """Live ranks that never issued collective ``seq`` of ``group`` although others did: what they
-        missed (op and line, from a rank that issued it) and how many they issued."""
+        """Live ranks that never issued collective ``seq`` of ``group`` although others did, and are now
+        outside any recorded call (NCCL's shape of a skipped collective: every host thread moved on): what
+        they missed (op and line, from a rank that issued it) and how many they issued."""
         issued = {r: self.ranks[r].seqs.get(group, 0) for r in ranks}
         ahead = [r for r in ranks if issued[r] >= seq]
         missed = next((rec for r in ahead if (rec := self._issued_record(self.ranks[r], group, seq)) is not None), None)
@@ -575,8 +576,9 @@ class Aggregator:
         late: dict[int, list[int]] = {}
         for rank in ranks:
             state = self.ranks[rank]
-            if issued[rank] < seq and not state.finished and (state.cur is None or state.cur.get("group") != group
-                                                               or state.cur.get("seq") != seq):
+            # Only ranks that moved on outside any recorded call: one waiting in another collective (rank 0
+            # alone in an extra barrier, the others in the next backward) is a divergence, not a skip.
+            if issued[rank] < seq and not state.finished and state.cur is None:
                 late.setdefault(issued[rank], []).append(rank)
         return [{"ranks": late_ranks, "issued": count, "others": ahead, "others_issued": max(issued[r] for r in ahead),
                  "op": missed["op"], "desc": missed.get("desc", ""), "site": missed.get("site")}

@@ -278,3 +278,29 @@ def test_rank0_supervisor_that_fails_still_lets_rank0_finish(monkeypatch: Any,
         server.close()
     assert supervisor.exit_code == 3
     assert "the supervisor failed (KeyError" in capsys.readouterr().err
+
+
+def test_a_rank_that_never_issued_what_the_others_issued_is_behind_only_once_it_moved_on() -> None:
+    """NCCL's shape of a skipped collective: ranks 0,2 issued all_reduce #6 (async, pending) and wait; rank 1
+    issued 5 and is in its own code. Named as behind, with the skipped call's line. A rank waiting in another
+    collective instead (rank 0 alone in an extra barrier) is a divergence, not a skip."""
+    agg = Aggregator(3, hang_timeout_s=5)
+    hello_all(agg)
+    sixth = rec("all_reduce", 6, "skip.py:20", "float32[4]")
+    waiting = rec("wait for #6 all_reduce (skip.py:20)", None, "skip.py:23")
+    for rank in (0, 2):
+        agg.feed(rank, {"t": "rec", "recs": [rec("all_reduce", n, "skip.py:20", "float32[4]") for n in range(1, 6)]
+                        + [sixth, waiting]}, 1.0)
+        agg.feed(rank, {"t": "beat", "progress": 20, "done": 5, "cur": waiting, "last": None, "seqs": {"WORLD": 6},
+                        "inflight_n": 1}, 1.0)
+    agg.feed(1, {"t": "rec", "recs": [rec("all_reduce", n, "skip.py:20", "float32[4]") for n in range(1, 6)]}, 1.0)
+    agg.feed(1, {"t": "beat", "progress": 10, "done": 5, "cur": None, "last": None, "seqs": {"WORLD": 5}}, 1.0)
+    assert agg.verdict(6.5) == HANG
+    div = agg.result(HANG)["divergence"]
+    assert (div["seq"], div["behind"]) == (6, [{"ranks": [1], "issued": 5, "others": [0, 2], "others_issued": 6,
+                                                "op": "all_reduce", "desc": "float32[4]", "site": "skip.py:20"}])
+    assert "rank 1 never issued all_reduce #6 float32[4] (ranks 0,2 issued it at skip.py:20)" in render(agg.result(HANG))
+    # The same counts with rank 1 inside another recorded call: no "skipped" claim.
+    agg.feed(1, {"t": "beat", "progress": 11, "done": 5, "cur": rec("backward", None, "skip.py:30"), "last": None,
+                 "seqs": {"WORLD": 5}}, 6.6)
+    assert agg.result(HANG)["divergence"]["behind"] == []
