@@ -50,6 +50,7 @@ _ECHO = re.compile(r"remote process exited or there was a network error|ncclRemo
 ECHO_WINDOW_S = 1.0
 # A rank still starting (its Python importing torch) holds the hang clock, at most this long.
 STARTUP_LIMIT_S = 600.0
+SILENT_S = 5.0  # no message from a starting rank for this long: its watchdog cannot run
 # How far back a rank's own "I ended at" stamp may reach (a clock that disagrees is not believed further).
 MAX_STAMP_AGE_S = 60.0
 
@@ -66,6 +67,7 @@ class RankState:
     done: int = -1  # completions counted by the rank: the hang clock's input
     started: bool = False  # its script runs (before: Python is importing torch and installing the hooks)
     hello_at: float | None = None
+    heard_at: float | None = None  # its last message (a watchdog beats at least once a second)
     inflight: list[dict[str, Any]] = field(default_factory=list)  # issued, not completed (oldest first)
     inflight_n: int = 0
     frames: list[list[Any]] | None = None  # its main thread's whole stack at the verdict
@@ -276,6 +278,7 @@ class Aggregator:
         state = self.ranks.get(rank)
         if state is None:
             return
+        state.heard_at = now
         if message is None:
             if not state.said_exit:
                 state.lost = True
@@ -449,7 +452,10 @@ class Aggregator:
             return False
         if state.connected:
             since = state.hello_at if state.hello_at is not None else self.created
-            return state.started is False and now - since < max(STARTUP_LIMIT_S, self.hang_timeout_s)
+            # A watchdog that stopped beating is not watching an import: the main thread holds the GIL (a C
+            # call that never returns) or the process froze; that is for the hang clock to judge.
+            beating = state.heard_at is not None and now - state.heard_at < SILENT_S
+            return beating and now - since < max(STARTUP_LIMIT_S, self.hang_timeout_s)
         # Not connected: only a process we started is known to exist (under a launcher it may never start).
         return state.owned and now - self.created < max(STARTUP_LIMIT_S, self.hang_timeout_s)
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,31 @@ def _prctl() -> Any:
         return libc.prctl
     except (OSError, AttributeError):
         return None
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_supervisor() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL a rank when the supervisor dies (``prctl(PR_SET_PDEATHSIG)``);
+    None off Linux.
+
+    A rank whose supervisor is gone ends itself when its channel closes, from its watchdog thread; but a rank
+    whose main thread holds the GIL in a C call that never returns (a regex that backtracks for ever, a C
+    extension's loop) has no watchdog that can run, and would outlive a SIGKILLed ``watch`` for ever. Safe as a
+    ``preexec_fn`` because the supervisor starts its ranks before it starts any thread of its own (the
+    output forwarder comes after); the libc function is looked up before the fork."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the supervisor died before the prctl took effect
+            os._exit(1)
+
+    return set_death_signal
 
 
 class Reaper:

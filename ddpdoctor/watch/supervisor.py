@@ -42,7 +42,7 @@ from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
 from ddpdoctor.watch.config import WatchConfig
 from ddpdoctor.watch.output import RankOutput
-from ddpdoctor.watch.reaper import Teardown
+from ddpdoctor.watch.reaper import Teardown, die_with_supervisor
 from ddpdoctor.watch.recorder import site_name
 from ddpdoctor.watch.report import render
 from ddpdoctor.watch.script import run_script
@@ -272,11 +272,13 @@ def _start(config: WatchConfig, channel: str, output: RankOutput) -> tuple[list[
         port = choose_port(config.master_port if config.master_port is not None else port_from_env("MASTER_PORT"))
         plan = [(rank, _rank_env(rank, config.nproc, port, channel)) for rank in range(config.nproc)]
     procs = []
+    preexec = die_with_supervisor()
     for rank, env in plan:
         out, err = output.pipes(rank)
         env[PIPED_ENV] = "1"
         try:
-            procs.append(subprocess.Popen(rank_cmd, env=env, stdout=out, stderr=err, start_new_session=True))
+            procs.append(subprocess.Popen(rank_cmd, env=env, stdout=out, stderr=err, start_new_session=True,
+                                          preexec_fn=preexec))
         finally:
             os.close(out)
             os.close(err)

@@ -110,3 +110,60 @@ def test_a_healthy_job_with_a_long_evaluation_below_the_timeout_is_not_a_hang(tm
     assert data["status"] == "ok" and data["evidence"] is None and not bundle.exists()
     assert "[rank0]:LONG_EVAL_OK" in proc.stdout
     assert "HANG" not in proc.stderr and "STALL" not in proc.stderr
+
+
+GIL_HOG = """\
+import re
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+# A regex that backtracks for ever: the C matcher holds the GIL, so the rank's own watchdog thread
+# cannot answer; the supervisor reads this stack from outside, with py-spy.
+re.match(r"(a+)+$", "a" * 64 + "b")
+"""
+
+
+def test_a_rank_whose_main_thread_holds_the_gil_is_read_with_py_spy(tmp_path: Path) -> None:
+    script = tmp_path / "gil_hog.py"
+    script.write_text(GIL_HOG)
+    report = tmp_path / "watch.json"
+    proc = run_cli(["watch", "--nproc", "1", "--hang-timeout", str(HANG_TIMEOUT), "--json", str(report),
+                    "--evidence", str(tmp_path / "evidence"), str(script)], timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    (rank,) = data["ranks"]
+    assert (rank["wait"]["kind"], rank["wait"]["site"]) == ("user_code", "gil_hog.py:9"), rank["wait"]
+    assert rank["stack"][-1].startswith("gil_hog.py:9 in <module>"), rank["stack"]
+    assert 'in its own code at gil_hog.py:9: re.match(r"(a+)+$", "a" * 64 + "b")' in proc.stderr
+    assert leftovers("gil_hog.py") == []
+
+
+def test_a_rank_holding_the_gil_does_not_outlive_a_sigkilled_watch(tmp_path: Path) -> None:
+    """Its watchdog cannot run to notice the closed channel: the kernel's parent-death signal ends it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.support import clean_env
+
+    script = tmp_path / "gil_hog.py"
+    script.write_text(GIL_HOG)
+    proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "1", "--hang-timeout", "600",
+                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("ddpdoctor.watch.rank" in line for line in leftovers("gil_hog.py")):
+            time.sleep(0.2)
+        time.sleep(8)  # past torch's import and the one all_reduce: in the regex by now
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 15
+    while leftovers("gil_hog.py") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers("gil_hog.py") == []
