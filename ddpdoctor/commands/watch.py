@@ -1,4 +1,4 @@
-"""`ddpdoctor watch`: run a training script on N ranks, record its collectives, explain a hang."""
+"""`ddpdoctor watch`: run a training script on N ranks, record its collectives and their completion, explain a hang."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def watch(
                                            help="As torchrun's: show only these ranks' output on the console "
                                            "(e.g. 0,1); the log files keep every rank's."),
 ) -> None:
-    """Run SCRIPT watched: on a hang or a collective mismatch, say which rank diverged, where."""
+    """Run SCRIPT watched: when no rank makes progress or ranks issue mismatched collectives, say where each rank
+    waits and which one diverged, at which line."""
     from ddpdoctor.fileio import json_to_stdout
     from ddpdoctor.runtime import launcher
     from ddpdoctor.runtime.entry import validate_launch_options
