@@ -3,9 +3,10 @@
     python benchmarks/watch_overhead.py [--rounds 3] [--steps 150]
     python benchmarks/watch_overhead.py --gpu [--rounds 2] [--steps 100]     # on a machine with a GPU
 
-1. examples/train_ok.py (gloo, 2 ranks, one explicit all_reduce per step plus DDP's own) runs bare under
-   torchrun and under `ddpdoctor watch`, alternating, ``--rounds`` times each; rank 0 prints the mean step
-   time; the best and the median runs are compared (target: <= 3 % slower per step). The watched run has
+1. A small DDP training loop (gloo, 2 ranks, one explicit all_reduce per step plus DDP's own) runs bare under
+   torchrun and under `ddpdoctor watch`, alternating, ``--rounds`` times each; rank 0 prints its mean step
+   time and its CPU time per step; the best and the median runs are compared (target: <= 3 % slower per
+   step). The watched run has
    everything watch does: the recorder, the straggler accounting (a step boundary per optimizer step, the
    time inside collectives, medians shipped once a beat) and PyTorch's Flight Recorder, which watch turns
    on (TORCH_FR_BUFFER_SIZE=2000); the bare run has none of them.
@@ -33,52 +34,98 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support import clean_env, free_port, torchrun_cmd  # noqa: E402
 
-SCRIPT = str(REPO / "examples" / "train_ok.py")
+LOOP = """
+import sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+steps = int(sys.argv[1])
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(16 * (steps + 8), 16), torch.randn(16 * (steps + 8), 1))
+loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+batches = iter(loader)
+for _ in range(5):  # warm-up
+    x, y = next(batches)
+    opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+dist.barrier()
+wall, cpu = time.perf_counter(), time.process_time()
+for _ in range(steps):
+    x, y = next(batches)
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    logged = loss.detach().clone()
+    dist.all_reduce(logged)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+if dist.get_rank() == 0:
+    print(f"STEP_US {wall / steps * 1e6:.1f} CPU_US {cpu / steps * 1e6:.1f}", flush=True)
+dist.destroy_process_group()
+"""
 
 
-def step_time_us(cmd: list[str]) -> float:
+def step_times(cmd: list[str]) -> tuple[float, float]:
+    """(wall, CPU) microseconds per step of rank 0, as the loop prints them."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env(), cwd=str(REPO))
-    match = re.search(r"TRAIN_OK steps=\d+ step_time_us=([\d.]+)", proc.stdout)
+    match = re.search(r"STEP_US ([\d.]+) CPU_US ([\d.]+)", proc.stdout)
     if proc.returncode != 0 or not match:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return float(match.group(1))
+    return float(match.group(1)), float(match.group(2))
 
 
 def loop_overhead(rounds: int, steps: int, per_call_us: float) -> None:
-    """Bare torchrun vs watched runs of the same loop, interleaved; a second bare run per round is the
-    noise floor (how much the same bare loop disagrees with itself on this machine, in this run)."""
-    script_args = [SCRIPT, "--epochs", "1", "--steps", str(steps), "--samples", str(16 * steps + 16), "--width", "256"]
+    """Bare torchrun vs watched runs of the same DDP loop (2 ranks, gloo, a DistributedSampler, a logging
+    all_reduce per step), interleaved; a second bare run per round is the noise floor. Wall time per step,
+    and rank 0's CPU time per step (all its threads: gloo's, watch's watchdog): on a machine shared with
+    other jobs the CPU time says what watch costs, the wall time mostly what the neighbours did."""
+    import tempfile
 
-    def bare_run() -> float:
-        return step_time_us([*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                             "--master-port", str(free_port()), *script_args])
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "ddp_loop.py"
+        script.write_text(LOOP)
 
-    bare, watched, again = [], [], []
-    for round_number in range(rounds):
-        # Alternate who goes first: a machine that slows down during a round must not favour one side.
-        if round_number % 2 == 0:
-            bare.append(bare_run())
-            watched.append(step_time_us([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", *script_args]))
-        else:
-            watched.append(step_time_us([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", *script_args]))
-            bare.append(bare_run())
-        again.append(bare_run())
-    for label, pick in (("best of", min), ("median of", statistics.median)):
-        b, w, a = pick(bare), pick(watched), pick(again)
-        print(f"training loop ({steps} steps, 2 ranks, gloo), {label} {rounds}: bare {b:.0f} us/step, "
-              f"watched {w:.0f} us/step, overhead {100 * (w - b) / b:+.1f} % (noise: bare vs bare {100 * (a - b) / b:+.1f} %)")
-    print(f"  runs: bare {[round(x) for x in bare]}, watched {[round(x) for x in watched]}, "
-          f"bare again {[round(x) for x in again]}")
-    # train_ok.py makes two recorded calls per step (its logging all_reduce and DDP's backward()) and one
+        def bare_run() -> tuple[float, float]:
+            return step_times([*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                               "--master-port", str(free_port()), str(script), str(steps)])
+
+        def watched_run() -> tuple[float, float]:
+            return step_times([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", str(script),
+                               str(steps)])
+
+        bare, watched, again = [], [], []
+        for round_number in range(rounds):
+            # Alternate who goes first: a machine that slows down during a round must not favour one side.
+            if round_number % 2 == 0:
+                bare.append(bare_run())
+                watched.append(watched_run())
+            else:
+                watched.append(watched_run())
+                bare.append(bare_run())
+            again.append(bare_run())
+    for index, what in ((0, "wall"), (1, "CPU")):
+        for label, pick in (("best of", min), ("median of", statistics.median)):
+            b, w, a = (pick(x[index] for x in runs) for runs in (bare, watched, again))
+            print(f"training loop ({steps} steps, 2 ranks, gloo), {what} time, {label} {rounds}: bare {b:.0f} us/step, "
+                  f"watched {w:.0f} us/step, overhead {100 * (w - b) / b:+.1f} % (noise: bare vs bare {100 * (a - b) / b:+.1f} %)")
+    print(f"  runs (wall, CPU): bare {[tuple(round(v) for v in x) for x in bare]}, watched "
+          f"{[tuple(round(v) for v in x) for x in watched]}, bare again {[tuple(round(v) for v in x) for x in again]}")
+    # The loop makes two recorded calls per step (its logging all_reduce and DDP's backward()) and one
     # optimizer step (a step boundary).
-    estimate = per_call_us / min(bare) * 100
-    print(f"  expected from the per-call costs: {per_call_us:.1f} us/step = {estimate:.2f} % of the best bare step")
+    best = min(x[0] for x in bare)
+    print(f"  expected from the per-call costs: {per_call_us:.1f} us/step = {per_call_us / best * 100:.2f} % of the best bare step")
 
 
 def recording_cost(calls: int) -> float:
@@ -89,6 +136,9 @@ def recording_cost(calls: int) -> float:
     from ddpdoctor.watch import recorder as recording
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    # One intra-op thread, as torchrun gives each rank: on a shared machine torch's default (one per core)
+    # spins against the other jobs and one small backward() swings between 0.3 and 30 ms.
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1)
     tensor = torch.ones(1)
 
@@ -161,8 +211,76 @@ def recording_cost(calls: int) -> float:
     stats = per_call(recorder.step_stats)
     print(f"per optimizer step: {min(hooked):.1f} us for SGD.step() with the hook; the step boundary itself "
           f"{boundary:.2f} us; the per-step medians (watchdog thread, once a beat) {stats:.1f} us")
+    completion_tracking(recorder, model, x)
     dist.destroy_process_group()
     return max(0.0, min(watched) - min(bare)) + max(0.0, min(recorded) - min(plain)) + boundary
+
+
+def completion_tracking(recorder: Any, model: Any, x: Any, blocks: int = 20, steps: int = 40) -> None:
+    """Issue 25's completion tracking alone, in one process, against the same loop without it: a DDP
+    training step (backward, optimizer step, a logging all_reduce, an async all_reduce and its wait), in
+    rotating blocks with the tracking on (and a thread polling in-flight Works every 100 ms, as the
+    watchdog does), off (every tracking call a no-op), and off again (the noise floor); each block is
+    compared with its neighbour, and the median of those ratios is printed."""
+    import statistics
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    tracking = recorder.completions
+    names = ("issued", "completed", "waited", "backward_done")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    recorder.uses_ddp = True
+    stop = threading.Event()
+
+    def poller() -> None:
+        while not stop.wait(0.1):
+            tracking.poll()
+
+    def block() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
+            dist.all_reduce(logged, async_op=True).wait()
+        recorder.pending.clear()
+        return (time.perf_counter() - start) / steps * 1e6
+
+    block()  # warm-up, counted on neither side
+    on, off, off_again = [], [], []
+    for index in range(3 * blocks):
+        tracked = index % 3 == 0
+        if index % 3 == 2:  # the noise floor: the same loop without tracking, against itself
+            off_again.append(block())
+        elif tracked:
+            for name in names:
+                tracking.__dict__.pop(name, None)
+            stop.clear()
+            thread = threading.Thread(target=poller, daemon=True)
+            thread.start()
+            on.append(block())
+            stop.set()
+            thread.join()
+        else:
+            for name in names:
+                setattr(tracking, name, lambda *args, **kwargs: None)
+            off.append(block())
+    for name in names:
+        tracking.__dict__.pop(name, None)
+    # Each block against its neighbour: the machine's load drifts over seconds, a pair shares it.
+    paired = statistics.median(w / wo for w, wo in zip(on, off, strict=True))
+    noise = statistics.median(a / b for a, b in zip(off_again, off, strict=True))
+    print(f"completion tracking, one rank, DDP step with 3 recorded calls ({blocks} blocks of {steps} steps "
+          f"each way): overhead {100 * (paired - 1):+.2f} % (median of the block pairs' ratios; target <= 3 %; "
+          f"noise: without vs without {100 * (noise - 1):+.2f} %); best {min(off):.0f} us/step without, "
+          f"{min(on):.0f} us/step with ({100 * (min(on) / min(off) - 1):+.2f} %)")
+    print(f"  blocks: without {[round(v) for v in off]}, with {[round(v) for v in on]}, "
+          f"without again {[round(v) for v in off_again]}")
 
 
 FR_PROBE = """
