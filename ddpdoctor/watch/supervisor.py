@@ -258,9 +258,10 @@ def _check_rendezvous(agg: Aggregator, host: str, port: int | None, rank0_hosts:
     agg.note_rendezvous(read_store(host, port) if port else None, rank0_hosts)
 
 
-def _start(config: WatchConfig, channel: str, output: RankOutput) -> tuple[list[subprocess.Popen[bytes]], int | None]:
-    """Start the ranks (or the script once), each in a session of its own with its output piped to us;
-    the processes and the job's MASTER_PORT (None for a script that starts its own ranks)."""
+def _start(config: WatchConfig, channel: str, output: RankOutput, procs: list[subprocess.Popen[bytes]]) -> int | None:
+    """Start the ranks (or the script once), each in a session of its own with its output piped to us, into
+    ``procs`` as they start (a signal meanwhile must not lose one); the job's MASTER_PORT (None for a script
+    that starts its own ranks)."""
     from ddpdoctor.runtime.selflaunch import choose_port
 
     rank_cmd = [sys.executable, "-m", "ddpdoctor.watch.rank", config.script, *config.args]
@@ -271,7 +272,6 @@ def _start(config: WatchConfig, channel: str, output: RankOutput) -> tuple[list[
     else:
         port = choose_port(config.master_port if config.master_port is not None else port_from_env("MASTER_PORT"))
         plan = [(rank, _rank_env(rank, config.nproc, port, channel)) for rank in range(config.nproc)]
-    procs = []
     preexec = die_with_supervisor()
     for rank, env in plan:
         out, err = output.pipes(rank)
@@ -282,7 +282,7 @@ def _start(config: WatchConfig, channel: str, output: RankOutput) -> tuple[list[
         finally:
             os.close(out)
             os.close(err)
-    return procs, port
+    return port
 
 
 def supervise(config: WatchConfig) -> int:
@@ -313,7 +313,7 @@ def supervise(config: WatchConfig) -> int:
     teardown = None
     try:
         try:
-            procs, job_port = _start(config, channel, output)
+            job_port = _start(config, channel, output, procs)
             output.start()
             while status is None:
                 _drain(server, agg, POLL_S)
