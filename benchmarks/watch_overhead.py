@@ -1,10 +1,12 @@
 """How much `ddpdoctor watch` slows a small DDP training loop, and what one recorded collective costs.
 
     python benchmarks/watch_overhead.py [--rounds 3] [--steps 150]
+    python benchmarks/watch_overhead.py --gpu [--rounds 2] [--steps 100]     # on a machine with a GPU
 
-1. examples/train_ok.py (gloo, 2 ranks, one explicit all_reduce per step plus DDP's own) runs bare under
-   torchrun and under `ddpdoctor watch`, alternating, ``--rounds`` times each; rank 0 prints the mean step
-   time; the best and the median runs are compared (target: <= 3 % slower per step). The watched run has
+1. A small DDP training loop (gloo, 2 ranks, one explicit all_reduce per step plus DDP's own) runs bare under
+   torchrun and under `ddpdoctor watch`, alternating, ``--rounds`` times each; rank 0 prints its mean step
+   time and its CPU time per step; the best and the median runs are compared (target: <= 3 % slower per
+   step). The watched run has
    everything watch does: the recorder, the straggler accounting (a step boundary per optimizer step, the
    time inside collectives, medians shipped once a beat) and PyTorch's Flight Recorder, which watch turns
    on (TORCH_FR_BUFFER_SIZE=2000); the bare run has none of them.
@@ -12,7 +14,13 @@
    the recorder is installed; the difference is the recording cost per collective in microseconds; and
    the cost of one step boundary (the optimizer post-hook's bookkeeping) and of the per-step medians.
 
-Prints ratios; asserts nothing (timings on a shared machine are noisy).
+3. ``--gpu``: a small transformer (6 encoder layers, d_model 512, batch 16 x 256 tokens) trained with DDP on
+   NCCL, one rank, bare under torchrun against watched, alternating; rank 0 prints the mean step time.
+   Watched, every step's collectives are tracked to completion with CUDA events (issue 25; target: <= 1 %).
+
+The completion tracking (issue 25: what each rank issued and what completed) is part of every watched
+run above; its own cost per call is printed separately in 2. Prints ratios; asserts nothing (timings on a
+shared machine are noisy).
 """
 
 from __future__ import annotations
@@ -26,52 +34,98 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support import clean_env, free_port, torchrun_cmd  # noqa: E402
 
-SCRIPT = str(REPO / "examples" / "train_ok.py")
+LOOP = """
+import sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+steps = int(sys.argv[1])
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(16 * (steps + 8), 16), torch.randn(16 * (steps + 8), 1))
+loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+batches = iter(loader)
+for _ in range(5):  # warm-up
+    x, y = next(batches)
+    opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+dist.barrier()
+wall, cpu = time.perf_counter(), time.process_time()
+for _ in range(steps):
+    x, y = next(batches)
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    logged = loss.detach().clone()
+    dist.all_reduce(logged)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+if dist.get_rank() == 0:
+    print(f"STEP_US {wall / steps * 1e6:.1f} CPU_US {cpu / steps * 1e6:.1f}", flush=True)
+dist.destroy_process_group()
+"""
 
 
-def step_time_us(cmd: list[str]) -> float:
+def step_times(cmd: list[str]) -> tuple[float, float]:
+    """(wall, CPU) microseconds per step of rank 0, as the loop prints them."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env(), cwd=str(REPO))
-    match = re.search(r"TRAIN_OK steps=\d+ step_time_us=([\d.]+)", proc.stdout)
+    match = re.search(r"STEP_US ([\d.]+) CPU_US ([\d.]+)", proc.stdout)
     if proc.returncode != 0 or not match:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return float(match.group(1))
+    return float(match.group(1)), float(match.group(2))
 
 
 def loop_overhead(rounds: int, steps: int, per_call_us: float) -> None:
-    """Bare torchrun vs watched runs of the same loop, interleaved; a second bare run per round is the
-    noise floor (how much the same bare loop disagrees with itself on this machine, in this run)."""
-    script_args = [SCRIPT, "--epochs", "1", "--steps", str(steps), "--samples", str(16 * steps + 16), "--width", "256"]
+    """Bare torchrun vs watched runs of the same DDP loop (2 ranks, gloo, a DistributedSampler, a logging
+    all_reduce per step), interleaved; a second bare run per round is the noise floor. Wall time per step,
+    and rank 0's CPU time per step (all its threads: gloo's, watch's watchdog): on a machine shared with
+    other jobs the CPU time says what watch costs, the wall time mostly what the neighbours did."""
+    import tempfile
 
-    def bare_run() -> float:
-        return step_time_us([*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                             "--master-port", str(free_port()), *script_args])
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "ddp_loop.py"
+        script.write_text(LOOP)
 
-    bare, watched, again = [], [], []
-    for round_number in range(rounds):
-        # Alternate who goes first: a machine that slows down during a round must not favour one side.
-        if round_number % 2 == 0:
-            bare.append(bare_run())
-            watched.append(step_time_us([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", *script_args]))
-        else:
-            watched.append(step_time_us([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", *script_args]))
-            bare.append(bare_run())
-        again.append(bare_run())
-    for label, pick in (("best of", min), ("median of", statistics.median)):
-        b, w, a = pick(bare), pick(watched), pick(again)
-        print(f"training loop ({steps} steps, 2 ranks, gloo), {label} {rounds}: bare {b:.0f} us/step, "
-              f"watched {w:.0f} us/step, overhead {100 * (w - b) / b:+.1f} % (noise: bare vs bare {100 * (a - b) / b:+.1f} %)")
-    print(f"  runs: bare {[round(x) for x in bare]}, watched {[round(x) for x in watched]}, "
-          f"bare again {[round(x) for x in again]}")
-    # train_ok.py makes two recorded calls per step (its logging all_reduce and DDP's backward()) and one
+        def bare_run() -> tuple[float, float]:
+            return step_times([*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                               "--master-port", str(free_port()), str(script), str(steps)])
+
+        def watched_run() -> tuple[float, float]:
+            return step_times([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", str(script),
+                               str(steps)])
+
+        bare, watched, again = [], [], []
+        for round_number in range(rounds):
+            # Alternate who goes first: a machine that slows down during a round must not favour one side.
+            if round_number % 2 == 0:
+                bare.append(bare_run())
+                watched.append(watched_run())
+            else:
+                watched.append(watched_run())
+                bare.append(bare_run())
+            again.append(bare_run())
+    for index, what in ((0, "wall"), (1, "CPU")):
+        for label, pick in (("best of", min), ("median of", statistics.median)):
+            b, w, a = (pick(x[index] for x in runs) for runs in (bare, watched, again))
+            print(f"training loop ({steps} steps, 2 ranks, gloo), {what} time, {label} {rounds}: bare {b:.0f} us/step, "
+                  f"watched {w:.0f} us/step, overhead {100 * (w - b) / b:+.1f} % (noise: bare vs bare {100 * (a - b) / b:+.1f} %)")
+    print(f"  runs (wall, CPU): bare {[tuple(round(v) for v in x) for x in bare]}, watched "
+          f"{[tuple(round(v) for v in x) for x in watched]}, bare again {[tuple(round(v) for v in x) for x in again]}")
+    # The loop makes two recorded calls per step (its logging all_reduce and DDP's backward()) and one
     # optimizer step (a step boundary).
-    estimate = per_call_us / min(bare) * 100
-    print(f"  expected from the per-call costs: {per_call_us:.1f} us/step = {estimate:.2f} % of the best bare step")
+    best = min(x[0] for x in bare)
+    print(f"  expected from the per-call costs: {per_call_us:.1f} us/step = {per_call_us / best * 100:.2f} % of the best bare step")
 
 
 def recording_cost(calls: int) -> float:
@@ -82,6 +136,9 @@ def recording_cost(calls: int) -> float:
     from ddpdoctor.watch import recorder as recording
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    # One intra-op thread, as torchrun gives each rank: on a shared machine torch's default (one per core)
+    # spins against the other jobs and one small backward() swings between 0.3 and 30 ms.
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1)
     tensor = torch.ones(1)
 
@@ -93,17 +150,33 @@ def recording_cost(calls: int) -> float:
 
     recorder = recording.install(0, 1)
     original = dist.all_reduce.__ddpdoctor_original__  # type: ignore[attr-defined]
-    # The recorder alone, around a function that does nothing: no gloo noise in the difference.
-    noop = recorder.wrap(lambda *a, **k: None, recording._collective_maker(recorder, "all_reduce", original))
-    bare, watched, wrapped, empty = [], [], [], []
+    # The recorder alone, around a function that does nothing: no gloo noise in the difference; and the
+    # same wrapper without the completion tracking (issue 25), to show what that part costs.
+    maker = recording._collective_maker(recorder, "all_reduce", original)
+    noop = recorder.wrap(lambda *a, **k: None, maker)
+    untracked = recorder.wrap(lambda *a, **k: None, maker, lambda rec, args, result: None)
+    bare, watched, wrapped, plain, empty = [], [], [], [], []
     for _ in range(7):  # alternate, keep the best of each: the machine is shared
         bare.append(per_call(original, tensor))
         watched.append(per_call(dist.all_reduce, tensor))
         wrapped.append(per_call(noop, tensor))
+        plain.append(per_call(untracked, tensor))
         empty.append(per_call(lambda *a: None, tensor))
         recorder.pending.clear()
     print(f"per collective: all_reduce(float32[1]) {min(bare):.1f} us bare, {min(watched):.1f} us recorded; "
-          f"the recording itself costs {min(wrapped) - min(empty):.2f} us per call")
+          f"the recording itself costs {min(wrapped) - min(empty):.2f} us per call, of which completion "
+          f"tracking {min(wrapped) - min(plain):.2f} us")
+    # An async collective's Work is tracked until the watchdog sees it complete: the poll, per in-flight Work.
+    works = [dist.all_reduce(tensor, async_op=True) for _ in range(64)]
+    for work in works:
+        work.wait()
+    tracking = recorder.completions
+    for work in works:
+        tracking.issued(recording.Record("all_reduce", "WORLD", None, 1, "", "", "x.py:1"), work)
+    start = time.perf_counter()
+    tracking.poll()
+    print(f"watchdog poll (its own thread, every 100 ms): {(time.perf_counter() - start) / 64 * 1e6:.2f} us per "
+          f"completed Work ({len(tracking.inflight)} left in flight)")
     # backward() of a DDP model is recorded too (as the pseudo-op naming DDP's gradient all_reduce);
     # the flag the DDP constructor wrapper sets switches that recording on and off.
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -138,8 +211,76 @@ def recording_cost(calls: int) -> float:
     stats = per_call(recorder.step_stats)
     print(f"per optimizer step: {min(hooked):.1f} us for SGD.step() with the hook; the step boundary itself "
           f"{boundary:.2f} us; the per-step medians (watchdog thread, once a beat) {stats:.1f} us")
+    completion_tracking(recorder, model, x)
     dist.destroy_process_group()
     return max(0.0, min(watched) - min(bare)) + max(0.0, min(recorded) - min(plain)) + boundary
+
+
+def completion_tracking(recorder: Any, model: Any, x: Any, blocks: int = 20, steps: int = 40) -> None:
+    """Issue 25's completion tracking alone, in one process, against the same loop without it: a DDP
+    training step (backward, optimizer step, a logging all_reduce, an async all_reduce and its wait), in
+    rotating blocks with the tracking on (and a thread polling in-flight Works every 100 ms, as the
+    watchdog does), off (every tracking call a no-op), and off again (the noise floor); each block is
+    compared with its neighbour, and the median of those ratios is printed."""
+    import statistics
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    tracking = recorder.completions
+    names = ("issued", "completed", "waited", "backward_done")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    recorder.uses_ddp = True
+    stop = threading.Event()
+
+    def poller() -> None:
+        while not stop.wait(0.1):
+            tracking.poll()
+
+    def block() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
+            dist.all_reduce(logged, async_op=True).wait()
+        recorder.pending.clear()
+        return (time.perf_counter() - start) / steps * 1e6
+
+    block()  # warm-up, counted on neither side
+    on, off, off_again = [], [], []
+    for index in range(3 * blocks):
+        tracked = index % 3 == 0
+        if index % 3 == 2:  # the noise floor: the same loop without tracking, against itself
+            off_again.append(block())
+        elif tracked:
+            for name in names:
+                tracking.__dict__.pop(name, None)
+            stop.clear()
+            thread = threading.Thread(target=poller, daemon=True)
+            thread.start()
+            on.append(block())
+            stop.set()
+            thread.join()
+        else:
+            for name in names:
+                setattr(tracking, name, lambda *args, **kwargs: None)
+            off.append(block())
+    for name in names:
+        tracking.__dict__.pop(name, None)
+    # Each block against its neighbour: the machine's load drifts over seconds, a pair shares it.
+    paired = statistics.median(w / wo for w, wo in zip(on, off, strict=True))
+    noise = statistics.median(a / b for a, b in zip(off_again, off, strict=True))
+    print(f"completion tracking, one rank, DDP step with 3 recorded calls ({blocks} blocks of {steps} steps "
+          f"each way): overhead {100 * (paired - 1):+.2f} % (median of the block pairs' ratios; target <= 3 %; "
+          f"noise: without vs without {100 * (noise - 1):+.2f} %); best {min(off):.0f} us/step without, "
+          f"{min(on):.0f} us/step with ({100 * (min(on) / min(off) - 1):+.2f} %)")
+    print(f"  blocks: without {[round(v) for v in off]}, with {[round(v) for v in on]}, "
+          f"without again {[round(v) for v in off_again]}")
 
 
 FR_PROBE = """
@@ -174,12 +315,87 @@ def flight_recorder_cost(rounds: int = 3) -> None:
           f"{min(on):.1f} us on (+{min(on) - min(off):.1f} us)")
 
 
+TRANSFORMER = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+steps = int(sys.argv[1])
+torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+dist.init_process_group("nccl")
+device = torch.device("cuda", torch.cuda.current_device())
+layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True)
+model = DDP(torch.nn.TransformerEncoder(layer, num_layers=6).to(device), device_ids=[device.index])
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x = torch.randn(16, 256, 512, device=device)
+
+
+def step():
+    opt.zero_grad(set_to_none=True)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    logged = loss.detach()
+    dist.all_reduce(logged)  # the usual logging all_reduce: recorded, tracked to completion
+
+
+for _ in range(10):
+    step()
+torch.cuda.synchronize()
+start = time.perf_counter()
+for _ in range(steps):
+    step()
+torch.cuda.synchronize()
+print(f"STEP_US {(time.perf_counter() - start) / steps * 1e6:.1f}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def gpu_overhead(rounds: int, steps: int) -> None:
+    """A transformer DDP step on one GPU (NCCL): bare torchrun against watch, alternating; a second bare
+    run per round is the noise floor."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "transformer_ddp.py"
+        script.write_text(TRANSFORMER)
+
+        def run(cmd: list[str]) -> float:
+            proc = subprocess.run([*cmd, str(script), str(steps)], capture_output=True, text=True, timeout=600,
+                                  env=clean_env({"CUDA_VISIBLE_DEVICES": "0"}), cwd=folder)
+            match = re.search(r"STEP_US ([\d.]+)", proc.stdout)
+            if proc.returncode != 0 or not match:
+                raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            return float(match.group(1))
+
+        bare_cmd = [*torchrun_cmd(), "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
+        watch_cmd = [sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "1", "--quiet"]
+        bare, watched, again = [], [], []
+        for round_number in range(rounds):
+            order = ((bare, bare_cmd), (watched, watch_cmd)) if round_number % 2 == 0 else \
+                ((watched, watch_cmd), (bare, bare_cmd))
+            for into, cmd in order:
+                into.append(run([*cmd, "--master-port", str(free_port())] if cmd is bare_cmd else cmd))
+            again.append(run([*bare_cmd, "--master-port", str(free_port())]))
+    b, w, a = min(bare), min(watched), min(again)
+    print(f"GPU transformer DDP step (NCCL, 1 rank, {steps} steps), best of {rounds}: bare {b:.0f} us/step, "
+          f"watched {w:.0f} us/step, overhead {100 * (w - b) / b:+.2f} % (target <= 1 %; noise: bare vs bare "
+          f"{100 * (a - b) / b:+.2f} %)")
+    print(f"  runs: bare {[round(x) for x in bare]}, watched {[round(x) for x in watched]}, bare again {[round(x) for x in again]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--gpu", action="store_true", help="the transformer DDP step on one GPU (NCCL) instead")
     args = parser.parse_args()
+    if args.gpu:
+        gpu_overhead(args.rounds or 1, args.steps or 100)
+        return
+    args.rounds, args.steps = args.rounds or 3, args.steps or 150
     per_call = recording_cost(args.calls)
     flight_recorder_cost()
     loop_overhead(args.rounds, args.steps, per_call)

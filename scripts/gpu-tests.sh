@@ -184,8 +184,12 @@ step inventory-in-binaries 120 "$PY" scripts/check_inventory_in_binaries.py --ou
 # an older dump; fr never reading its own verdict).
 pytest_step outputs 120 tests/gpu/test_gpu_outputs.py
 
-# --- watch ----------------------------------------------------------------------------------------------
-# (the watch engineer's section: the watch scenarios)
-pytest_step watch 150 "tests/gpu/test_gpu_watch_fr.py::test_watch_passes_a_healthy_nccl_ddp_job_through"
+# --- watch (issue 25) -----------------------------------------------------------------------------------
+# Hangs as they look on NCCL (a kernel that never ends, a DataLoader deadlock) and a healthy NCCL DDP job that
+# is not one; then what completion tracking costs on a small transformer's DDP step, bare vs watched.
+pytest_step watch 180 tests/gpu/test_watch_gpu.py \
+    "tests/gpu/test_gpu_watch_fr.py::test_watch_passes_a_healthy_nccl_ddp_job_through"
+step watch-overhead 60 "$PY" benchmarks/watch_overhead.py --gpu
+tail -n 5 "$OUT/watch-overhead.log" 2>/dev/null || true
 
 summary

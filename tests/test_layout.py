@@ -201,11 +201,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 # Cycles known and owned elsewhere, each with where it is being removed; a new cycle fails the test.
-KNOWN_CYCLES = {
-    # watch's rank <-> spawned (function-level imports both ways): watch's internals are being rewritten
-    # (issue 27 item 5 is on that branch); drop this entry when the rewrite lands without it.
-    ("ddpdoctor.watch.rank", "ddpdoctor.watch.spawned"),
-}
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 
 def test_no_package_has_modules_that_import_each_other_in_a_circle() -> None:

@@ -8,12 +8,12 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
 from ddpdoctor.ras import RasVerdict
-from ddpdoctor.stacks.model import ProcessStacks, analyze
+from ddpdoctor.stacks.model import JobReport, ProcessStacks, analyze
 from ddpdoctor.stacks.report import load_json_files, render_text, to_json
 
 PathArg = str | os.PathLike[str]
@@ -91,6 +91,9 @@ def finish(processes: list[ProcessStacks], source: str, json_path: str | None, a
     from ddpdoctor.ras import to_json as ras_json
 
     reports = analyze(processes)
+    if source == "py-spy":
+        for report in reports:
+            report.rendezvous = rendezvous_of(report)
     ras_problem = ras is not None and bool(ras.dead_ranks or ras.unresponsive_ranks or ras.dead_processes
                                            or ras.unresponsive_processes)
     code = EXIT_PROBLEM if any(r.problem for r in reports) or ras_problem else EXIT_OK
@@ -113,6 +116,31 @@ def finish(processes: list[ProcessStacks], source: str, json_path: str | None, a
         out.write(f"wrote {json_path}\n")
     out.flush()
     return code
+
+
+def rendezvous_of(report: JobReport) -> dict[str, Any] | None:
+    """For a job whose ranks wait in ``init_process_group``: who never arrived, from the ranks found here and
+    the job's own store (:mod:`ddpdoctor.stacks.rendezvous`); None otherwise."""
+    from ddpdoctor.stacks.rendezvous import never_arrived, read_store, store_text
+
+    waiting = report.in_rendezvous()
+    if not waiting or report.world_size is None:
+        return None
+    address = next((p.store for p in waiting if p.store), None)
+    rank0_hosts = not any(p.agent_store for p in waiting)
+    view = None
+    if address is not None:
+        host, _, port = address.rpartition(":")
+        if port.isdigit():
+            view = read_store(host, int(port))
+    seen = {p.rank for g in report.groups for p in g.members if p.rank is not None}
+    missing = never_arrived(report.world_size, seen, view, rank0_hosts)
+    # Looking at one node of several, ranks of the other nodes are absent by design: only the store speaks.
+    if not report.missing_ranks and view is None:
+        missing = []
+    return {"waiting": sorted(p.rank for p in waiting if p.rank is not None), "never_arrived": missing,
+            "store": view.to_json() if view is not None else None,
+            "store_said": store_text(view, rank0_hosts) if view is not None else None}
 
 
 def _stdout() -> TextIO:

@@ -64,9 +64,12 @@ def _joined(cmdline: list[str] | None) -> str:
 def _candidate(proc: psutil.Process, env: dict[str, str] | None, host: str, start: float | None,
                cmdline: list[str] | None) -> Candidate:
     ident = identity(env or {})
+    env = env or {}
+    store = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if "MASTER_ADDR" in env and "MASTER_PORT" in env else None
     stacks = ProcessStacks(pid=proc.pid, host=host, rank=ident.rank, local_rank=ident.local_rank,
                            world_size=ident.world_size, local_world_size=ident.local_world_size,
-                           job=ident.job, cmdline=_joined(cmdline))
+                           job=ident.job, cmdline=_joined(cmdline), store=store,
+                           agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true")
     try:
         uid: int | None = proc.uids().real
     except psutil.Error:
@@ -290,7 +293,7 @@ def py_spy_dump_args(pid: int, native: bool = False, locals_level: int = 0, nonb
 
 
 def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 30.0, locals_level: int = 0,
-             nonblocking: bool = False) -> list[ProcessStacks]:
+             nonblocking: bool = False, die_with_parent: bool = True) -> list[ProcessStacks]:
     """``py-spy dump --json`` for each candidate, all started at once, within ``timeout`` seconds; every
     candidate's stacks, or its error (a one-line reason the user can act on).
 
@@ -298,7 +301,9 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
     rank in a tight loop is not slowed, at the price of a stack that may be torn between two moments).
 
     py-spy never outlives us: each child gets a death signal (:func:`_die_with_parent`), and a SIGTERM
-    (or Ctrl-C) while they run kills and reaps them before :class:`Terminated` ends the command.
+    (or Ctrl-C) while they run kills and reaps them before :class:`Terminated` ends the command. A process
+    with threads of its own (``watch``'s ranks and supervisor) passes ``die_with_parent=False``: a
+    ``preexec_fn`` after fork is not safe there; the ``timeout`` still bounds every py-spy.
     """
     exe = find_py_spy()
     if exe is None:
@@ -307,7 +312,7 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
-        preexec = _die_with_parent()
+        preexec = _die_with_parent() if die_with_parent else None
         for cand in cands:
             if cand.proc.error is not None:
                 continue

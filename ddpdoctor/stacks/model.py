@@ -101,6 +101,8 @@ class ProcessStacks:
     cmdline: str = ""
     threads: list[ThreadStack] = field(default_factory=list)
     error: str | None = None
+    store: str | None = None  # the job's c10d store (MASTER_ADDR:MASTER_PORT), read on a rendezvous hang
+    agent_store: bool = False  # torchrun's agent hosts that store (TORCHELASTIC_USE_AGENT_STORE)
 
     @property
     def label(self) -> str:
@@ -217,6 +219,8 @@ class JobReport:
     world_size: int | None
     missing_ranks: list[int]
     tie: bool
+    # A job stuck in init_process_group: who waits there, who never arrived, what the job's store said.
+    rendezvous: dict[str, Any] | None = None
 
     @property
     def outliers(self) -> list[ProcessStacks]:
@@ -224,7 +228,12 @@ class JobReport:
 
     @property
     def problem(self) -> bool:
-        return bool(self.outliers or self.failed or self.missing_ranks)
+        return bool(self.outliers or self.failed or self.missing_ranks
+                     or (self.rendezvous and self.rendezvous["never_arrived"]))
+
+    def in_rendezvous(self) -> list[ProcessStacks]:
+        """The ranks whose main thread is inside ``init_process_group`` (waiting for the others)."""
+        return [p for g in self.groups if g.position.call == "init_process_group" for p in g.members]
 
     def summary(self) -> str:
         """``rank 1 is in barrier() at train.py:80; ranks 0,2-3 are in all_reduce() at train.py:55``."""

@@ -42,7 +42,12 @@ def render_text(reports: Sequence[JobReport], all_threads: bool = False, source:
             who = ", ".join(f"{p.label} (pid {p.pid} on {p.host})" if p.rank is not None
                             else f"pid {p.pid} on {p.host}" for p in procs)
             lines.append(f"  {who}: no stack: {error}")
-        if report.missing_ranks:
+        rendezvous = report.rendezvous
+        if rendezvous and rendezvous["never_arrived"]:
+            lines.append(f"  rendezvous: {format_ranks(_fake(rendezvous['never_arrived']))} never arrived; "
+                         f"{format_ranks(_fake(rendezvous['waiting']))} wait for {'it' if len(rendezvous['never_arrived']) == 1 else 'them'} in init_process_group"
+                         + (f" ({rendezvous['store_said']})" if rendezvous.get("store_said") else ""))
+        elif report.missing_ranks:
             lines.append(f"  {format_ranks(_fake(report.missing_ranks))} not found: not running on the "
                          "host(s) looked at (exited, or on a node whose JSON was not merged)")
         for group in report.groups:
@@ -102,6 +107,7 @@ def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], so
         "outliers": sorted({p.rank for r in reports for p in r.outliers if p.rank is not None}),
         "jobs": [{"job": r.job, "world_size": r.world_size, "summary": r.summary(),
                   "outliers": [p.rank for p in r.outliers], "missing_ranks": r.missing_ranks,
+                  "rendezvous": r.rendezvous,
                   "failed": [{"pid": p.pid, "rank": p.rank, "host": p.host, "error": p.error}
                              for p in r.failed]} for r in reports],
     }

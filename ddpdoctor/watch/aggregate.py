@@ -4,9 +4,11 @@ Fed with the ranks' side-channel messages (and, when ddpdoctor launched them, th
 bookkeeping, no sockets and no torch, so it is tested and reused by both the self-launching supervisor
 and the aggregator thread inside rank 0 under torchrun.
 
-A hang is declared when some live rank sits inside a recorded call (a collective, init_process_group,
-or ``backward`` of a DDP model) and no rank has made progress for ``hang_timeout`` seconds. A rank that is
-only running its own code (evaluation, checkpointing) while nobody waits is not a hang.
+A hang is no progress on any rank for ``hang_timeout`` seconds, wherever the ranks are (issue 25): progress
+is a completion the ranks count (:mod:`~ddpdoctor.watch.progress`: a collective completing, an optimizer
+step, a DDP ``backward()`` ending), a rank arriving, claiming its rank or ending. Then every rank's place is
+classified (:mod:`~ddpdoctor.watch.waits`); when nobody waits for anybody (every rank in its own code or
+I/O, nothing in flight) the same verdict is worded as a *stall* the user can allow for.
 
 Also: the ``init_process_group`` claims of every process (two claiming one rank, disagreeing world sizes
 or backends, a rank outside the world: a verdict at once, before the rendezvous fails on them), and the
@@ -26,8 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpdoctor.stacks.rendezvous import StoreView, store_text
 from ddpdoctor.watch.pitfalls import merge as merge_pitfalls
 from ddpdoctor.watch.recorder import P2P_RECV, P2P_SEND
+from ddpdoctor.watch.waits import ENDED, NOT_STARTED, classify, is_stall
 
 OK, HANG, MISMATCH, CRASH, INIT_CONFLICT = "ok", "hang", "mismatch", "crash", "init_conflict"
 HISTORY = 1000  # records kept per rank for the evidence bundle
@@ -44,6 +48,9 @@ STRAGGLER_CONFIRM = 3  # consecutive checks (one a second) before it is named wh
 _ECHO = re.compile(r"remote process exited or there was a network error|ncclRemoteError|"
                    r"Connection closed by (?:remote )?peer|Connection reset by peer")
 ECHO_WINDOW_S = 1.0
+# A rank still starting (its Python importing torch) holds the hang clock, at most this long.
+STARTUP_LIMIT_S = 600.0
+SILENT_S = 5.0  # no message from a starting rank for this long: its watchdog cannot run
 # How far back a rank's own "I ended at" stamp may reach (a clock that disagrees is not believed further).
 MAX_STAMP_AGE_S = 60.0
 
@@ -57,6 +64,14 @@ class RankState:
     host: str = ""
     connected: bool = False
     progress: int = -1
+    done: int = -1  # completions counted by the rank: the hang clock's input
+    started: bool = False  # its script runs (before: Python is importing torch and installing the hooks)
+    hello_at: float | None = None
+    heard_at: float | None = None  # its last message (a watchdog beats at least once a second)
+    inflight: list[dict[str, Any]] = field(default_factory=list)  # issued, not completed (oldest first)
+    inflight_n: int = 0
+    frames: list[list[Any]] | None = None  # its main thread's whole stack at the verdict
+    loader: dict[str, Any] | None = None  # the DataLoader worker it waits for, at the verdict
     cur: dict[str, Any] | None = None
     last: dict[str, Any] | None = None
     seqs: dict[str, int] = field(default_factory=dict)
@@ -229,7 +244,7 @@ class Aggregator:
         self.world_size = world_size
         self.hang_timeout_s = hang_timeout_s
         self.ranks = {r: RankState(r, owned=owns_processes) for r in range(world_size)}
-        self.last_progress = time.monotonic()
+        self.last_progress = self.created = time.monotonic()
         # (group, seq) -> arrivals [(rank, record)]; dropped once every member has arrived.
         self.expect: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}
         self.mismatch: dict[str, Any] | None = None
@@ -244,6 +259,7 @@ class Aggregator:
         self._straggler_streak: tuple[int | None, int] = (None, 0)
         self._straggler_checked = 0.0
         self.evidence: str | None = None
+        self.rendezvous: dict[str, Any] | None = None  # a hang in init_process_group: who never arrived
 
     def _add_ranks(self, upto: int) -> None:
         for rank in range(upto):
@@ -262,6 +278,7 @@ class Aggregator:
         state = self.ranks.get(rank)
         if state is None:
             return
+        state.heard_at = now
         if message is None:
             if not state.said_exit:
                 state.lost = True
@@ -271,15 +288,25 @@ class Aggregator:
         kind = message.get("t")
         if kind == "hello":
             state.pid, state.host, state.connected = message.get("pid"), message.get("host", ""), True
+            state.hello_at = now
             self.last_progress = now
         elif kind == "rec":
+            # Issuing a call is not progress: on NCCL a desynchronised rank issues on until it blocks.
+            state.started = True
             for record in message["recs"]:
                 state.history.append(record)
                 self._arrive(rank, record)
-            self.last_progress = now
         elif kind == "beat":
-            if message["progress"] != state.progress:
+            done = message.get("done")
+            if done is not None and done != state.done:
                 self.last_progress = now
+            state.done = done if done is not None else state.done
+            # A beat without the field (a sender that predates it) is from a running script.
+            if message.get("started", True) and not state.started:
+                state.started = True
+                self.last_progress = now  # the script begins: the clock starts from here
+            state.inflight = message.get("inflight") or []
+            state.inflight_n = message.get("inflight_n") or len(state.inflight)
             state.progress, state.cur, state.last = message["progress"], message["cur"], message["last"]
             state.seqs = message.get("seqs", state.seqs)
             state.steps = message.get("steps") or state.steps
@@ -287,6 +314,10 @@ class Aggregator:
             state.stack = message["stack"]
             state.pitfalls = message.get("pitfalls", [])
             state.fr = message.get("fr", state.fr)
+            state.frames = message.get("frames", state.frames)
+            state.loader = message.get("loader")
+            if message.get("inflight") is not None:
+                state.inflight = message["inflight"]
         elif kind == "exit":
             state.said_exit, state.message_code = True, int(message["code"])
             state.raised, state.error = bool(message.get("crashed")), message.get("error") or ""
@@ -405,9 +436,28 @@ class Aggregator:
             return None
         if any(s.failed for s in self.ranks.values()):
             return CRASH
-        if any(s.cur is not None for s in live):
-            return HANG
-        return None
+        if any(self._starting(s, now) for s in live):
+            return None
+        if all(s.said_exit for s in live):
+            # Every script has ended; what runs is interpreter shutdown (atexit handlers uploading logs or
+            # checkpoints): nothing can hang on a peer any more, and the processes end on their own.
+            return None
+        return HANG  # no progress anywhere, wherever the ranks are
+
+    def _starting(self, state: RankState, now: float) -> bool:
+        """Still setting up, not stuck: a process ddpdoctor started that has not said hello yet, or a rank
+        importing torch before its script runs (seconds, a minute from a cold network filesystem). Only up
+        to :data:`STARTUP_LIMIT_S`: an import that never ends is a hang too."""
+        if state.started or state.finished:
+            return False
+        if state.connected:
+            since = state.hello_at if state.hello_at is not None else self.created
+            # A watchdog that stopped beating is not watching an import: the main thread holds the GIL (a C
+            # call that never returns) or the process froze; that is for the hang clock to judge.
+            beating = state.heard_at is not None and now - state.heard_at < SILENT_S
+            return beating and now - since < max(STARTUP_LIMIT_S, self.hang_timeout_s)
+        # Not connected: only a process we started is known to exist (under a launcher it may never start).
+        return state.owned and now - self.created < max(STARTUP_LIMIT_S, self.hang_timeout_s)
 
     def exit_code(self, status: str) -> int:
         """watch's own exit code: 1 when the run failed (a user script's exit code 3 is its failure, not
@@ -436,7 +486,7 @@ class Aggregator:
             return self._describe(group, seq, members, {r: rec for r, rec in arrivals})
         groups: dict[str, list[int] | None] = {"WORLD": None}
         for state in self.ranks.values():
-            for record in (state.cur, state.last):
+            for record in (state.cur, state.last, *state.history):
                 if record and record.get("seq") is not None:
                     groups.setdefault(record["group"], record.get("members"))
         for group, members in groups.items():
@@ -471,16 +521,27 @@ class Aggregator:
 
     def _describe(self, group: str, seq: int, members: list[int] | None,
                   there: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        """Who is where at collective ``seq`` of ``group``: in it (``waiting``), issued it and moved on
+        while it has not completed (``issued``: an async call, or NCCL's way), in another call
+        (``elsewhere``), in its own code (``running``), or gone. Ranks that never issued it while others
+        did are listed in ``behind``: on NCCL that is how a skipped collective shows."""
         clusters: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for rank in sorted(members) if members else sorted(self.ranks):
+        ranks = sorted(members) if members else sorted(self.ranks)
+        for rank in ranks:
             state = self.ranks[rank]
             record = there.get(rank)
+            mine = self._issued_record(state, group, seq) if record is None and not state.finished else None
             if record is not None:
                 key: tuple[Any, ...] = ("in", record["op"], record["desc"], record["site"])
                 entry = {"op": record["op"], "desc": record["desc"], "site": record["site"], "state": "waiting"}
             elif state.finished:
                 key = ("ended", state.state, state.how_ended())
                 entry = {"op": None, "desc": "", "site": None, "state": state.state, "how": state.how_ended()}
+            elif mine is not None:
+                now = self._now(state)
+                key = ("issued", mine["op"], mine.get("desc", ""), mine.get("site"), now["op"], now["site"])
+                entry = {"op": mine["op"], "desc": mine.get("desc", ""), "site": mine.get("site"), "state": "issued",
+                         "now": now}
             elif state.cur is not None:
                 cur = state.cur
                 key = ("in", cur["op"], cur.get("desc", ""), cur["site"], cur.get("seq"), cur.get("group"))
@@ -491,12 +552,49 @@ class Aggregator:
                 key = ("running", where)
                 entry = {"op": None, "desc": "", "site": where, "state": state.state}
             clusters.setdefault(key, {**entry, "ranks": []})["ranks"].append(rank)
-        return {"seq": seq, "group": group, "groups": list(clusters.values())}
+        return {"seq": seq, "group": group, "groups": list(clusters.values()), "behind": self._behind(group, seq, ranks)}
+
+    def _now(self, state: RankState) -> dict[str, Any]:
+        """Where a rank is now: the call it is in, or the innermost line of its own code."""
+        if state.cur is not None:
+            return {"op": state.cur["op"], "site": state.cur.get("site")}
+        return {"op": None, "site": _innermost(state.stack)}
+
+    @staticmethod
+    def _issued_record(state: RankState, group: str, seq: int) -> dict[str, Any] | None:
+        """The call a rank issued as ``seq`` of ``group`` (from its recent history), if it did."""
+        if state.seqs.get(group, 0) < seq:
+            return None
+        for record in reversed(state.history):
+            if record.get("group") == group and record.get("seq") == seq:
+                return record
+        return {"op": "?", "desc": "", "site": None}  # issued, but older than the history kept
+
+    def _behind(self, group: str, seq: int, ranks: list[int]) -> list[dict[str, Any]]:
+        """Live ranks that never issued collective ``seq`` of ``group`` although others did, and are now
+        outside any recorded call (NCCL's shape of a skipped collective: every host thread moved on): what
+        they missed (op and line, from a rank that issued it) and how many they issued."""
+        issued = {r: self.ranks[r].seqs.get(group, 0) for r in ranks}
+        ahead = [r for r in ranks if issued[r] >= seq]
+        missed = next((rec for r in ahead if (rec := self._issued_record(self.ranks[r], group, seq)) is not None), None)
+        if not ahead or missed is None:
+            return []
+        late: dict[int, list[int]] = {}
+        for rank in ranks:
+            state = self.ranks[rank]
+            # Only ranks that moved on outside any recorded call: one waiting in another collective (rank 0
+            # alone in an extra barrier, the others in the next backward) is a divergence, not a skip.
+            if issued[rank] < seq and not state.finished and state.cur is None:
+                late.setdefault(issued[rank], []).append(rank)
+        return [{"ranks": late_ranks, "issued": count, "others": ahead, "others_issued": max(issued[r] for r in ahead),
+                 "op": missed["op"], "desc": missed.get("desc", ""), "site": missed.get("site")}
+                for count, late_ranks in sorted(late.items())]
 
     def result(self, status: str) -> dict[str, Any]:
         """The whole outcome as the JSON document `--json` writes."""
         from ddpdoctor import __version__
 
+        waits = self.waits() if status == HANG else {}
         ranks = []
         for rank in sorted(self.ranks):
             s = self.ranks[rank]
@@ -509,6 +607,7 @@ class Aggregator:
                 "last_completed": {k: s.last.get(k) for k in ("op", "seq", "group", "site", "desc")} if s.last else None,
                 "waiting_in": waiting, "issued": dict(s.seqs), "stack": s.stack or [],
                 "init": s.claim, "steps": s.steps, "flight_recorder": s.fr,
+                "wait": waits.get(rank), "inflight": s.inflight_n,
             })
         divergence = self.divergence() if status != OK else None
         if divergence and all(g["state"] in ("exited", "crashed") for g in divergence["groups"]):
@@ -521,11 +620,42 @@ class Aggregator:
                 "script_exit_code": self.launcher_code if self.spawned else None,
                 "hang_timeout_s": self.hang_timeout_s,
                 "stalled_s": round(time.monotonic() - self.last_progress, 3) if status == HANG else None,
+                "stall": status == HANG and is_stall([w for w in waits.values() if w["kind"] not in (NOT_STARTED, ENDED)]),
                 "ranks": ranks, "divergence": divergence, "crash_order": crash_order,
                 "init_conflict": self.conflict if status == INIT_CONFLICT else None,
                 "outside": self.outside() if status == HANG else [],
+                "rendezvous": self.rendezvous if status == HANG else None,
                 "straggler": straggler(self.step_stats()) or self.straggler_live,
                 "evidence": self.evidence, "warnings": warnings}
+
+    def in_rendezvous(self) -> list[int]:
+        """Live ranks waiting inside ``init_process_group``."""
+        return [r for r, s in sorted(self.ranks.items())
+                if not s.finished and s.cur is not None and s.cur.get("op") == "init_process_group"]
+
+    def note_rendezvous(self, view: StoreView | None, rank0_hosts: bool) -> None:
+        """A hang in the rendezvous: the ranks that never reached ``init_process_group`` (from the channel:
+        never connected, or never claimed a rank), with what the job's store said (``view``)."""
+        waiting = self.in_rendezvous()
+        if not waiting:
+            return
+        missing = [r for r, s in sorted(self.ranks.items()) if not s.finished and s.claim is None]
+        self.rendezvous = {"waiting": waiting, "never_arrived": missing,
+                           "store": view.to_json() if view is not None else None,
+                           "store_said": store_text(view, rank0_hosts) if view is not None else None}
+
+    def waits(self) -> dict[int, dict[str, Any]]:
+        """Where each rank waits at a hang (see :mod:`~ddpdoctor.watch.waits`)."""
+        found: dict[int, dict[str, Any]] = {}
+        for rank, state in sorted(self.ranks.items()):
+            if state.finished:
+                found[rank] = {"kind": ENDED, "site": None, "summary": state.how_ended(), "pending": [], "worker": None}
+            elif not state.connected:
+                found[rank] = {"kind": NOT_STARTED, "site": None, "pending": [], "worker": None,
+                               "summary": "never arrived: it did not start, or never reached the watch channel"}
+            else:
+                found[rank] = classify(state.cur, state.frames or [], state.inflight, state.loader)
+        return found
 
     def outside(self) -> list[dict[str, Any]]:
         """Processes stuck outside any collective while others wait: ranks running their own code, and

@@ -286,6 +286,31 @@ def _pitfalls_ok(items: Any) -> bool:
         and _opt(i.get("site"), str) and (i.get("epochs") is None or _is_int(i.get("epochs"))) for i in items))
 
 
+def _inflight_ok(items: Any) -> bool:
+    """In-flight calls as :meth:`ddpdoctor.watch.progress.InFlight.to_json` writes them."""
+    return items is None or (isinstance(items, list) and all(
+        isinstance(i, dict) and isinstance(i.get("op"), str) and isinstance(i.get("on"), str)
+        and (i.get("seq") is None or _is_int(i.get("seq"))) and _opt(i.get("site"), str)
+        and _opt(i.get("group"), str) and _opt(i.get("desc"), str) and _is_num(i.get("age_s")) for i in items))
+
+
+def _frames_ok(frames: Any) -> bool:
+    """[file, line, function, source] per frame (``watchdog.frames_of``)."""
+    return frames is None or (isinstance(frames, list) and all(
+        isinstance(f, list) and len(f) == 4 and isinstance(f[0], str) and _is_int(f[1]) and isinstance(f[2], str)
+        and isinstance(f[3], str) for f in frames))
+
+
+def _loader_ok(loader: Any) -> bool:
+    """A DataLoader wait as ``watchdog.dataloader_wait`` reports it."""
+    if loader is None:
+        return True
+    return (isinstance(loader, dict) and isinstance(loader.get("workers"), list)
+            and all(_is_int(p) for p in loader["workers"])
+            and all(loader.get(k) is None or _is_int(loader.get(k)) for k in ("worker_id", "worker_pid"))
+            and isinstance(loader.get("worker_stack"), list) and all(isinstance(x, str) for x in loader["worker_stack"]))
+
+
 def _steps_ok(steps: Any) -> bool:
     return steps is None or (isinstance(steps, dict) and all(
         steps.get(k) is None or _is_num(steps.get(k)) for k in ("window", "wait_us", "step_us")))
@@ -319,11 +344,15 @@ def well_formed(message: Any) -> str:
         ok = _is_int(message.get("progress")) and all(
             message.get(k) is None or _record_ok(message.get(k)) for k in ("cur", "last")) \
             and (seqs is None or (isinstance(seqs, dict) and all(_is_int(v) for v in seqs.values()))) \
-            and _steps_ok(message.get("steps"))
+            and _steps_ok(message.get("steps")) and _inflight_ok(message.get("inflight")) \
+            and all(message.get(k) is None or _is_int(message.get(k)) for k in ("done", "inflight_n")) \
+            and _opt(message.get("started"), bool)
     elif kind == "stack":
         stack = message.get("stack")
         ok = isinstance(stack, list) and all(isinstance(line, str) for line in stack) \
-            and _pitfalls_ok(message.get("pitfalls")) and _opt(message.get("fr"), str)
+            and _pitfalls_ok(message.get("pitfalls")) and _opt(message.get("fr"), str) \
+            and _frames_ok(message.get("frames")) and _inflight_ok(message.get("inflight")) \
+            and _loader_ok(message.get("loader"))
     elif kind == "exit":
         ok = _is_int(message.get("code")) and _opt(message.get("error"), str) \
             and _pitfalls_ok(message.get("pitfalls")) and (message.get("at") is None or _is_num(message.get("at")))

@@ -6,6 +6,8 @@ On a hang, mismatch, crash or init conflict ``watch`` writes (every file atomica
 - ``env.json``: what ``ddpdoctor env`` reports for the supervisor's host;
 - ``stack_rank_<N>.txt``: rank N's main-thread stack (user frames) at the verdict;
 - ``history_rank_<N>.json``: rank N's last recorded calls (op, group, seq, shapes, site), oldest first;
+- ``output_rank_<N>.txt``: rank N's last 1000 lines of stdout and stderr (self-launched ranks; a script that
+  starts its own ranks: ``output_script.txt``, every process's lines);
 - ``flight_recorder/fr_rank_<N>``: rank N's PyTorch Flight Recorder dump, written by the rank itself where
   it is alive, joined a process group, and its torch can dump (``_dump_fr_trace``). Torch's own pickle
   format and file naming (``TORCH_FR_DUMP_TEMP_FILE`` writes ``<prefix><rank>``, no extension), in a folder
@@ -78,7 +80,8 @@ def _write(path: str, kind: outputs.Kind, data: bytes, command: str = "watch") -
     outputs.write_bytes(outputs.resolve("--evidence", path, kind, command=command), data)
 
 
-def write(folder: str, result: dict[str, Any], report: str, histories: dict[int, list[dict[str, Any]]]) -> list[str]:
+def write(folder: str, result: dict[str, Any], report: str, histories: dict[int, list[dict[str, Any]]],
+          rank_output: dict[int | None, str] | None = None) -> list[str]:
     """Write the bundle; the names written (a file that cannot be written is named with why, not fatal:
     the report on the terminal matters more than any one file)."""
     written: list[str] = []
@@ -106,6 +109,10 @@ def write(folder: str, result: dict[str, Any], report: str, histories: dict[int,
                                             "watch history"))
         if rank.get("flight_recorder") and os.path.exists(fr_path(folder, number)):
             written.append(os.path.relpath(fr_path(folder, number), folder))
+    for key, text in (rank_output or {}).items():
+        if text:
+            name = f"output_rank_{key}.txt" if key is not None else "output_script.txt"
+            attempt(name, lambda p, t=text: _write(p, outputs.TEXT, t.encode("utf-8")))
     return written
 
 

@@ -17,7 +17,9 @@ its own process group, and once its parent exits it is re-parented away from the
   started after ``watch`` did are killed. A daemon that forks and leaves its session between two snapshots
   (every :data:`SNAPSHOT_S`) can be missed there; the subreaper has no such gap.
 
-Teardown is SIGTERM, a short grace, SIGKILL, then a bounded wait that reaps our own children.
+Teardown is torchrun's: SIGTERM, a grace period (``--shutdown-timeout``, 30 s by default), SIGKILL for what is
+left, then a bounded wait that reaps our own children (see :meth:`Reaper.teardown`). After a run that ended
+well, a process the script deliberately detached (its own session) is left running and listed.
 """
 
 from __future__ import annotations
@@ -29,13 +31,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 PR_GET_CHILD_SUBREAPER = 37
 SNAPSHOT_S = 0.5
-TERM_GRACE_S = 1.5
+# torchrun's default (``--shutdown-timeout``, TORCH_ELASTIC_SHUTDOWN_TIMEOUT): seconds between SIGTERM and SIGKILL.
+DEFAULT_GRACE_S = 30.0
+GRACE_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 KILL_WAIT_S = 5.0
 POLL_S = 0.05
 
@@ -48,6 +55,31 @@ def _prctl() -> Any:
         return libc.prctl
     except (OSError, AttributeError):
         return None
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_supervisor() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL a rank when the supervisor dies (``prctl(PR_SET_PDEATHSIG)``);
+    None off Linux.
+
+    A rank whose supervisor is gone ends itself when its channel closes, from its watchdog thread; but a rank
+    whose main thread holds the GIL in a C call that never returns (a regex that backtracks for ever, a C
+    extension's loop) has no watchdog that can run, and would outlive a SIGKILLed ``watch`` for ever. Safe as a
+    ``preexec_fn`` because the supervisor starts its ranks before it starts any thread of its own (the
+    output forwarder comes after); the libc function is looked up before the fork."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the supervisor died before the prctl took effect
+            os._exit(1)
+
+    return set_death_signal
 
 
 class Reaper:
@@ -164,15 +196,27 @@ class Reaper:
             self._track(proc)
         return [p for p in found.values() if p.pid not in rank_pids and _alive(p)]
 
-    def teardown(self, procs: list[subprocess.Popen[bytes]]) -> None:
-        """SIGTERM every rank's process group and every other process of the job, a grace, then SIGKILL;
-        reap what is ours. Bounded: at most TERM_GRACE_S + KILL_WAIT_S and a little."""
+    def teardown(self, procs: list[subprocess.Popen[bytes]], grace_s: float = DEFAULT_GRACE_S,
+                 spare_detached: bool = False, hurry: threading.Event | None = None) -> Teardown:
+        """Stop the job the way torchrun does, and say how it went.
+
+        SIGTERM to every rank's process group (torchrun's ``SubprocessHandler.close``: ``os.killpg``) and to
+        every other process of the job, up to ``grace_s`` for them to end (a script may save a checkpoint in
+        its SIGTERM handler), then SIGKILL to whatever is left (torchrun's ``--shutdown-timeout``); finally a
+        bounded wait that reaps what is ours. ``spare_detached`` (a run that ended well): a process the
+        script started in a session of its own (an uploader, ``start_new_session=True``) is left running and
+        listed instead. ``hurry`` set (a second Ctrl-C) cuts the grace short.
+        """
         import psutil
 
+        rank_sessions = {p.pid for p in procs}
         strays = self.leftovers(procs)
+        spared = [s for s in strays if spare_detached and _session(s) not in rank_sessions]
+        spared_pids = {s.pid for s in spared}
+        strays = [s for s in strays if s.pid not in spared_pids]
 
-        def signal_all(sig: int, targets: list[Any]) -> None:
-            for proc in procs:
+        def signal_all(sig: int, ranks: list[subprocess.Popen[bytes]], targets: list[Any]) -> None:
+            for proc in ranks:
                 # start_new_session: the rank's pid is its process group id. Signal 0 first: only a group
                 # that still has members is signalled (its id could otherwise be reused one day).
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -182,7 +226,7 @@ class Reaper:
                 with contextlib.suppress(psutil.Error):
                     stray.send_signal(sig)  # psutil checks the pid still names the process we saw
 
-        def wait_all(seconds: float, targets: list[Any]) -> list[Any]:
+        def wait_all(seconds: float, targets: list[Any], stoppable: bool) -> list[Any]:
             deadline = time.monotonic() + seconds
             alive = list(targets)
             while True:
@@ -192,17 +236,52 @@ class Reaper:
                 alive = [p for p in alive if _alive(p)]
                 if ranks_done and not alive:
                     return []
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or (stoppable and hurry is not None and hurry.is_set()):
                     return alive
                 time.sleep(POLL_S)
 
-        signal_all(signal.SIGTERM, strays)
-        wait_all(TERM_GRACE_S, strays)
-        # Whatever is left (a rank whose script ignores SIGTERM, a sleeper, what was forked meanwhile).
-        strays = self.leftovers(procs) + [s for s in strays if _alive(s)]
-        signal_all(signal.SIGKILL, strays)
-        wait_all(KILL_WAIT_S, strays)
+        started = time.monotonic()
+        signal_all(signal.SIGTERM, procs, strays)
+        wait_all(grace_s, strays, stoppable=True)
+        ranks_left = [i for i, p in enumerate(procs) if p.poll() is None]
+        # Whatever is left (a rank whose script ignores SIGTERM or is stuck in C++ with a Python handler, a
+        # sleeper, what was forked meanwhile).
+        strays = [s for s in self.leftovers(procs) if s.pid not in spared_pids] + [s for s in strays if _alive(s)]
+        others_left = [_describe(s) for s in {s.pid: s for s in strays}.values() if _alive(s)]
+        signal_all(signal.SIGKILL, procs, strays)
+        wait_all(KILL_WAIT_S, strays, stoppable=False)
         self._reap_orphans({p.pid for p in procs})
+        return Teardown(grace_s=grace_s, waited_s=round(time.monotonic() - started, 3), killed=ranks_left,
+                        others_killed=others_left, left_running=[_describe(s) for s in spared if _alive(s)])
+
+
+@dataclass
+class Teardown:
+    """How the job's processes ended at teardown: what needed SIGKILL, what was left running."""
+
+    grace_s: float
+    waited_s: float = 0.0
+    killed: list[int] = field(default_factory=list)  # indexes into the ranks (the launched processes)
+    others_killed: list[dict[str, Any]] = field(default_factory=list)  # {pid, cmdline} still alive at SIGKILL
+    left_running: list[dict[str, Any]] = field(default_factory=list)  # detached after a run that ended well
+
+
+def _session(proc: Any) -> int | None:
+    try:
+        return os.getsid(proc.pid)
+    except OSError:
+        return None
+
+
+def _describe(proc: Any) -> dict[str, Any]:
+    """{pid, cmdline} of a process, for the report (a gone process keeps what psutil cached)."""
+    import psutil
+
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        cmdline = ""
+    return {"pid": proc.pid, "cmdline": cmdline[:300]}
 
 
 def _alive(proc: Any) -> bool:

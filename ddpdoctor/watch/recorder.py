@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ddpdoctor
+from ddpdoctor.watch.progress import Completions
 
 # op -> (tensor parameter described, root parameter, whether shapes must match on every rank).
 # Shapes legitimately differ for all_to_all with uneven splits and for the *_object variants (the
@@ -78,11 +79,12 @@ _dtype_names: dict[Any, str] = {}
 class Record:
     """One call: what, on which group, which number, from where."""
 
-    __slots__ = ("desc", "group", "members", "op", "seq", "sig", "site", "t0")
+    __slots__ = ("desc", "device", "group", "members", "op", "seq", "sig", "site", "t0")
 
     def __init__(self, op: str, group: str, members: list[int] | None, seq: int | None, sig: str,
-                 desc: str, site: str) -> None:
+                 desc: str, site: str, device: Any = None) -> None:
         self.op = op
+        self.device = device  # the CUDA device of its tensors, None on CPU (see progress.Completions)
         self.group = group
         self.members = members
         self.seq = seq
@@ -101,9 +103,15 @@ def _skip_dirs() -> tuple[str, ...]:
 
     import torch
 
-    # multiprocessing: the bootstrap frames of a process the script started (mp.spawn) are not its code.
+    # multiprocessing: the bootstrap frames of a process the script started (mp.spawn) are not its code;
+    # nor is the rest of the standard library (selectors, threading, queue: where a wait ends up).
     return (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(ddpdoctor.__file__) + os.sep,
-            os.path.dirname(multiprocessing.__file__) + os.sep)
+            os.path.dirname(multiprocessing.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep)
+
+
+def skip_dirs() -> tuple[str, ...]:
+    """The folders whose frames are not the user's (torch, ddpdoctor, multiprocessing); () before install."""
+    return _SKIP_DIRS
 
 
 def site_name(filename: str) -> str:
@@ -138,6 +146,15 @@ def user_stack(frame: Any) -> list[str]:
     return lines
 
 
+def cuda_device(value: Any) -> Any:
+    """The CUDA device of a tensor (or of a list's first tensor); None for CPU tensors and non-tensors."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    if getattr(value, "is_cuda", False):
+        return value.device
+    return None
+
+
 def describe(value: Any) -> str:
     """A tensor (or list of tensors) as 'float32[4,8]' ('float32[4,8] x3' for lists)."""
     if isinstance(value, (list, tuple)):
@@ -160,10 +177,11 @@ class Recorder:
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
-        self.pending: collections.deque[Record] = collections.deque()
+        self.pending: collections.deque[Record] = collections.deque()  # records not shipped yet
         self.current: Record | None = None
-        self.last_done: Record | None = None
-        self.progress = 0
+        self.progress = 0  # calls entered and left: the watchdog beats when it moves
+        self.completions = Completions()  # progress in the hang sense: what completed
+        self.started = False  # the user's code runs (torch imported, hooks installed)
         self._seq: dict[Any, int] = {}
         self._groups: dict[int, tuple[str, list[int] | None]] = {}
         self._local = threading.local()
@@ -190,6 +208,8 @@ class Recorder:
 
     def mark_step(self, kind: str) -> None:
         """A step boundary: an optimizer step, or (when no torch optimizer ever steps) a DDP backward."""
+        if kind == "optimizer":
+            self.completions.completed()  # an optimizer step is progress
         if kind != self._boundary:
             if self._boundary == "optimizer":
                 return  # once an optimizer steps, backward calls are no longer boundaries
@@ -249,9 +269,13 @@ class Recorder:
         self.current = rec
         self.progress += 1
 
+    @property
+    def last_done(self) -> Record | None:
+        """The last numbered call that completed (not merely returned: an async one completes later)."""
+        last: Record | None = self.completions.last
+        return last
+
     def finish(self, rec: Record) -> None:
-        if rec.seq is not None:
-            self.last_done = rec
         if self.current is rec:
             self.current = None
         self.progress += 1
@@ -265,10 +289,15 @@ class Recorder:
                 if len(self.works) > MAX_WORKS:
                     self.works.popitem(last=False)
 
-    def wrap(self, original: Callable[..., Any],
-             make: Callable[[tuple[Any, ...], dict[str, Any], str], Record]) -> Callable[..., Any]:
-        """A wrapper that records ``make(args, kwargs, site)`` around each outermost call."""
+    def wrap(self, original: Callable[..., Any], make: Callable[[tuple[Any, ...], dict[str, Any], str], Record],
+             after: Callable[[Record, tuple[Any, ...], Any], None] | None = None) -> Callable[..., Any]:
+        """A wrapper that records ``make(args, kwargs, site)`` around each outermost call, and tells the
+        completion tracking about each call that returned (``after``; by default: what it issued)."""
         local = self._local
+        completions = self.completions
+        if after is None:
+            def after(rec: Record, args: tuple[Any, ...], result: Any) -> None:
+                completions.issued(rec, result, rec.device)
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -286,6 +315,7 @@ class Recorder:
                 self.finish(rec)
             if result is not None and not isinstance(result, (int, bool)):
                 self.remember_works(result, rec)
+            after(rec, args, result)
             return result
 
         wrapper.__ddpdoctor_original__ = original  # type: ignore[attr-defined]
@@ -313,14 +343,15 @@ def _collective_maker(rec: Recorder, op: str, original: Callable[..., Any]) -> C
         group, members = rec.group_of(get_group(args, kwargs))
         # A rank outside the group returns at once without taking part: nothing to number or compare.
         seq = rec.next_seq(group) if members is None or rec.rank in members else None
-        desc = describe(get_tensor(args, kwargs)) if tensor_param else ""
+        tensor = get_tensor(args, kwargs) if tensor_param else None
+        desc = describe(tensor) if tensor_param else ""
         root = get_root(args, kwargs)
         # Where shapes may differ, only the dtype is compared: "float32[8] x2" -> "float32".
         sig = desc if shapes_match else desc.split("[", 1)[0]
         if root is not None:
             sig += f" {root_param}={root}"
             desc += f"{', ' if desc else ''}{root_param}={root}"
-        return Record(op, group, members, seq, sig, desc, site)
+        return Record(op, group, members, seq, sig, desc, site, cuda_device(tensor))
 
     return make
 
@@ -333,13 +364,14 @@ def _p2p_maker(rec: Recorder, op: str, original: Callable[..., Any]) -> Callable
     def make(args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Record:
         group, members = rec.group_of(get_group(args, kwargs))
         peer = get_peer(args, kwargs)
-        desc = describe(get_tensor(args, kwargs))
+        tensor = get_tensor(args, kwargs)
+        desc, device = describe(tensor), cuda_device(tensor)
         if peer is None:  # recv from any source: no channel to number it on
-            return Record(op, group, members, None, desc, f"{desc}, from any rank", site)
+            return Record(op, group, members, None, desc, f"{desc}, from any rank", site, device)
         src, dst = (rec.rank, peer) if sending else (peer, rec.rank)
         channel = f"{group}:p2p:{src}->{dst}"
         return Record(op, channel, [src, dst], rec.next_seq(channel), desc,
-                      f"{desc}, {'to' if sending else 'from'} rank {peer}", site)
+                      f"{desc}, {'to' if sending else 'from'} rank {peer}", site, device)
 
     return make
 
@@ -411,8 +443,9 @@ def _plain_maker(op: str) -> Callable[..., Record]:
 _installed: Recorder | None = None
 
 
-def install(rank: int, world_size: int) -> Recorder:
-    """Patch torch.distributed (once per process) and return the recorder."""
+def install(rank: int, world_size: int, recorder: Recorder | None = None) -> Recorder:
+    """Patch torch.distributed (once per process) and return the recorder (``recorder`` when given: one
+    made before torch was imported, so the watchdog could report the rank as started meanwhile)."""
     global _SKIP_DIRS, _installed
     if _installed is not None:
         if _installed.pid != os.getpid():
@@ -423,7 +456,7 @@ def install(rank: int, world_size: int) -> Recorder:
     import torch.distributed.distributed_c10d as c10d
 
     _SKIP_DIRS = _skip_dirs()
-    rec = Recorder(rank, world_size)
+    rec = recorder if recorder is not None else Recorder(rank, world_size)
     for op in (*COLLECTIVES, *P2P_SEND, *P2P_RECV, *SYNC_POINTS):
         original = getattr(c10d, op, None)
         if original is None:
@@ -445,7 +478,8 @@ def install(rank: int, world_size: int) -> Recorder:
     # numbered: ``Tensor.backward`` calls ``torch.autograd.backward`` through the module attribute.
     backward = torch.autograd.backward
     backward_record = _plain_maker("backward (DDP gradient all_reduce inside)")
-    plain_backward = rec.wrap(backward, backward_record)
+    plain_backward = rec.wrap(backward, backward_record,
+                              lambda record, args, result: rec.completions.backward_done(record, args[0] if args else None))
 
     @functools.wraps(backward)
     def watched_backward(*args: Any, **kwargs: Any) -> Any:
@@ -455,6 +489,12 @@ def install(rank: int, world_size: int) -> Recorder:
         return backward(*args, **kwargs)
 
     torch.autograd.backward = watched_backward
+    # DDP's constructor broadcasts the parameters and checks their shapes on every rank (from C++): a rank
+    # blocked there is waiting for the others, and its end is progress (it takes seconds on gloo).
+    from torch.nn.parallel import DistributedDataParallel
+
+    DistributedDataParallel.__init__ = rec.wrap(  # type: ignore[method-assign]
+        DistributedDataParallel.__init__, _plain_maker("DistributedDataParallel() (parameter broadcast inside)"))
     # Every torch optimizer's step() ends in the global post hooks: one boundary per training step.
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -472,6 +512,7 @@ def install(rank: int, world_size: int) -> Recorder:
 
     work_cls = getattr(c10d, "Work", None)
     if work_cls is not None and hasattr(work_cls, "wait"):
-        work_cls.wait = rec.wrap(work_cls.wait, wait_record)
+        work_cls.wait = rec.wrap(work_cls.wait, wait_record,
+                                 lambda record, args, result: rec.completions.waited(args[0] if args else None))
     _installed = rec
     return rec

@@ -7,11 +7,16 @@ barrier at eval.py:40".
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tabulate import tabulate
 
 from ddpdoctor.ranks import rank_phrase
+
+# The table's "now" column for a rank outside any recorded call, by where it waits (watch.waits).
+_NOW = {"gpu": "waiting for the GPU", "dataloader": "waiting for a DataLoader worker", "lock": "waiting on a lock",
+        "io": "in I/O", "not_started": "never arrived", "unknown": "unknown (no stack)"}
 
 
 def call_text(call: dict[str, Any] | None, with_seq: bool = True) -> str:
@@ -35,12 +40,50 @@ def divergence_line(div: dict[str, Any]) -> str:
             parts.append(f"{who} {_short(group['how'])}")
         elif group["op"] is None:
             parts.append(f"{who} not in any collective, running {group['site'] or 'its own code'}")
+        elif group["state"] == "issued":
+            desc = f" {group['desc']}" if group.get("desc") else ""
+            now = group.get("now") or {}
+            where = (f"in {now['op']} at {now.get('site') or '?'}" if now.get("op")
+                     else f"running {now.get('site') or 'its own code'}")
+            parts.append(f"{who} issued {group['op']}{desc} at {group['site'] or '?'} (not completed), now {where}")
         else:
             seq = group.get("seq")
             other = f" #{seq}" if group["state"] == "elsewhere" and seq is not None else ""
             desc = f" {group['desc']}" if group.get("desc") else ""
             parts.append(f"{who} in {group['op']}{other}{desc} at {group['site']}")
     return f"{point_name(div['group'], div['seq'])}: " + "; ".join(parts)
+
+
+def behind_lines(div: dict[str, Any]) -> list[str]:
+    """'rank 1 never issued all_reduce #6 float32[4] (ranks 0,2 issued it at skip.py:20): it issued 5 on WORLD,
+    they 6' -- the skipped collective, as it shows on NCCL (every host thread has moved on)."""
+    lines = []
+    for entry in div.get("behind") or []:
+        what = f"{entry['op']} {point_name(div['group'], div['seq']).split(' ', 1)[1]}"
+        desc = f" {entry['desc']}" if entry.get("desc") else ""
+        lines.append(f"  {rank_phrase(entry['ranks'])} never issued {what}{desc} ({rank_phrase(entry['others'])} issued "
+                     f"it at {entry.get('site') or '?'}): {entry['issued']} issued on {div['group']} against "
+                     f"{entry['others_issued']}; a collective skipped there (a rank-dependent branch, an early "
+                     "break or continue) is the likely cause")
+    return lines
+
+
+def wait_lines(result: dict[str, Any]) -> list[str]:
+    """'where each rank waits:' one line per group of ranks at the same place, the DataLoader worker's stack."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rank in result["ranks"]:
+        wait = rank.get("wait")
+        if wait:
+            # Ranks at the same place group together, whatever the age of their pending calls.
+            groups.setdefault(re.sub(r", [\d.]+ s ago\)", ")", wait["summary"]), []).append(rank)
+    lines = []
+    for ranks in groups.values():
+        lines.append(f"  {rank_phrase([r['rank'] for r in ranks])}: {ranks[0]['wait']['summary']}")
+        worker = ranks[0]["wait"].get("worker")
+        if worker and worker.get("stack"):
+            lines.append(f"    DataLoader worker {worker.get('id')} (pid {worker.get('pid')}) stack, innermost last:")
+            lines += [f"      {line}" for line in worker["stack"][-12:]]
+    return lines
 
 
 def point_name(group: str, seq: int) -> str:
@@ -89,9 +132,20 @@ def headline(result: dict[str, Any]) -> str:
     if status == "init_conflict":
         return (f"ddpdoctor watch: INIT CONFLICT: {result['init_conflict']['summary']}; the job was stopped "
                 "before the rendezvous")
+    rendezvous = result.get("rendezvous") if status == "hang" else None
+    if rendezvous and rendezvous["never_arrived"]:
+        missing, waiting = rendezvous["never_arrived"], rendezvous["waiting"]
+        return (f"ddpdoctor watch: HANG in the rendezvous: {rank_phrase(missing)} never arrived; "
+                f"{rank_phrase(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for "
+                f"{'it' if len(missing) == 1 else 'them'} in init_process_group (no progress for "
+                f"{result['hang_timeout_s']:g} s); the job was torn down")
+    if status == "hang" and result.get("stall"):
+        return (f"ddpdoctor watch: STALL: no rank made progress for {result['hang_timeout_s']:g} s ({_ranks(ws)}), and "
+                "none waits for another rank, the GPU or a data worker: each is busy in its own code; the job was "
+                "torn down")
     if status == "hang":
-        return (f"ddpdoctor watch: HANG: no rank made collective progress for {result['hang_timeout_s']:g} s "
-                f"({ws} ranks); the job was torn down")
+        return (f"ddpdoctor watch: HANG: no rank made progress for {result['hang_timeout_s']:g} s ({_ranks(ws)}); "
+                "the job was torn down")
     if status == "mismatch":
         return "ddpdoctor watch: MISMATCH: the ranks issued different collectives at the same point; the job was torn down"
     if status == "crash":
@@ -114,7 +168,11 @@ def headline(result: dict[str, Any]) -> str:
     if result.get("launch") == "script" and not ws:
         return (f"ddpdoctor watch: the script ended (exit code {result['exit_code']}) before any process it started "
                 "joined a process group: nothing was watched")
-    return f"ddpdoctor watch: ok: {ws} ranks finished (exit code {result['exit_code']})"
+    return f"ddpdoctor watch: ok: {_ranks(ws)} finished (exit code {result['exit_code']})"
+
+
+def _ranks(count: int) -> str:
+    return f"{count} rank" if count == 1 else f"{count} ranks"
 
 
 def _short(text: str, limit: int = 100) -> str:
@@ -136,6 +194,28 @@ def ended_text(rank: dict[str, Any]) -> str:
     return f"exited with code {code}{said}"
 
 
+def teardown_lines(teardown: dict[str, Any] | None) -> list[str]:
+    """What needed SIGKILL after the grace, and what the script detached and watch left running."""
+    if not teardown:
+        return []
+    lines = []
+    grace = f"the {teardown['grace_s']:g} s grace after SIGTERM (--shutdown-timeout)"
+    if teardown.get("sigkill_ranks"):
+        ranks = teardown["sigkill_ranks"]
+        lines += ["", f"{rank_phrase(ranks)} still ran after {grace} and needed SIGKILL"]
+    elif teardown.get("sigkill_script"):
+        lines += ["", f"the script's process still ran after {grace} and needed SIGKILL"]
+    others = teardown.get("sigkill_others") or []
+    if others:
+        lines += ["", f"{len(others)} other process(es) of the job still ran after {grace} and needed SIGKILL: "
+                  + ", ".join(f"pid {p['pid']}" for p in others[:10])]
+    left = teardown.get("left_running") or []
+    if left:
+        lines += ["", "left running (the script started them in a session of their own; the run ended well):"]
+        lines += [f"  pid {p['pid']}: {p['cmdline'] or '?'}" for p in left]
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
     """The report: headline, divergence, per-rank table, stacks, warnings."""
     lines = [headline(result)]
@@ -146,15 +226,23 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", f"fix: {conflict['remedy']}"]
     elif result["status"] != "ok":
         div = result.get("divergence")
+        stall = bool(result.get("stall"))
         if div:
-            lines += ["", "first divergence:", f"  {divergence_line(div)}"]
-        elif result.get("outside"):
+            lines += ["", "first divergence:", f"  {divergence_line(div)}", *behind_lines(div)]
+        elif result.get("outside") and any(rank["state"] == "waiting" for rank in result["ranks"]):
             lines += ["", "stuck outside the collectives:", *outside_lines(result)]
+        rendezvous = result.get("rendezvous")
+        if rendezvous and rendezvous.get("store_said"):
+            lines += ["", f"rendezvous: {rendezvous['store_said']}"]
+        waits = wait_lines(result)
+        if waits:
+            lines += ["", "where each rank waits:", *waits]
         rows = []
         for rank in result["ranks"]:
             state = rank["state"]
             now = call_text(rank["waiting_in"]) if state == "waiting" else (
-                ended_text(rank) if state in ("exited", "crashed") else "its own code (no collective)")
+                ended_text(rank) if state in ("exited", "crashed") else
+                _NOW.get(str((rank.get("wait") or {}).get("kind")), "its own code (no collective)"))
             rows.append([rank["rank"], state, call_text(rank["last_completed"]), now])
         lines += ["", tabulate(rows, headers=["rank", "state", "last completed", "now"], tablefmt="simple")]
         for rank in result["ranks"]:
@@ -165,9 +253,27 @@ def render(result: dict[str, Any]) -> str:
             if entry["rank"] is None and entry["stack"]:
                 lines += ["", f"pid {entry['pid']} stack (no rank yet; user code, innermost last):"]
                 lines += [f"  {line}" for line in entry["stack"][-12:]]
+        kinds = {(rank.get("wait") or {}).get("kind") for rank in result["ranks"]}
         if result["status"] == "mismatch":
             lines += ["", "fix: every rank must issue the same collectives in the same order with the same "
                       "shapes and dtypes; look for a rank-dependent branch around the sites above"]
+        elif rendezvous and rendezvous["never_arrived"]:
+            lines += ["", "fix: start the missing ranks (a node that never launched, a process that died or is stuck "
+                      "before init_process_group: see its state above), or give every process the same world size"]
+        elif stall:
+            lines += ["", f"fix: if this phase is expected to take longer than {result['hang_timeout_s']:g} s (an "
+                      "evaluation, a checkpoint, loading data), raise --hang-timeout above its duration; otherwise "
+                      "the lines above are where each rank is stuck"]
+        elif result["status"] == "hang" and div and div.get("behind"):
+            lines += ["", "fix: every rank must issue the same collectives: make the branch that skips one the same "
+                      "on every rank (decide it with an all_reduce of a flag), or still call the collective"]
+        elif result["status"] == "hang" and "dataloader" in kinds and not div:
+            lines += ["", "fix: a DataLoader worker never delivered its batch: its stack above is where it is stuck "
+                      "(the dataset's __getitem__, a collate_fn, a lock or a library that is not fork-safe)"]
+        elif result["status"] == "hang" and "gpu" in kinds and not div:
+            lines += ["", "fix: the GPU never finished what the rank waits for: a kernel that does not end, or a "
+                      "collective that another rank never joined (compare the pending collectives above); the Flight "
+                      "Recorder dumps in the bundle show what NCCL itself saw"]
         elif result["status"] == "hang" and not div and result.get("outside"):
             lines += ["", "fix: the process named above never reached the collective the others wait in: look at what it "
                       "does at that line (data loading, a lock, input, a file on a slow filesystem)"]
@@ -189,6 +295,7 @@ def render(result: dict[str, Any]) -> str:
         said = [f"{rank_phrase(dead)} dead"] * bool(dead) + [f"{rank_phrase(silent)} not answering"] * bool(silent)
         lines += ["", f"NCCL RAS ({ras.get('addr')}): "
                   + (ras.get("error") or "; ".join(said) or "every rank NCCL knows is alive")]
+    lines += teardown_lines(result.get("teardown"))
     if result.get("evidence"):
         lines += ["", f"evidence: {result['evidence']} (verdict.json, report.txt, env.json, and per rank "
                   "stack_rank_N.txt, history_rank_N.json, flight_recorder/fr_rank_N)"]

@@ -21,8 +21,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.errors import typed_error
+from ddpdoctor.watch import pitfalls as pitfall_hooks
+from ddpdoctor.watch import recorder as recording
 from ddpdoctor.watch.recorder import site_name
+from ddpdoctor.watch.script import enter, execute, failure
+from ddpdoctor.watch.watchdog import Watchdog, enable_flight_recorder, line_buffered_if_piped
 
 _SPAWN_FUNCS = ("spawn", "start_processes")
 _MP_MODULES = ("torch.multiprocessing", "multiprocessing", "torch.multiprocessing.spawn")
@@ -111,10 +114,7 @@ class Entry:
             dog.finish(code, False, "")
             raise
         except BaseException as exc:
-            from ddpdoctor.watch.rank import _error_site
-
-            where = _error_site(exc)
-            dog.finish(1, True, typed_error(exc)[:300] + (f" (at {where})" if where else ""))
+            dog.finish(1, True, failure(exc))
             raise
         dog.finish(0, False, "")
         return result
@@ -123,12 +123,9 @@ class Entry:
 _pitfalls: Any = None
 
 
-def start_watch(address: str, role: str, index: int | None) -> Any:
+def start_watch(address: str, role: str, index: int | None) -> Watchdog:
     """Recorder and watchdog in this process (once per process; a forked child starts afresh)."""
-    from ddpdoctor.watch import pitfalls as pitfall_hooks
-    from ddpdoctor.watch import recorder as recording
-    from ddpdoctor.watch.rank import Watchdog, enable_flight_recorder
-
+    line_buffered_if_piped()  # the processes share the script's pipes: whole lines keep them apart
     enable_flight_recorder()
     recorder = recording.install(-1, -1)
     global _pitfalls
@@ -140,18 +137,17 @@ def start_watch(address: str, role: str, index: int | None) -> Any:
     dog = Watchdog(recorder, pitfalls, address, exit_on_lost=True, key=-os.getpid(), bind_on_init=True,
                    hello={"role": role, "index": index})
     recorder.init_hook = dog.on_init
+    recorder.started = True
     dog.start()
     return dog
 
 
 def _from_user_code() -> bool:
     """Whether Process.start() was called by the script (not by torch, a library or multiprocessing)."""
-    from ddpdoctor.watch import recorder as recording
-
     frame: Any = sys._getframe(2)
     filename = frame.f_code.co_filename if frame is not None else ""
     stdlib = os.path.dirname(os.__file__) + os.sep
-    return not (filename.startswith(recording._SKIP_DIRS) or filename.startswith(stdlib) or filename.startswith("<"))
+    return not (filename.startswith(recording.skip_dirs()) or filename.startswith(stdlib) or filename.startswith("<"))
 
 
 def install_spawn_hooks(address: str) -> None:
@@ -184,12 +180,9 @@ def install_spawn_hooks(address: str) -> None:
 
 def run_launcher(script: str, args: list[str], address: str) -> int:
     """The launcher: run the script once, watched like its children (it may join a group itself)."""
-    from ddpdoctor.watch.rank import execute
-
     dog = start_watch(address, "launcher", None)
     install_spawn_hooks(address)
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    enter(script, args)
     code, crashed, error = execute(script)
     dog.finish(code, crashed, error)
     return code

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,15 +35,26 @@ from types import FrameType
 from typing import Any
 
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
+from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
 from ddpdoctor.watch import evidence
-from ddpdoctor.watch.aggregate import CRASH, OK, Aggregator
+from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
+from ddpdoctor.watch.config import WatchConfig
+from ddpdoctor.watch.output import RankOutput
+from ddpdoctor.watch.reaper import Teardown, die_with_supervisor
+from ddpdoctor.watch.recorder import site_name
 from ddpdoctor.watch.report import render
+from ddpdoctor.watch.script import run_script
+from ddpdoctor.watch.waits import is_user_file
+from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, MODE_ENV, PIPED_ENV
 
 PORT_ENV = "DDPDOCTOR_WATCH_PORT"
 POLL_S = 0.05
-STACK_WAIT_S = 2.0
+# How long the ranks get to answer with their stacks (a rank in a DataLoader wait reads its worker's with
+# py-spy first, up to watchdog.PY_SPY_S); ranks that stay silent are then read with py-spy from here.
+STACK_WAIT_S = 8.0
+PY_SPY_S = 5.0
 STORE_WAIT_S = 120.0
 # A rank gives up on the channel after the store wait plus its 60 s of connect retries.
 UNWATCHED_AFTER_S = STORE_WAIT_S + 80.0
@@ -73,7 +85,8 @@ def check_script(script: str) -> str:
     return script
 
 
-def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator | None = None) -> None:
+def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator | None = None,
+                 output: RankOutput | None = None) -> None:
     """The evidence bundle (failed runs), the report on stderr, then --json (``--json -``: the JSON on
     stdout instead of the report). A failed write is one line, not an exception: in rank 0's supervisor
     thread an exception would skip telling the other ranks to exit, and hang the job."""
@@ -84,8 +97,9 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
     text = render(result)
     if agg is not None and result.get("evidence"):
         histories = {r: list(s.history) for r, s in agg.ranks.items()}
+        outputs = {rank: output.tail_text(rank) for rank in output.tails} if output is not None else {}
         try:
-            evidence.write(result["evidence"], result, text, histories)
+            evidence.write(result["evidence"], result, text, histories, outputs)
         except Exception as exc:  # the report on the terminal matters more than the bundle
             print(f"ddpdoctor watch: cannot write the evidence bundle ({short_error(exc)})", file=sys.stderr, flush=True)
     if not json_to_stdout(json_path):
@@ -115,7 +129,9 @@ def join_other_evidence(result: dict[str, Any]) -> None:
 
     folder = result.get("evidence")
     dumps = os.path.join(folder, evidence.FR_FOLDER) if folder else None
-    if dumps and os.path.isdir(dumps) and os.listdir(dumps):
+    # An init conflict stops the job before any rendezvous: there is no process group whose record could
+    # say anything, and `fr` would count the ranks the conflicting claims name but that never existed.
+    if result.get("status") != INIT_CONFLICT and dumps and os.path.isdir(dumps) and os.listdir(dumps):
         try:
             verdict = fr_json(diagnose([dumps], world_size=result.get("world_size") or None))
             result["fr"] = {"status": verdict["status"], "summary": verdict["summary"],
@@ -159,22 +175,42 @@ def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -
     while time.monotonic() < deadline:
         if all(agg.ranks[r].stack is not None or agg.ranks[r].finished for r in asked) and \
                 all(agg.procs[k].stack is not None or agg.procs[k].finished for k in procs if k in agg.procs):
-            return
+            break
         _drain(server, agg, POLL_S)
+    silent = [s for s in agg.ranks.values() if s.connected and not s.finished and s.stack is None and s.pid
+              and s.host in ("", socket.gethostname())]
+    if silent:
+        stacks_by_py_spy(silent)
 
 
-def _notice(agg: Aggregator) -> None:
-    """While the job runs: name a confirmed straggler once (the job goes on)."""
-    line = agg.straggler_notice()
-    if line:
-        print(line, file=sys.stderr, flush=True)
+def stacks_by_py_spy(states: list[Any]) -> None:
+    """Ranks on this host that did not answer (their main thread holds the GIL in C code, so their
+    watchdog thread cannot run): their stacks read from outside with py-spy, the ``stacks`` engine's way."""
+    import linecache
+
+    from ddpdoctor.stacks.engine import discover, dump_all
+
+    by_pid = {state.pid: state for state in states}
+    try:
+        dumped = dump_all(discover(list(by_pid)), timeout=PY_SPY_S, die_with_parent=False)
+    except DoctorError as exc:  # py-spy not installed
+        for state in states:
+            state.stack = [f"(no stack: the rank did not answer, and {exc})"]
+        return
+    for proc in dumped:
+        state = by_pid[proc.pid]
+        main = proc.main_thread()
+        if proc.error or main is None:
+            state.stack = [f"(no stack: the rank did not answer, and py-spy: {proc.error or 'no Python threads'})"]
+            continue
+        frames = list(reversed(main.frames))  # outermost first, as the ranks send theirs
+        state.frames = [[f.file, f.line, f.function, linecache.getline(f.file, f.line).strip()] for f in frames]
+        state.stack = [f"{site_name(f.file)}:{f.line} in {f.function}" for f in frames if is_user_file(f.file)]
 
 
 # -- self-launch -----------------------------------------------------------------------------------
 
 def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, str]:
-    from ddpdoctor.watch.rank import EXIT_ON_LOST_ENV
-
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
@@ -200,8 +236,6 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 def _launcher_env(channel: str, master_port: int | None) -> dict[str, str]:
     """The environment of a script that starts its own ranks: the user's own, plus the channel."""
-    from ddpdoctor.watch.rank import EXIT_ON_LOST_ENV, MODE_ENV
-
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
     if master_port is not None:
         env["MASTER_PORT"] = str(master_port)
@@ -209,66 +243,154 @@ def _launcher_env(channel: str, master_port: int | None) -> dict[str, str]:
     return env
 
 
-def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, json_path: str | None,
-              master_port: int | None = None, evidence_dir: str | None = None, spawns: bool = False) -> int:
-    """Self-launch ``nproc`` ranks of the script (or, ``spawns``, the script once: it starts its own
-    ranks), watch them, report; the exit code.
+def _say(config: WatchConfig, line: str) -> None:
+    """A note while the job runs (on stderr); ``--quiet`` keeps only the verdict."""
+    if not config.quiet:
+        print(line, file=sys.stderr, flush=True)
 
-    The job's MASTER_PORT is ``master_port``, else $MASTER_PORT, else a free port (as for ``check``).
-    """
+
+def _check_rendezvous(agg: Aggregator, host: str, port: int | None, rank0_hosts: bool) -> None:
+    """At a hang with ranks inside init_process_group: read the job's store for who arrived."""
+    if not agg.in_rendezvous():
+        return
+    from ddpdoctor.stacks.rendezvous import read_store
+
+    agg.note_rendezvous(read_store(host, port) if port else None, rank0_hosts)
+
+
+def _start(config: WatchConfig, channel: str, output: RankOutput, procs: list[subprocess.Popen[bytes]]) -> int | None:
+    """Start the ranks (or the script once), each in a session of its own with its output piped to us, into
+    ``procs`` as they start (a signal meanwhile must not lose one); the job's MASTER_PORT (None for a script
+    that starts its own ranks)."""
     from ddpdoctor.runtime.selflaunch import choose_port
+
+    rank_cmd = [sys.executable, "-m", "ddpdoctor.watch.rank", config.script, *config.args]
+    plan: list[tuple[int | None, dict[str, str]]]
+    port = None
+    if config.spawns:
+        plan = [(None, _launcher_env(channel, config.master_port))]
+    else:
+        port = choose_port(config.master_port if config.master_port is not None else port_from_env("MASTER_PORT"))
+        plan = [(rank, _rank_env(rank, config.nproc, port, channel)) for rank in range(config.nproc)]
+    preexec = die_with_supervisor()
+    for rank, env in plan:
+        out, err = output.pipes(rank)
+        env[PIPED_ENV] = "1"
+        try:
+            procs.append(subprocess.Popen(rank_cmd, env=env, stdout=out, stderr=err, start_new_session=True,
+                                          preexec_fn=preexec))
+        finally:
+            os.close(out)
+            os.close(err)
+    return port
+
+
+def supervise(config: WatchConfig) -> int:
+    """Self-launch ``config.nproc`` ranks of the script (or, ``config.spawns``, the script once: it starts
+    its own ranks), watch them, report; the exit code.
+
+    The job's MASTER_PORT is ``master_port``, else $MASTER_PORT, else a free port (as for ``check``). The
+    run ends the way torchrun ends one (:meth:`~ddpdoctor.watch.reaper.Reaper.teardown`): SIGTERM, the
+    grace, SIGKILL; a SIGINT/SIGTERM to watch itself does the same and exits 128 + the signal.
+    """
     from ddpdoctor.watch.reaper import Reaper
 
+    output = RankOutput(config.output)
+    output.prepare(1 if config.spawns else config.nproc)
+    if output.run_dir is not None:
+        _say(config, f"ddpdoctor watch: the ranks' logs go to {output.run_dir}/attempt_0/<rank>/")
     server = Server("127.0.0.1", 0)
     channel = f"127.0.0.1:{server.port}"
-    agg = Aggregator(0 if spawns else nproc, hang_timeout_s, owns_processes=not spawns, spawned=spawns)
+    agg = Aggregator(0 if config.spawns else config.nproc, config.hang_timeout_s, owns_processes=not config.spawns,
+                     spawned=config.spawns)
     procs: list[subprocess.Popen[bytes]] = []
+    job_port: int | None = None
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     status: str | None = None
-    rank_cmd = [sys.executable, "-m", "ddpdoctor.watch.rank", script, *args]
+    interrupted: _Interrupted | None = None
+    hurry = threading.Event()
     reaper = Reaper()  # before any rank starts: an orphan of theirs must re-parent to us, not to init
+    teardown = None
     try:
-        if spawns:
-            procs.append(subprocess.Popen(rank_cmd, env=_launcher_env(channel, master_port), start_new_session=True))
-        else:
-            job_port = choose_port(master_port if master_port is not None else port_from_env("MASTER_PORT"))
-            for rank in range(nproc):
-                procs.append(subprocess.Popen(rank_cmd, env=_rank_env(rank, nproc, job_port, channel),
-                                              start_new_session=True))
-        while status is None:
-            _drain(server, agg, POLL_S)
-            if spawns:
-                if agg.launcher_code is None and procs[0].poll() is not None:
-                    _drain(server, agg, POLL_S)
-                    agg.launcher_exited(procs[0].returncode)
-            else:
-                for rank, proc in enumerate(procs):
-                    if agg.ranks[rank].returncode is None and proc.poll() is not None:
+        try:
+            job_port = _start(config, channel, output, procs)
+            output.start()
+            while status is None:
+                _drain(server, agg, POLL_S)
+                if config.spawns:
+                    if agg.launcher_code is None and procs[0].poll() is not None:
                         _drain(server, agg, POLL_S)
-                        agg.process_exited(rank, proc.returncode)
-            _notice(agg)
-            reaper.poll(procs)
-            status = agg.verdict()
-        if status != OK:
-            agg.evidence = evidence.prepare(evidence_dir)
-            collect_stacks(server, agg, agg.evidence)
-    except _Interrupted as exc:
-        reaper.teardown(procs)
-        # 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for a scheduler's SIGTERM.
-        raise DoctorError(f"watch interrupted ({exc}); every rank was stopped", exit_code=128 + exc.signum) from None
+                        agg.launcher_exited(procs[0].returncode)
+                else:
+                    for rank, proc in enumerate(procs):
+                        if agg.ranks[rank].returncode is None and proc.poll() is not None:
+                            _drain(server, agg, POLL_S)
+                            agg.process_exited(rank, proc.returncode)
+                line = agg.straggler_notice()
+                if line:
+                    _say(config, line)
+                reaper.poll(procs)
+                status = agg.verdict()
+            if status != OK:
+                agg.evidence = evidence.prepare(config.evidence_dir)
+                collect_stacks(server, agg, agg.evidence if status != INIT_CONFLICT else None)
+                if status == HANG and not config.spawns:
+                    _check_rendezvous(agg, "127.0.0.1", job_port, rank0_hosts=True)
+        except _Interrupted as exc:
+            interrupted = exc
+        # From here a signal only shortens the grace (a second Ctrl-C): the teardown itself must finish.
+        for sig in previous:
+            signal.signal(sig, lambda signum, frame: hurry.set())
+        # Also after a run that ended by itself: a rank's children outlive it otherwise. After a run that
+        # ended well, what the script deliberately detached (its own session) is left running.
+        teardown = reaper.teardown(procs, config.grace_s, spare_detached=status == OK, hurry=hurry)
     finally:
         try:
-            # Also after a run that ended by itself: a rank's children in new sessions outlive it otherwise.
-            reaper.teardown(procs)
+            if teardown is None:  # an unexpected error above: still never leave a rank behind
+                teardown = reaper.teardown(procs, 0.0)
         finally:
             reaper.close()
+            output.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             server.close()
+    if interrupted is not None:
+        # 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for a scheduler's SIGTERM.
+        raise DoctorError(f"watch interrupted ({interrupted}): {teardown_text(teardown, config.spawns)}",
+                          exit_code=128 + interrupted.signum)
+    assert status is not None  # the loop ends on a verdict; an interruption raised above
     _report_malformed(server)
     result = agg.result(status)
-    write_result(result, json_path, agg)
+    result["teardown"] = teardown_json(teardown, agg, config.spawns)
+    write_result(result, config.json_path, agg, output)
     return int(result["exit_code"])
+
+
+def teardown_text(teardown: Teardown, spawns: bool) -> str:
+    """'SIGTERM to every rank; rank 1 needed SIGKILL after the 30 s grace' and the like."""
+    who = "the script" if spawns else "every rank"
+    if teardown.killed:
+        late = "the script's process" if spawns else rank_phrase(teardown.killed)
+        return (f"SIGTERM to {who}; {late} still ran after the {teardown.grace_s:g} s grace "
+                f"(--shutdown-timeout) and needed SIGKILL")
+    return f"SIGTERM to {who}; every process ended within the {teardown.grace_s:g} s grace"
+
+
+def teardown_json(teardown: Teardown, agg: Aggregator, spawns: bool) -> dict[str, Any]:
+    """The ``teardown`` object: the grace, what needed SIGKILL (ranks by number, where known), what was
+    left running (detached by the script after a run that ended well)."""
+    by_pid = {s.pid: r for r, s in agg.ranks.items() if s.pid is not None}
+    ranks = [] if spawns else list(teardown.killed)
+    others = []
+    for proc in teardown.others_killed:
+        rank = by_pid.get(proc["pid"])
+        if rank is not None and spawns:
+            ranks.append(rank)
+        else:
+            others.append(proc)
+    return {"grace_s": teardown.grace_s, "waited_s": teardown.waited_s, "sigkill_ranks": sorted(set(ranks)),
+            "sigkill_script": bool(spawns and teardown.killed), "sigkill_others": others,
+            "left_running": teardown.left_running}
 
 
 # -- under a launcher ------------------------------------------------------------------------------
@@ -276,13 +398,14 @@ def supervise(script: str, args: list[str], nproc: int, hang_timeout_s: float, j
 class RankZeroSupervisor(threading.Thread):
     """Rank 0's thread under torchrun/SLURM: the channel server and the verdicts."""
 
-    def __init__(self, server: Server, world_size: int, hang_timeout_s: float, json_path: str | None,
-                 evidence_dir: str | None = None) -> None:
+    def __init__(self, server: Server, world_size: int, config: WatchConfig) -> None:
         super().__init__(name="ddpdoctor-watch-supervisor", daemon=True)
         self.server = server
-        self.agg = Aggregator(world_size, hang_timeout_s)
-        self.json_path = json_path
-        self.evidence_dir = evidence_dir
+        self.config = config
+        self.agg = Aggregator(world_size, config.hang_timeout_s)
+        self.json_path = config.json_path
+        self.evidence_dir = config.evidence_dir
+        self.store: tuple[str, int, bool] | None = None  # the job's store (host, port, hosted by torchrun's agent)
         self.done = threading.Event()
         self.exit_code = 0
 
@@ -303,7 +426,9 @@ class RankZeroSupervisor(threading.Thread):
             _drain(self.server, self.agg, POLL_S)
             if time.monotonic() - started > UNWATCHED_AFTER_S:
                 self._give_up_on_unconnected()
-            _notice(self.agg)
+            line = self.agg.straggler_notice()
+            if line:
+                _say(self.config, line)
             status = self.agg.verdict()
             if status is None and any(s.failed for s in self.agg.ranks.values()):
                 # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
@@ -313,6 +438,8 @@ class RankZeroSupervisor(threading.Thread):
             self.agg.evidence = evidence.prepare(self.evidence_dir)
             if status != CRASH:
                 collect_stacks(self.server, self.agg, self.agg.evidence)
+            if status == HANG and self.store is not None:
+                _check_rendezvous(self.agg, self.store[0], self.store[1], rank0_hosts=not self.store[2])
         _report_malformed(self.server)
         result = self.agg.result(status)
         self.exit_code = int(result["exit_code"])
@@ -374,11 +501,8 @@ def _published_channel_port(info: LaunchInfo) -> int | None:
     return int(value)
 
 
-def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_timeout_s: float,
-                       json_path: str | None, evidence_dir: str | None = None) -> int:
+def run_under_launcher(info: LaunchInfo, config: WatchConfig) -> int:
     """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
-    from ddpdoctor.watch.rank import run_script
-
     fixed = port_from_env(PORT_ENV)
     # A fixed MASTER_PORT+1 collides with whatever else listens there (commonly a second job started
     # with --master-port one higher); the agent's store lets rank 0 take any free port and say which.
@@ -402,13 +526,14 @@ def run_under_launcher(info: LaunchInfo, script: str, args: list[str], hang_time
                               f"set {PORT_ENV} to a free port on every rank") from None
         if publish:
             _store_channel_port(info, server.port)
-        supervisor = RankZeroSupervisor(server, info.world_size, hang_timeout_s, json_path, evidence_dir)
+        supervisor = RankZeroSupervisor(server, info.world_size, config)
+        supervisor.store = (info.master_addr, info.master_port, info.agent_store)
         supervisor.start()
         address = f"127.0.0.1:{server.port}"
     elif publish:
         published = _published_channel_port(info)
         address = f"{info.master_addr}:{published}" if published is not None else ""
-    code = run_script(script, args, info.rank, info.world_size, address, exit_on_lost=False)
+    code = run_script(config.script, config.args, info.rank, info.world_size, address, exit_on_lost=False)
     if supervisor is None:
         return code
     supervisor.done.wait()

@@ -35,7 +35,7 @@ from tests.support import REPO, clean_env, run_cli
 # cover them, and each is tried with every slip below) ...
 OUTPUT_OPTIONS: dict[str, set[str]] = {
     "check": {"--json", "--log-dir"}, "bench": {"--json", "--plot", "--output_file", "--log-dir"},
-    "watch": {"--json", "--evidence"},
+    "watch": {"--json", "--evidence", "--log-dir"},
     "explain": {"--json"}, "unused": {"--json"}, "ras": {"--json"}, "fr": {"--json"}, "env": {"--json"},
     "ckpt inspect": {"--json"}, "ckpt strip": {"--json", "--output"}, "ckpt diff": {"--json"},
     "stacks": {"--json"}, "stacks merge": {"--json"},
@@ -52,7 +52,8 @@ OTHER_PARAMETERS: dict[str, set[str]] = {
               "--nthreads", "--ngpus", "--agg_iters", "--parallel_init", "--stream_null", "--cudagraph",
               "--local_register", "--cta_policy", "--device_implementation", "--device_cta_count", "--memory",
               "--unalign", "--per_iter_timing", "--per_iter_skip"},
-    "watch": {"script", "--nproc-per-node", "--master-port", "--hang-timeout", "--launch"},
+    "watch": {"script", "--nproc-per-node", "--master-port", "--shutdown-timeout", "--redirects", "--tee",
+              "--local-ranks-filter", "--hang-timeout", "--launch"},
     "explain": {"logs"}, "unused": {"model", "--batch", "--input-shape", "--loss", "--steps"},
     "ras": {"--addr", "--timeout"}, "fr": {"paths", "--prefix", "--world-size"}, "env": set(),
     "ckpt inspect": {"path"}, "ckpt strip": {"path", "--prefix", "--key"}, "ckpt diff": {"path", "--model", "--key"},

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ddpdoctor.watch.aggregate import CRASH, HANG, MISMATCH, OK, Aggregator
+from ddpdoctor.watch.config import WatchConfig
 from ddpdoctor.watch.report import divergence_line, render
 
 
@@ -67,20 +68,36 @@ def test_send_matches_recv_on_its_channel_and_a_size_difference_is_caught() -> N
     assert agg.verdict(1.0) == MISMATCH
 
 
-def test_silence_is_a_hang_only_while_someone_waits_in_a_collective() -> None:
+def test_no_progress_is_a_hang_wherever_the_ranks_are_and_a_stall_when_nobody_waits() -> None:
+    """Issue 25: on NCCL no host thread sits in the collective; silence is the hang, not a place."""
     agg = Aggregator(2, hang_timeout_s=5)
     hello_all(agg)
-    # Both ranks in their own code (say, a long evaluation): no hang however long it takes.
     for rank in (0, 1):
         agg.feed(rank, {"t": "beat", "progress": 4, "done": 2, "cur": None, "last": None, "seqs": {"WORLD": 2}}, 1.0)
-    assert agg.verdict(100.0) is None
-    start(agg, 0, rec("barrier", 3, "t.py:40"), 2, 101.0)
-    assert agg.verdict(105.0) is None
-    assert agg.verdict(106.5) == HANG
-    div = agg.divergence() or {}
-    assert div["seq"] == 3
-    assert "rank 0 in barrier at t.py:40" in divergence_line(div)
-    assert "rank 1 not in any collective" in divergence_line(div)
+    agg.feed(1, {"t": "beat", "progress": 4, "done": 3, "cur": None, "last": None, "seqs": {"WORLD": 2}}, 4.0)
+    assert agg.verdict(8.9) is None  # rank 1 completed something at 4.0: the clock restarted there
+    # Issuing is not progress (a desynchronised NCCL rank issues on until it blocks).
+    agg.feed(0, {"t": "rec", "recs": [rec("all_reduce", 3, "t.py:38", "float32[4]")]}, 8.0)
+    assert agg.verdict(9.1) == HANG
+    # Both ranks in their own code (a long evaluation), nothing in flight: the same verdict, worded as a stall.
+    for rank in (0, 1):
+        agg.feed(rank, {"t": "stack", "stack": ["t.py:70 in evaluate: score(batch)"],
+                        "frames": [["/job/t.py", 70, "evaluate", "score(batch)"]]}, 9.1)
+    result = agg.result(HANG)
+    assert result["stall"] is True
+    assert [r["wait"]["kind"] for r in result["ranks"]] == ["user_code", "user_code"]
+    text = render(result)
+    assert text.startswith("ddpdoctor watch: STALL: no rank made progress for 5 s (2 ranks)")
+    assert "ranks 0-1: in its own code at t.py:70: score(batch)" in text
+    assert "raise --hang-timeout above its duration" in text
+    # One rank with a collective in flight: nobody calls that a legitimate long phase.
+    agg.feed(0, {"t": "stack", "stack": [], "frames": [["/job/t.py", 70, "evaluate", "score(batch)"]],
+                 "inflight": [{"op": "all_reduce", "seq": 3, "group": "WORLD", "site": "t.py:38", "desc": "float32[4]",
+                               "on": "work", "age_s": 6.0}]}, 9.2)
+    result = agg.result(HANG)
+    assert result["stall"] is False and render(result).startswith("ddpdoctor watch: HANG: no rank made progress")
+    assert "rank 0: in its own code at t.py:70: score(batch); 1 collective still pending: #3 all_reduce float32[4] " \
+           "(issued at t.py:38, 6.0 s ago)" in render(result)
 
 
 def test_a_rank_that_exited_while_others_wait_is_named_with_its_exit() -> None:
@@ -188,7 +205,7 @@ def test_a_launched_rank_is_finished_only_when_its_process_ended() -> None:
     agg = Aggregator(1, hang_timeout_s=2, owns_processes=True)
     hello_all(agg)
     agg.feed(0, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 1.0)
-    agg.feed(0, None, 1.1)  # its channel closed, the process still runs
+    agg.feed(0, None, 1.1)  # its channel closed, the process still runs: its script ended, no hang clock
     assert agg.verdict(60.0) is None
     assert agg.ranks[0].state == "running" and not agg.ranks[0].crashed
     agg.process_exited(0, 0, 61.0)
@@ -203,7 +220,7 @@ def test_rank0_supervisor_stops_waiting_for_a_rank_that_never_connected(monkeypa
 
     monkeypatch.setattr(watch, "UNWATCHED_AFTER_S", 0.5)
     server = Server("127.0.0.1", 0)
-    supervisor = watch.RankZeroSupervisor(server, 2, hang_timeout_s=600, json_path=None)
+    supervisor = watch.RankZeroSupervisor(server, 2, WatchConfig("x.py", [], hang_timeout_s=600))
     supervisor.start()
     client = Client.connect(f"127.0.0.1:{server.port}", 10)
     try:
@@ -254,10 +271,36 @@ def test_rank0_supervisor_that_fails_still_lets_rank0_finish(monkeypatch: Any,
     monkeypatch.setattr(watch, "_drain", broken)
     server = Server("127.0.0.1", 0)
     try:
-        supervisor = watch.RankZeroSupervisor(server, 2, hang_timeout_s=600, json_path=None)
+        supervisor = watch.RankZeroSupervisor(server, 2, WatchConfig("x.py", [], hang_timeout_s=600))
         supervisor.start()
         assert supervisor.done.wait(30), "rank 0 would wait forever for a dead supervisor"
     finally:
         server.close()
     assert supervisor.exit_code == 3
     assert "the supervisor failed (KeyError" in capsys.readouterr().err
+
+
+def test_a_rank_that_never_issued_what_the_others_issued_is_behind_only_once_it_moved_on() -> None:
+    """NCCL's shape of a skipped collective: ranks 0,2 issued all_reduce #6 (async, pending) and wait; rank 1
+    issued 5 and is in its own code. Named as behind, with the skipped call's line. A rank waiting in another
+    collective instead (rank 0 alone in an extra barrier) is a divergence, not a skip."""
+    agg = Aggregator(3, hang_timeout_s=5)
+    hello_all(agg)
+    sixth = rec("all_reduce", 6, "skip.py:20", "float32[4]")
+    waiting = rec("wait for #6 all_reduce (skip.py:20)", None, "skip.py:23")
+    for rank in (0, 2):
+        agg.feed(rank, {"t": "rec", "recs": [rec("all_reduce", n, "skip.py:20", "float32[4]") for n in range(1, 6)]
+                        + [sixth, waiting]}, 1.0)
+        agg.feed(rank, {"t": "beat", "progress": 20, "done": 5, "cur": waiting, "last": None, "seqs": {"WORLD": 6},
+                        "inflight_n": 1}, 1.0)
+    agg.feed(1, {"t": "rec", "recs": [rec("all_reduce", n, "skip.py:20", "float32[4]") for n in range(1, 6)]}, 1.0)
+    agg.feed(1, {"t": "beat", "progress": 10, "done": 5, "cur": None, "last": None, "seqs": {"WORLD": 5}}, 1.0)
+    assert agg.verdict(6.5) == HANG
+    div = agg.result(HANG)["divergence"]
+    assert (div["seq"], div["behind"]) == (6, [{"ranks": [1], "issued": 5, "others": [0, 2], "others_issued": 6,
+                                                "op": "all_reduce", "desc": "float32[4]", "site": "skip.py:20"}])
+    assert "rank 1 never issued all_reduce #6 float32[4] (ranks 0,2 issued it at skip.py:20)" in render(agg.result(HANG))
+    # The same counts with rank 1 inside another recorded call: no "skipped" claim.
+    agg.feed(1, {"t": "beat", "progress": 11, "done": 5, "cur": rec("backward", None, "skip.py:30"), "last": None,
+                 "seqs": {"WORLD": 5}}, 6.6)
+    assert agg.result(HANG)["divergence"]["behind"] == []

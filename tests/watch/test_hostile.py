@@ -98,16 +98,23 @@ def _watch(tmp_path: Path, source: str, nproc: int = 2, timeout: float = 120) ->
     script = tmp_path / "train.py"
     script.write_text(source)
     return run_cli(["watch", "--nproc", str(nproc), "--hang-timeout", "30", "--evidence", str(tmp_path / "evidence"),
-                    str(script)], timeout=timeout, cwd=tmp_path)
+                    "--json", str(tmp_path / "w.json"), str(script)], timeout=timeout, cwd=tmp_path)
 
 
 @pytest.mark.usefixtures("sleeper_cleanup")
-def test_a_new_session_child_does_not_outlive_a_run_that_ends_normally(tmp_path: Path) -> None:
+def test_a_new_session_child_is_left_running_and_listed_after_a_run_that_ends_well(tmp_path: Path) -> None:
+    """Issue 27: after a successful run, what the script deliberately detached (an uploader in a session of
+    its own) is its business: left running, and named in the report (torchrun does not kill it either)."""
     proc = _watch(tmp_path, SLEEPER)
     assert proc.returncode == 0, proc.stderr[-2000:]
     pids = _pids(tmp_path)
     assert len(pids) == 2, proc.stderr[-2000:]
-    assert _survivors(pids) == [], "a start_new_session child of the script outlived watch"
+    assert sorted(_survivors(pids, wait_s=2)) == sorted(pids), "a detached child was killed after a run that ended well"
+    for pid in pids:
+        assert re.search(rf"left running.*\bpid {pid}\b", proc.stderr, re.S), proc.stderr[-2000:]
+    report = json.loads((tmp_path / "w.json").read_text())
+    assert sorted(p["pid"] for p in report["teardown"]["left_running"]) == sorted(pids)
+    assert all("time.sleep(300)" in p["cmdline"] for p in report["teardown"]["left_running"])
 
 
 @pytest.mark.usefixtures("sleeper_cleanup")
@@ -122,12 +129,19 @@ def test_a_new_session_child_does_not_outlive_a_rank_crash(tmp_path: Path) -> No
 
 
 @pytest.mark.usefixtures("sleeper_cleanup")
-def test_a_double_fork_daemon_does_not_outlive_watch(tmp_path: Path) -> None:
+def test_a_double_fork_daemon_is_left_running_after_success_and_killed_after_a_failure(tmp_path: Path) -> None:
     proc = _watch(tmp_path, DAEMON, nproc=1)
     assert proc.returncode == 0, proc.stderr[-2000:]
     pids = _pids(tmp_path)
+    assert len(pids) == 1 and _survivors(pids, wait_s=2) == pids, "a daemon was killed after a run that ended well"
+    assert f"pid {pids[0]}" in proc.stderr
+    psutil.Process(pids[0]).kill()
+    (tmp_path / "sleeper_0.pid").unlink()
+    failed = _watch(tmp_path, DAEMON + "raise SystemExit(4)\n", nproc=1)
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    pids = _pids(tmp_path)
     assert len(pids) == 1
-    assert _survivors(pids) == [], "a double-forked daemon of the script outlived watch"
+    assert _survivors(pids) == [], "a double-forked daemon of a failed run outlived watch"
 
 
 @pytest.mark.usefixtures("sleeper_cleanup")

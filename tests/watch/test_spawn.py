@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from tests.support import run_cli
-from tests.watch.test_watch import EXAMPLES, groups_by_rank, leftovers, site
+from tests.watch.test_watch import EXAMPLES, HANG_TIMEOUT, groups_by_rank, leftovers, site
 
 pytestmark = pytest.mark.slow
 
 
 def watch(cwd: Path, script: str, *args: str, options: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
     report = cwd / "watch.json" if cwd != EXAMPLES else Path(options[options.index("--json") + 1])
-    proc = run_cli(["watch", "--hang-timeout", "3", *options, script, *args], timeout=240, cwd=cwd)
+    proc = run_cli(["watch", "--hang-timeout", str(HANG_TIMEOUT), *options, script, *args], timeout=240, cwd=cwd)
     assert report.exists(), f"no report; stderr:\n{proc.stderr[-3000:]}"
     assert leftovers(Path(script).name) == [], "processes of the job survived watch"
     return proc, json.loads(report.read_text())
@@ -89,6 +89,10 @@ def test_every_process_claiming_rank_0_is_named_as_such_not_as_a_busy_port(tmp_p
     assert len({c["pid"] for c in conflict["claims"]}) == 2
     assert "INIT CONFLICT: two processes claim rank 0" in proc.stderr
     assert "EADDRINUSE" not in json.dumps(data) and "address already in use" not in proc.stderr.lower()
+    # Stopped before the rendezvous: no process group recorded anything, and there is no rank 1 whose
+    # missing Flight Recorder dump could be blamed (issue 28).
+    assert "no dump from rank" not in proc.stderr and "Flight Recorder (" not in proc.stderr
+    assert "fr" not in data and not list((tmp_path / "evidence" / "flight_recorder").iterdir())
 
 
 def test_a_rank_sleeping_every_step_is_the_straggler_and_the_others_are_not(tmp_path: Path) -> None:

@@ -1,0 +1,122 @@
+"""Which ranks reached a job's rendezvous, read from the job's own c10d store (for a job stuck in
+``init_process_group``: "Waiting in store based barrier to initialize process group", or nothing at all).
+
+A job whose ranks never all arrive waits in ``init_process_group`` until its timeout (30 minutes by
+default), and every rank that did arrive shows the same stack: the place tells nothing, the absent ranks
+are the diagnosis. The job's TCPStore (``MASTER_ADDR:MASTER_PORT``) knows who came:
+
+- gloo: each rank publishes its address under ``<rank>`` in the process group's prefix store before it
+  connects the full mesh (``createAndConnectAllPairs`` in gloo/transport/tcp/context.cc); c10d prefixes the
+  default group's keys with ``default_pg/<n>/`` and the device's with ``/cpu/`` and its index
+  (``PrefixStore`` joins with ``/``), so rank 1 of world 3 sets ``default_pg/0//cpu//0/1`` (seen on torch
+  2.13 with 2 of 3 ranks started). Under torchrun's agent store the job's keys carry a further prefix.
+- With ``env://`` and no agent store, rank 0 *hosts* the store and waits inside the TCPStore constructor
+  for every worker to connect, before it publishes anything: the store answering is rank 0 having arrived.
+- NCCL publishes no key per rank (rank 0 sets the unique id, the others read it): there the store says
+  only that it is up.
+
+The store is read by a short-lived ``python -c`` with torch (``TCPStore(..., is_master=False,
+wait_for_workers=False)``, ``list_keys()``: it never adds a key nor counts as a worker), so ``ddpdoctor
+stacks`` itself never imports torch and a store that does not answer costs at most the deadline.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
+
+PROBE_S = 10.0  # the whole probe, torch's import included
+_GLOO_KEY = re.compile(r"(?:^|/)default_pg/\d+//cpu//\d+/(\d+)$")
+_MAX_KEYS = 100_000
+
+_PROBE = r"""
+import datetime, json, sys
+import torch.distributed as dist
+store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=float(sys.argv[3])))
+keys = store.list_keys() if hasattr(store, "list_keys") else None
+print(json.dumps({"keys": keys[:100000] if keys is not None else None}))
+"""
+
+
+@dataclass
+class StoreView:
+    """What the job's store says about the rendezvous (``error`` set when it could not be read)."""
+
+    address: str
+    reachable: bool = False
+    keys_listed: bool = False
+    arrived: list[int] = field(default_factory=list)  # ranks whose gloo address is in the store
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.address, "reachable": self.reachable, "keys_listed": self.keys_listed,
+                "published": self.arrived, "error": self.error}
+
+
+def arrived_ranks(keys: list[str]) -> list[int]:
+    """Ranks that published their gloo address in the store (see the module docstring)."""
+    found = set()
+    for key in keys:
+        match = _GLOO_KEY.search(key)
+        if match:
+            found.add(int(match.group(1)))
+    return sorted(found)
+
+
+def read_store(host: str, port: int, timeout_s: float = PROBE_S) -> StoreView:
+    """The store at ``host:port`` as :class:`StoreView`; never raises, never waits past ``timeout_s``."""
+    view = StoreView(f"{host}:{port}")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, host, str(port), str(max(1.0, timeout_s / 3))],
+                              capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        view.error = f"no answer within {timeout_s:g} s"
+        return view
+    except OSError as exc:
+        view.error = f"cannot start the probe: {exc.strerror or exc}"
+        return view
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        view.error = (lines[-1] if lines else f"the probe exited with {proc.returncode}")[:200]
+        return view
+    view.reachable = True
+    try:
+        doc = loads_untrusted(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "{}")
+    except (UntrustedJSONError, IndexError):
+        return view
+    keys = doc.get("keys") if isinstance(doc, dict) else None
+    if isinstance(keys, list):
+        view.keys_listed = True
+        view.arrived = arrived_ranks([k for k in keys[:_MAX_KEYS] if isinstance(k, str)])
+    return view
+
+
+def never_arrived(world_size: int, seen: set[int], view: StoreView | None, rank0_hosts: bool) -> list[int]:
+    """Ranks below ``world_size`` neither seen (by the caller: running, or connected to watch) nor in the
+    store: the ones the others wait for."""
+    arrived = set(seen)
+    if view is not None and view.reachable:
+        arrived |= set(view.arrived)
+        if rank0_hosts:
+            arrived.add(0)
+    return [rank for rank in range(world_size) if rank not in arrived]
+
+
+def store_text(view: StoreView, rank0_hosts: bool) -> str:
+    """One clause for the report: what the store said, or why it said nothing."""
+    if not view.reachable:
+        return f"the job's store at {view.address} could not be read ({view.error})"
+    if not view.keys_listed:
+        return f"the job's store at {view.address} answers (this torch cannot list its keys)"
+    host = "; rank 0 hosts it" if rank0_hosts else ""
+    if not view.arrived:
+        return f"the job's store at {view.address} holds no rank's gloo address yet{host}"
+    from ddpdoctor.ranks import rank_phrase
+
+    return f"the job's store at {view.address} holds the gloo addresses of {rank_phrase(view.arrived)}{host}"

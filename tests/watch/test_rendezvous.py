@@ -1,0 +1,96 @@
+"""A job stuck before its first collective: 2 of 3 ranks started, the third never does (issue 25).
+
+Every rank that arrived waits in ``init_process_group`` with the same stack; the diagnosis is the rank that
+is absent. Real processes: the two ranks are started by hand with a launcher's environment (RANK,
+WORLD_SIZE=3, MASTER_ADDR, MASTER_PORT: how srun or a hand-written launcher starts them), and
+``watch`` (rank 0 supervising) and ``stacks`` (attaching with py-spy) must both name rank 2, with what the
+job's own c10d store says (rank 1's gloo address is in it; rank 0 hosts it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.stacks.rendezvous import arrived_ranks
+from tests.support import clean_env, communicate_all, free_port, run_cli
+from tests.watch.test_watch import leftovers
+
+RDV = """\
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # ranks 0 and 1 wait here for rank 2, which never starts
+dist.barrier()
+"""
+
+
+def _rank_env(rank: int, port: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return clean_env({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3",
+                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **(extra or {})})
+
+
+def test_the_gloo_keys_of_the_store_name_the_ranks_that_published_their_address() -> None:
+    """The key layout seen on torch 2.13 (default group, CPU device 0), under torchrun's agent prefix too."""
+    keys = ["default_pg/0//cpu//0/1", "/worker/attempt_0/default_pg/0//cpu//0/4", "default_pg/0//cpu//0/x",
+            "store_based_barrier_key:1", "default_pg/0//cuda//0/3"]
+    assert arrived_ranks(keys) == [1, 4]
+
+
+@pytest.mark.slow
+def test_watch_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
+    (tmp_path / "rdv.py").write_text(RDV)
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        options = ["--json", str(tmp_path / "watch.json"), "--evidence", str(tmp_path / "evidence")] if rank == 0 else []
+        procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor", "watch", "--hang-timeout", "10", *options,
+                                       "rdv.py"], cwd=tmp_path, env=_rank_env(rank, port), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    (code0, _out0, err0), (code1, _out1, _err1) = communicate_all(procs, timeout=240)
+    assert code0 == 1 and code1 == 1, err0[-3000:]
+    data = json.loads((tmp_path / "watch.json").read_text())
+    assert data["status"] == "hang"
+    rendezvous = data["rendezvous"]
+    assert (rendezvous["waiting"], rendezvous["never_arrived"]) == ([0, 1], [2])
+    assert rendezvous["store"]["store"] == f"127.0.0.1:{port}" and rendezvous["store"]["published"] == [1]
+    assert "HANG in the rendezvous: rank 2 never arrived; ranks 0-1 wait for it in init_process_group" in err0
+    assert f"the job's store at 127.0.0.1:{port} holds the gloo addresses of rank 1; rank 0 hosts it" in err0
+    ranks = {r["rank"]: r for r in data["ranks"]}
+    assert ranks[2]["wait"]["kind"] == "not_started"
+    assert [ranks[r]["wait"]["kind"] for r in (0, 1)] == ["rendezvous", "rendezvous"]
+    assert ranks[0]["wait"]["site"] == "rdv.py:3"
+    assert leftovers("rdv.py") == []
+
+
+@pytest.mark.slow
+def test_stacks_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
+    (tmp_path / "rdv.py").write_text(RDV)
+    port = free_port()
+    # As torchrun's workers (TORCHELASTIC_RUN_ID makes them ranks to `stacks`), but with rank 0 hosting the store.
+    procs = [subprocess.Popen([sys.executable, "rdv.py"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=_rank_env(rank, port, {"TORCHELASTIC_RUN_ID": f"rdv{port}"}))
+             for rank in (0, 1)]
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            proc = run_cli(["stacks", "--job", f"rdv{port}", "--json", "-"], timeout=120)
+            doc = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+            job = (doc.get("jobs") or [{}])[0]
+            if (job.get("rendezvous") or {}).get("waiting") == [0, 1]:
+                break
+            time.sleep(1)  # the ranks are still importing torch
+        assert proc.returncode == 1, proc.stderr
+        assert job["rendezvous"]["never_arrived"] == [2], job
+        assert job["rendezvous"]["store"]["published"] == [1]
+        text = run_cli(["stacks", "--job", f"rdv{port}"], timeout=120)
+        assert ("rendezvous: rank 2 never arrived; ranks 0-1 wait for it in init_process_group (the job's store at "
+                f"127.0.0.1:{port} holds the gloo addresses of rank 1; rank 0 hosts it)") in text.stdout, text.stdout
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
