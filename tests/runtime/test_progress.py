@@ -75,6 +75,22 @@ def test_in_a_log_one_line_per_ten_seconds_and_nothing_for_short_waits() -> None
     assert len(out.getvalue().splitlines()) == 2
 
 
+def test_a_wait_begun_again_goes_on_and_a_log_never_repeats_its_line() -> None:
+    """`check` begins "starting the ranks" before torch loads and again as it joins: on a loaded node (both
+    past 10 s) a CI log got the line twice, "...: 10 s" then "...: 11 s"."""
+    display, out, clock = _display(terminal=False)
+    display.begin("starting the ranks and the control plane", since=clock.now - 10.5)
+    display.tick()
+    display.begin("starting the ranks and the control plane", since=clock.now - 11.0)
+    clock.now += 1.0
+    display.tick()
+    assert out.getvalue().splitlines() == ["ddpdoctor: starting the ranks and the control plane: 10 s"]
+    display.end()
+    display.begin("starting the ranks and the control plane", since=clock.now - 10.0)  # a new wait after the end
+    display.tick()
+    assert len(out.getvalue().splitlines()) == 2
+
+
 def _rank0_alone(timeout_s: int) -> tuple[list[str], dict[str, str]]:
     """argv and environment of rank 0 of a 2-rank job (env launcher) whose rank 1 never starts."""
     env = clean_env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
