@@ -23,7 +23,6 @@ import torch
 
 from ddpdoctor.outputs import PARTIAL_SUFFIX
 from examples.ckpt_models import make_mlp
-from tests.ckpt.conftest import dcp_dirs, shard_sets  # noqa: F401 - fixtures
 from tests.safety.conftest import snapshot
 from tests.support import REPO, clean_env, run_cli
 
@@ -96,7 +95,7 @@ def test_strip_never_replaces_a_checkpoint_that_is_not_its_input(tmp_path: Path)
     assert snapshot(tmp_path) == before
 
 
-def test_dcp_output_clashing_with_json_is_refused_before_any_work(dcp_dirs: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_dcp_output_clashing_with_json_is_refused_before_any_work(dcp_dirs: Path, tmp_path: Path) -> None:
     """`ckpt strip dcp -o od --json od` wrote 200 MB into od/ and only then refused --json od."""
     before = snapshot(tmp_path)
     for args in (["-o", str(tmp_path / "od"), "--json", str(tmp_path / "od")],
@@ -115,7 +114,7 @@ def test_dcp_output_clashing_with_json_is_refused_before_any_work(dcp_dirs: Path
     assert "not safetensors" in res.stderr
 
 
-def test_a_shard_set_copy_carries_every_other_file_and_folder(shard_sets: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_shard_set_copy_carries_every_other_file_and_folder(shard_sets: Path, tmp_path: Path) -> None:
     """`tokenizer/` was dropped while "wrote st_out" was printed."""
     src = tmp_path / "st"
     shutil.copytree(shard_sets / "st", src)
@@ -139,7 +138,7 @@ def test_a_shard_set_copy_carries_every_other_file_and_folder(shard_sets: Path, 
     assert got == want
 
 
-def test_a_shard_set_with_what_strip_cannot_carry_is_refused_and_listed(shard_sets: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_shard_set_with_what_strip_cannot_carry_is_refused_and_listed(shard_sets: Path, tmp_path: Path) -> None:
     src = tmp_path / "st"
     shutil.copytree(shard_sets / "st", src)
     os.mkfifo(src / "pipe")
