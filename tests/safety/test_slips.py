@@ -9,8 +9,10 @@ the user's folder must keep its bytes, owner, group, mode, mtime and inode (chec
 
 The table of output options is checked against the CLI itself (:func:`test_every_value_option_is_classified`):
 a command or an option added later without a decision here fails, so it cannot skip the policy unseen.
-``check``, ``bench`` and ``watch`` start processes, so they run as real subprocesses; the others run
-in-process through the console entry point (:func:`ddpdoctor.cli.main`).
+Every command runs in-process through the console entry point (:func:`ddpdoctor.cli.main`), the code path
+of the installed command. A refusal must come before any work: for ``check``, ``bench`` and ``watch``
+before any rank starts, which a guard enforces (starting ranks fails the test instead of starting them),
+so they need no subprocess either.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import typer.main
 from ddpdoctor import outputs
 from ddpdoctor.cli import build_app, main
 from tests.safety.conftest import snapshot
-from tests.support import REPO, clean_env, run_cli
+from tests.support import REPO, clean_env
 
 # Every value-taking parameter of every command: the ones that name something written (the policy must
 # cover them, and each is tried with every slip below) ...
@@ -60,7 +62,6 @@ OTHER_PARAMETERS: dict[str, set[str]] = {
 }
 SHORT = {"--output": "-o", "--output_file": "-J"}
 DOC_COMMAND = {"stacks merge": "stacks"}  # the JSON document a command writes (a merge is a stacks document)
-SUBPROCESS = {"check", "bench", "watch"}
 
 
 def _value_parameters() -> dict[str, set[str]]:
@@ -207,14 +208,28 @@ CASES = [(command, option, slip) for command, options in sorted(OUTPUT_OPTIONS.i
          for slip in SLIPS if _applies(command, option, slip)]
 
 
-def _run(argv: list[str], cwd: Path | None, subprocess_needed: bool, monkeypatch: pytest.MonkeyPatch,
+@pytest.fixture
+def no_ranks_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard, not a stand-in: the slip must be refused before ranks would start, so starting them fails
+    the test (no process is started). The launcher variables of the test's own environment are dropped."""
+    import ddpdoctor.runtime.entry as entry
+    import ddpdoctor.watch as watch
+
+    def started(*_args: Any, **_kwargs: Any) -> int:
+        raise AssertionError("ranks would have started: the slip was not refused before any work")
+
+    monkeypatch.setattr(entry, "run_here_or_self_launch", started)
+    monkeypatch.setattr(watch, "supervise", started)
+    monkeypatch.setattr(watch, "run_under_launcher", started)
+    kept = clean_env()
+    for name in [n for n in os.environ if n not in kept]:
+        monkeypatch.delenv(name)
+
+
+def _run(argv: list[str], cwd: Path | None, monkeypatch: pytest.MonkeyPatch,
          capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    if subprocess_needed:
-        done = run_cli(argv, cwd=cwd or REPO, timeout=180, env=clean_env({"PYTHONPATH": str(REPO)}))
-        return done.returncode, done.stderr
     capsys.readouterr()
-    if cwd is not None:
-        monkeypatch.chdir(cwd)
+    monkeypatch.chdir(cwd or REPO)
     monkeypatch.setattr(sys, "stdin", open(os.devnull))  # noqa: SIM115 - closed by pytest's teardown
     code = main(argv)
     return code, capsys.readouterr().err
@@ -222,7 +237,7 @@ def _run(argv: list[str], cwd: Path | None, subprocess_needed: bool, monkeypatch
 
 @pytest.mark.parametrize(("command", "option", "slip"), CASES, ids=[f"{c}|{o}|{s}" for c, o, s in CASES])
 def test_a_slip_is_refused_in_one_line_and_nothing_changes(command: str, option: str, slip: str, workspace: Path,
-                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           no_ranks_start: None, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     recipe = RECIPES[command]
     flags = [SHORT.get(o, o) for o in OUTPUT_OPTIONS[command]]
@@ -236,7 +251,7 @@ def test_a_slip_is_refused_in_one_line_and_nothing_changes(command: str, option:
         extra = []
     before = snapshot(workspace)
     argv = [*recipe.before(workspace, option), *extra, SHORT.get(option, option), value, *recipe.after(workspace)]
-    code, err = _run(argv, cwd, command in SUBPROCESS, monkeypatch, capsys)
+    code, err = _run(argv, cwd, monkeypatch, capsys)
     assert code == 2, (argv, err)
     assert err.startswith("ddpdoctor: error: ") and err.count("\n") == 1, err
     assert any(flag in err for flag in flags), f"the refusal names the option: {err}"
