@@ -13,7 +13,8 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ from ddpdoctor.fr.dump import write_dump
 write_dump(sys.argv[1], 0)
 dist.destroy_process_group()
 """
+
+# Another user, for the ownership and planting cases (they need root to act as it; no such account is needed).
+OTHER_UID = 1234
 
 MODEL_PY = f"""import sys
 sys.path.insert(0, {str(REPO)!r})
@@ -111,3 +115,30 @@ def snapshot(folder: Path) -> dict[str, Any]:
         found[str(path.relative_to(folder))] = (what, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), mtime,
                                                 st.st_ino)
     return found
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A world-writable sticky folder outside pytest's private temp dir, as /tmp is (other users need it)."""
+    folder = Path(tempfile.mkdtemp(prefix="ddpdoctor-shared-tmp-"))
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def as_user(uid: int, action: Callable[[], int | None]) -> int:
+    """Run ``action()`` in a forked child that has become ``uid`` (real and effective, no groups); the
+    child's exit code: what ``action`` returned (None: 0), 3 if it raised. Only modules already imported
+    may be used there: the interpreter's own folder may be closed to ``uid``."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 3
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            code = int(action() or 0)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)

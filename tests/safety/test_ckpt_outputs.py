@@ -23,10 +23,9 @@ import torch
 
 from ddpdoctor.outputs import PARTIAL_SUFFIX
 from examples.ckpt_models import make_mlp
-from tests.safety.conftest import snapshot
+from tests.safety.conftest import OTHER_UID, snapshot
 from tests.support import REPO, clean_env, run_cli
 
-OTHER_UID = 1234  # a user that owns the files of the ownership tests
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
 
 

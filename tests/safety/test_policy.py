@@ -12,18 +12,14 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ddpdoctor import outputs
 from ddpdoctor.errors import DoctorError
-from tests.safety.conftest import snapshot
+from tests.safety.conftest import OTHER_UID, as_user, snapshot
 from tests.support import REPO, clean_env, run_cli
-
-OTHER_UID = 1234
 
 
 def test_explain_json_on_the_log_with_stdin_not_a_terminal_is_refused(workspace: Path) -> None:
@@ -108,38 +104,10 @@ def test_plots_are_written_in_the_format_their_name_says_and_only_ours_are_repla
         assert user.read_bytes() == head + b" a figure of the user's"
 
 
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A world-writable sticky folder outside pytest's private temp dir, as /tmp is (other users need it)."""
-    folder = Path(tempfile.mkdtemp(prefix="ddpdoctor-safety-"))
-    folder.chmod(0o1777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _as_user(uid: int, action: object) -> int:
-    """Run ``action()`` in a forked child that has become ``uid`` (real and effective); its exit code.
-    Only modules already imported may be used there: the interpreter's own folder may be closed to uid."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            code = int(action())  # type: ignore[operator]
-        except BaseException:
-            code = 3
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
 def test_a_json_report_of_another_user_is_neither_taken_over_nor_replaced_as_root_it_keeps_its_owner(
-        shared_dir: Path) -> None:
-    report = shared_dir / "env.json"
+        shared_tmp: Path) -> None:
+    report = shared_tmp / "env.json"
     outputs.write_json(report, {"status": "pass"}, "env")
     report.chmod(0o666)  # even writable by all: replacing it would make it the other user's
     before = report.read_bytes()
@@ -151,7 +119,7 @@ def test_a_json_report_of_another_user_is_neither_taken_over_nor_replaced_as_roo
             return 0 if "belongs to another user" in str(exc) else 1
         return 1
 
-    assert _as_user(OTHER_UID, replace_it) == 0
+    assert as_user(OTHER_UID, replace_it) == 0
     assert report.read_bytes() == before
     # Root replacing a user's report keeps it the user's, with its mode.
     os.chown(report, OTHER_UID, OTHER_UID)
