@@ -142,3 +142,34 @@ def as_user(uid: int, action: Callable[[], int | None]) -> int:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+@pytest.fixture
+def no_ranks_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard, not a stand-in: the slip must be refused before ranks would start, so starting them fails
+    the test (no process is started). The launcher variables of the test's own environment are dropped."""
+    import ddpdoctor.runtime.entry as entry
+    import ddpdoctor.watch as watch
+
+    def started(*_args: Any, **_kwargs: Any) -> int:
+        raise AssertionError("ranks would have started: the slip was not refused before any work")
+
+    monkeypatch.setattr(entry, "run_here_or_self_launch", started)
+    monkeypatch.setattr(watch, "supervise", started)
+    monkeypatch.setattr(watch, "run_under_launcher", started)
+    kept = clean_env()
+    for name in [n for n in os.environ if n not in kept]:
+        monkeypatch.delenv(name)
+
+
+def run_main(argv: list[str], cwd: Path | None, monkeypatch: pytest.MonkeyPatch,
+             capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``ddpdoctor ARGV`` in-process through the console entry point (the installed command's code path),
+    in ``cwd`` (default: the repository), stdin not a terminal; (exit code, stderr)."""
+    from ddpdoctor.cli import main
+
+    capsys.readouterr()
+    monkeypatch.chdir(cwd or REPO)
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # noqa: SIM115 - closed by pytest's teardown
+    code = main(argv)
+    return code, capsys.readouterr().err

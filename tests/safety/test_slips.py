@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +28,8 @@ import pytest
 import typer.main
 
 from ddpdoctor import outputs
-from ddpdoctor.cli import build_app, main
-from tests.safety.conftest import snapshot
-from tests.support import REPO, clean_env
+from ddpdoctor.cli import build_app
+from tests.safety.conftest import run_main, snapshot
 
 # Every value-taking parameter of every command: the ones that name something written (the policy must
 # cover them, and each is tried with every slip below) ...
@@ -208,33 +206,6 @@ CASES = [(command, option, slip) for command, options in sorted(OUTPUT_OPTIONS.i
          for slip in SLIPS if _applies(command, option, slip)]
 
 
-@pytest.fixture
-def no_ranks_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A guard, not a stand-in: the slip must be refused before ranks would start, so starting them fails
-    the test (no process is started). The launcher variables of the test's own environment are dropped."""
-    import ddpdoctor.runtime.entry as entry
-    import ddpdoctor.watch as watch
-
-    def started(*_args: Any, **_kwargs: Any) -> int:
-        raise AssertionError("ranks would have started: the slip was not refused before any work")
-
-    monkeypatch.setattr(entry, "run_here_or_self_launch", started)
-    monkeypatch.setattr(watch, "supervise", started)
-    monkeypatch.setattr(watch, "run_under_launcher", started)
-    kept = clean_env()
-    for name in [n for n in os.environ if n not in kept]:
-        monkeypatch.delenv(name)
-
-
-def _run(argv: list[str], cwd: Path | None, monkeypatch: pytest.MonkeyPatch,
-         capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    capsys.readouterr()
-    monkeypatch.chdir(cwd or REPO)
-    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # noqa: SIM115 - closed by pytest's teardown
-    code = main(argv)
-    return code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize(("command", "option", "slip"), CASES, ids=[f"{c}|{o}|{s}" for c, o, s in CASES])
 def test_a_slip_is_refused_in_one_line_and_nothing_changes(command: str, option: str, slip: str, workspace: Path,
                                                            no_ranks_start: None, monkeypatch: pytest.MonkeyPatch,
@@ -251,7 +222,7 @@ def test_a_slip_is_refused_in_one_line_and_nothing_changes(command: str, option:
         extra = []
     before = snapshot(workspace)
     argv = [*recipe.before(workspace, option), *extra, SHORT.get(option, option), value, *recipe.after(workspace)]
-    code, err = _run(argv, cwd, monkeypatch, capsys)
+    code, err = run_main(argv, cwd, monkeypatch, capsys)
     assert code == 2, (argv, err)
     assert err.startswith("ddpdoctor: error: ") and err.count("\n") == 1, err
     assert any(flag in err for flag in flags), f"the refusal names the option: {err}"
