@@ -140,8 +140,9 @@ def test_the_result_line_counts_the_causes_it_folds_under() -> None:
                          {"kind": "nccl_socket_ifname"})
     duplicate = Finding("gpu", FAIL, "ranks 0-1 share one GPU", [0, 1], "one GPU each", {"kind": "duplicate_gpu"})
     wrong = Finding("gpu", FAIL, "rank 1 uses cuda:0, not cuda:1", [1], "set_device", {"kind": "wrong_device"})
-    one = render_table(_report([ifname, said_twice]))
-    assert one.splitlines()[-1] == "Result: FAIL (1 fail; 1 more explained by the finding above them)"
+    port = Finding("port", PASS, "every reporting rank reached the master port", [0, 1])
+    one = render_table(_report([ifname, said_twice, port]))
+    assert one.splitlines()[-1] == "Result: FAIL (1 fail, 1 pass; 1 more explained by the finding above them)"
     two = render_table(_report([ifname, said_twice, duplicate, wrong]))
     assert two.splitlines()[-1] == "Result: FAIL (2 fail; 2 more explained by the findings above them)"
 
