@@ -223,7 +223,13 @@ def resolve(flag: str, path: str | os.PathLike[str], kind: Kind, *, command: str
                       "give the real path")
     real = Path(os.path.realpath(given))
     parent = real.parent
-    if not parent.is_dir():
+    if kind.adds_only:
+        # torchrun creates a missing --log-dir with its parents (os.makedirs): the nearest folder that
+        # exists is the one that must take new entries.
+        parent = _existing_ancestor(parent)
+        if not parent.is_dir():
+            raise _refuse(flag, given, f"{str(parent)!r} is not a folder; give a path of folders")
+    elif not parent.is_dir():
         raise _refuse(flag, given, f"the folder {str(parent)!r} does not exist; create it first")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise _refuse(flag, given, f"cannot write to the folder {str(parent)!r} (not writable)")
@@ -236,6 +242,13 @@ def resolve(flag: str, path: str | os.PathLike[str], kind: Kind, *, command: str
     if existing is not None:
         _check_existing(flag, given, real, kind, existing, command, in_place)
     return Target(flag, given, real, kind, command, in_place, Path(like) if like is not None else None, existing)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (``/`` at worst)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
 
 
 def _check_existing(flag: str, given: str, real: Path, kind: Kind, st: os.stat_result, command: str | None,

@@ -1,10 +1,14 @@
-"""Markers that skip cleanly where the hardware or privileges do not exist."""
+"""Markers that skip cleanly where the hardware or privileges do not exist, and the real checkpoints more
+than one test folder reads (made once per session: a fixture imported into another folder's module would
+be a second fixture, made a second time)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.support import have_netns
+from tests.support import have_netns, made_by_example
 
 
 def _cuda_available() -> bool:
@@ -32,3 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (none on this machine)"))
         if "requires_netns" in item.keywords and not have_netns():
             item.add_marker(pytest.mark.skip(reason="needs root and iproute2 (ip, tc) for network namespaces"))
+
+
+@pytest.fixture(scope="session")
+def dcp_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DCP directories written by a real 2-rank gloo DDP job (examples/ckpt_make_dcp.py, via mp.spawn)."""
+    return made_by_example("examples.ckpt_make_dcp", tmp_path_factory.mktemp("dcp"))
+
+
+@pytest.fixture(scope="session")
+def shard_sets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shard sets written by safetensors.torch.save_file and torch.save (examples/ckpt_make_shards.py)."""
+    return made_by_example("examples.ckpt_make_shards", tmp_path_factory.mktemp("shards"))

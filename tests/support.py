@@ -48,6 +48,13 @@ def run_cli(args: Sequence[str], *, timeout: float = 120, env: Mapping[str, str]
     )
 
 
+def made_by_example(module: str, out: Path) -> Path:
+    """Run an example that writes real checkpoints into ``out`` (bounded: a stuck save fails the test)."""
+    subprocess.run([sys.executable, "-m", module, str(out)], cwd=REPO, env=clean_env(),
+                   check=True, timeout=300, capture_output=True)
+    return out
+
+
 def torchrun_cmd() -> list[str]:
     """torchrun from this interpreter's environment (as a module, so no PATH surprises)."""
     return [sys.executable, "-m", "torch.distributed.run"]

@@ -105,8 +105,9 @@ def test_absurd_flags_are_one_line_exit_2_before_anything_starts(
 def test_torchrun_log_options_reach_the_self_launched_ranks(tmp_path: Path) -> None:
     """--tee 3 copies each rank's streams to DIR and the console ([default<local rank>]: prefixes, as
     torchrun); --local_ranks_filter 0 keeps rank 1 off the console but not out of its files. TMPDIR is the
-    test's: the launch leaves no torchelastic_* directory there (torchrun's default would)."""
-    logs, tmp = tmp_path / "logs", tmp_path / "tmp"
+    test's: the launch leaves no torchelastic_* directory there (torchrun's default would). DIR's missing
+    parents are created, as torchrun's os.makedirs does (the output policy refused them before)."""
+    logs, tmp = tmp_path / "runs" / "logs", tmp_path / "tmp"
     tmp.mkdir()
     proc = run_cli(["check", "--only", "env,barrier", "--nproc_per_node", "2", "--log_dir", str(logs), "--tee", "3",
                     "--local_ranks_filter", "0"], timeout=240, env=clean_env({"TMPDIR": str(tmp)}))
@@ -139,12 +140,13 @@ def test_redirected_and_filtered_rank_0_reports_into_its_file_only(tmp_path: Pat
     (["--local-ranks-filter", "0,a"], "--local-ranks-filter must be a comma-separated list of local ranks"),
     (["--nproc", "2", "--local-ranks-filter", "5"], "no such local rank among the 2 started"),
     (["--log-dir", "FILE"], "exists and is not a folder"),
+    (["--log-dir", "FILE/logs"], "FILE' is not a folder; give a path of folders"),
 ])
 @pytest.mark.parametrize("command", ["check", "bench"])
 def test_bad_torchrun_log_options_are_one_line_exit_2(command: str, args: list[str], needle: str,
                                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "FILE").write_text("x")
-    args = [str(tmp_path / "FILE") if a == "FILE" else a for a in args]
+    args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
     assert main([command, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err

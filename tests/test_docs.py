@@ -311,6 +311,9 @@ def test_strip_outputs_in_help_code_and_docs_agree() -> None:
     row = next(line for line in (REPO / "docs" / "ckpt.md").read_text().splitlines() if line.startswith("| `-o OUT`"))
     documented = re.search(r"when OUT ends in ((?:`\.[a-z.]+`/?)+)", row)
     assert documented and tuple(documented.group(1).replace("`", "").split("/")) == single_file
+    readme = " ".join((REPO / "README.md").read_text().split())
+    policy = re.search(r"the name fits what is written: .*?; ((?:`\.[a-z.]+`(?:, | or ))+)`\.safetensors`", readme)
+    assert policy and tuple(re.findall(r"`(\.[a-z.]+)`", policy.group(1))) == single_file
 
 
 def test_bench_lists_in_help_code_and_docs_agree() -> None:

@@ -53,14 +53,15 @@ def _row(finding: Finding, world_size: int, peers: dict[int, RankInfo], folded: 
 
 
 def result_line(report: Report, ordered: list[Finding], folded: list[Finding]) -> str:
-    """``Result: FAIL (1 fail, 3 pass; 2 more explained by the fail above)``; a run that checked nothing
-    says so instead of passing."""
+    """``Result: FAIL (1 fail, 3 pass; 2 more explained by the finding above them)``; a run that checked
+    nothing says so instead of passing."""
     folded_ids = {id(f) for f in folded}
     roots = [f for f in ordered if id(f) not in folded_ids]
     counts = {s: sum(1 for f in roots if f.status == s) for s in (FAIL, ERROR, WARN, PASS, SKIP)}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     if folded:
-        summary += f"; {len(folded)} more explained by the finding{'s' if len(roots) > 1 else ''} above them"
+        causes = {id(cause_of(f, ordered)) for f in folded}
+        summary += f"; {len(folded)} more explained by the finding{'s' if len(causes) > 1 else ''} above them"
     if report.status == SKIP:
         skipped = ", ".join(dict.fromkeys(f.check for f in report.findings))
         return f"Result: SKIP: nothing was checked: every check run here skipped ({skipped}); see why above"

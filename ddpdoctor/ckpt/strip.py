@@ -32,7 +32,7 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
     The input is opened first, so every bad-input error comes before any output file exists; the output
     is then checked against the output policy (``plan``: the run's other outputs, e.g. ``--json``), before
     anything is written. A DCP directory becomes a DCP directory, or one ``torch.save`` file when OUT ends
-    in .pt/.pth/.bin/.ckpt; a shard set becomes a shard set with the same sharding and every other file.
+    in a name of ``outputs.TORCH_FILE``; a shard set becomes a shard set with the same sharding and every other file.
     """
     plan = plan if plan is not None else outputs.Plan("ckpt strip")
     plan.reads("PATH", path)
@@ -125,7 +125,7 @@ def _strip_directory(ckpt: Checkpoint, output: str | Path | None, plist: tuple[s
     as_file = ckpt.dcp is not None and outputs.fits(name, outputs.TORCH_FILE)
     if ckpt.dcp is not None and outputs.fits(name, outputs.SAFETENSORS):
         raise DoctorError(f"-o {name!r}: from {kind} strip writes a new DCP directory, or one torch.save file "
-                          "(.pt/.pth/.bin/.ckpt); not safetensors")
+                          f"({'/'.join(outputs.TORCH_FILE.extensions)}); not safetensors")
     if ckpt.shards is not None and outputs.has_file_extension(name):
         raise DoctorError(f"-o {name!r}: {ckpt.path} is a shard set: strip writes a new shard set; give a new "
                           "directory name (no file extension) with -o")

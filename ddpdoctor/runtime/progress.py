@@ -51,8 +51,14 @@ class WaitDisplay:
     # -- what the waiting code says -------------------------------------------------------------------
 
     def begin(self, what: str, total_s: float | None = None, since: float | None = None) -> None:
-        """A wait starts (``since``: when it really began, on :attr:`clock`); ends any wait before it."""
+        """A wait starts (``since``: when it really began, on :attr:`clock`); ends any wait before it.
+
+        The wait already shown, begun again (``check`` says "starting the ranks" before torch loads and
+        again as it joins), goes on: same clock, and a log does not repeat the line it already has.
+        """
         with self._lock:
+            if what == self._what:
+                return
             self._erase()
             self._what, self._total = what, total_s
             self._began = self.clock() if since is None else since

@@ -72,7 +72,9 @@ class LaunchLogs:
         return {int(part) for part in self.local_ranks_filter.split(",")}
 
     def validate(self, nproc: int | None = None) -> None:
-        """DoctorError (exit 2, one line) for a value torchrun would refuse, before any rank starts."""
+        """DoctorError (exit 2, one line) for a value torchrun would refuse, before any rank starts.
+
+        ``log_dir`` itself is the output policy's to judge (``outputs.LOG_FOLDER``, by the command's plan)."""
         for flag, value in (("--redirects", self.redirects), ("--tee", self.tee)):
             if not (_STD_VALUE.match(value) or _STD_MAPPING.match(value)):
                 raise DoctorError(f"{flag} takes {_STD_HELP} (torchrun's syntax), got: {value!r}")
@@ -85,24 +87,6 @@ class LaunchLogs:
             if nproc is not None and not any(r < nproc for r in wanted):
                 raise DoctorError(f"--local-ranks-filter {self.local_ranks_filter}: no such local rank among the "
                                   f"{nproc} started (0-{nproc - 1}); nothing would reach the console")
-        if self.log_dir is not None:
-            if not self.log_dir.strip():
-                raise DoctorError("--log-dir takes a directory, got an empty name")
-            if os.path.exists(self.log_dir) and not os.path.isdir(self.log_dir):
-                raise DoctorError(f"--log-dir {self.log_dir!r} is a file, not a directory")
-            parent = os.path.dirname(os.path.abspath(self.log_dir))
-            if not os.path.isdir(self.log_dir) and not os.access(_existing_ancestor(parent), os.W_OK):
-                raise DoctorError(f"--log-dir {self.log_dir!r} cannot be created: {_existing_ancestor(parent)} is not "
-                                  "writable")
-
-
-def _existing_ancestor(path: str) -> str:
-    while path and not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
 
 
 def _logs_config(logs: LaunchLogs, nproc: int) -> tuple[dict[str, Any], str | None]:

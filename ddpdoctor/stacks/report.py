@@ -55,7 +55,9 @@ def render_text(reports: Sequence[JobReport], all_threads: bool = False, source:
             lines.append("")
             lines.append(f"  {format_ranks(group.members)} ({_count(len(group.members))}): "
                          f"{group.position.describe()}")
-            lines.append("    " + ", ".join(f"{p.label}=pid {p.pid}@{p.host}" for p in group.members))
+            # "rank 0=pid 15268@vm"; a process without a rank is its pid already: "pid 4091@vm".
+            lines.append("    " + ", ".join(f"{p.label}=pid {p.pid}@{p.host}" if p.rank is not None
+                                            else f"pid {p.pid}@{p.host}" for p in group.members))
             main = rep.main_thread()
             threads = [t for t in [main] if t is not None]
             if all_threads:

@@ -80,7 +80,7 @@ def test_the_recorded_gloo_report_folds_the_init_failure_under_the_interface() -
     assert sum(" FAIL " in row for row in rows) == 1  # one failure the user has to act on
     [todo] = _todo(table)
     assert todo.startswith("  1. [env] set GLOO_SOCKET_IFNAME") and "also explains the bandwidth, connectivity" in todo
-    assert table.splitlines()[-1] == "Result: FAIL (1 fail, 2 pass, 3 skip; 2 more explained by the findings above them)"
+    assert table.splitlines()[-1] == "Result: FAIL (1 fail, 2 pass, 3 skip; 2 more explained by the finding above them)"
     out = report.to_json()
     assert out["status"] == "fail"
     assert out["findings"][1]["caused_by"] == {"check": "env", "summary": out["findings"][0]["summary"],
@@ -131,6 +131,20 @@ def test_two_ranks_on_one_gpu_is_one_fail_with_nccls_invalid_usage_folded() -> N
     assert [line.split("]")[0] for line in _todo(table)] == ["  1. [gpu"]
     assert report.status == FAIL and "Result: FAIL (1 fail, 1 pass; 2 more explained" in table
     assert [f["caused_by"]["rule"] for f in report.to_json()["findings"] if f["caused_by"]] == ["duplicate_gpu"] * 2
+
+
+def test_the_result_line_counts_the_causes_it_folds_under() -> None:
+    ifname = Finding("env", FAIL, "NCCL_SOCKET_IFNAME=ib0 matches no interface", [0, 1], "set it",
+                     {"kind": "nccl_socket_ifname"})
+    said_twice = Finding("gpu", FAIL, "[h100:0] NCCL_SOCKET_IFNAME='ib0' names ib0", [0], "set it",
+                         {"kind": "nccl_socket_ifname"})
+    duplicate = Finding("gpu", FAIL, "ranks 0-1 share one GPU", [0, 1], "one GPU each", {"kind": "duplicate_gpu"})
+    wrong = Finding("gpu", FAIL, "rank 1 uses cuda:0, not cuda:1", [1], "set_device", {"kind": "wrong_device"})
+    port = Finding("port", PASS, "every reporting rank reached the master port", [0, 1])
+    one = render_table(_report([ifname, said_twice, port]))
+    assert one.splitlines()[-1] == "Result: FAIL (1 fail, 1 pass; 1 more explained by the finding above them)"
+    two = render_table(_report([ifname, said_twice, duplicate, wrong]))
+    assert two.splitlines()[-1] == "Result: FAIL (2 fail; 2 more explained by the findings above them)"
 
 
 def test_a_cause_folds_only_on_the_backend_it_breaks() -> None:

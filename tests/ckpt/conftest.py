@@ -1,29 +1,24 @@
-"""Fixtures shared by the ckpt tests: the example checkpoints, saved once from real wrappers, and the CLI."""
+"""Fixtures shared by the ckpt tests: the example checkpoints, saved once from real wrappers, and the CLI.
+
+The DCP folders and shard sets are in tests/conftest.py: tests/safety reads the same ones.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import REPO, clean_env
-
-
-def _made_by(module: str, out: Path) -> Path:
-    """Run an example that writes real checkpoints into ``out`` (bounded: a stuck save fails the test)."""
-    subprocess.run([sys.executable, "-m", module, str(out)], cwd=REPO, env=clean_env(),
-                   check=True, timeout=300, capture_output=True)
-    return out
+from tests.support import REPO, made_by_example
 
 
 @pytest.fixture(scope="session")
 def ex(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example checkpoints, saved once from real wrappers (a one-process gloo group)."""
-    return _made_by("examples.ckpt_make", tmp_path_factory.mktemp("ckpts"))
+    return made_by_example("examples.ckpt_make", tmp_path_factory.mktemp("ckpts"))
 
 
 @pytest.fixture(name="cli")
@@ -49,18 +44,6 @@ def cli_fixture(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPa
 def sha(path: Path) -> str:
     """The file's SHA-256: inputs are compared before and after to prove they were never written."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(scope="session")
-def dcp_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """DCP directories written by a real 2-rank gloo DDP job (examples/ckpt_make_dcp.py, via mp.spawn)."""
-    return _made_by("examples.ckpt_make_dcp", tmp_path_factory.mktemp("dcp"))
-
-
-@pytest.fixture(scope="session")
-def shard_sets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Shard sets written by safetensors.torch.save_file and torch.save (examples/ckpt_make_shards.py)."""
-    return _made_by("examples.ckpt_make_shards", tmp_path_factory.mktemp("shards"))
 
 
 def tree_digest(path: Path) -> dict[str, str]:

@@ -10,8 +10,6 @@ same on a real NCCL run.
 from __future__ import annotations
 
 import inspect
-import json
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -22,7 +20,8 @@ from ddpdoctor.runtime.device import (
     init_device_kwargs,
     takes_device_id,
 )
-from tests.support import REPO, clean_env, free_port, run_cli
+from tests.runtime.conftest import HealthyRun
+from tests.support import REPO
 
 RECORDED = REPO / "tests" / "data" / "pytorch_output" / "nccl_device_guess.log"
 
@@ -57,22 +56,8 @@ def test_gloo_and_cpu_ranks_bind_nothing() -> None:
         assert init_device_kwargs(backend, device) == {} and barrier_kwargs(backend, device) == {}
 
 
-def test_a_one_rank_gloo_group_takes_the_bound_calls_as_the_runner_makes_them() -> None:
-    """init_process_group and barrier with exactly the arguments the runner builds, on a real gloo group."""
-    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=30),
-                            **init_device_kwargs("gloo", "cpu"))
-    try:
-        work = dist.barrier(async_op=True, **barrier_kwargs("gloo", "cpu"))
-        assert work.wait(timeout=timedelta(seconds=30))
-    finally:
-        dist.destroy_process_group()
-
-
-def test_a_real_check_run_prints_no_pytorch_warning() -> None:
-    res = run_cli(["check", "--nproc", "2", "--only", "barrier,connectivity", "--timeout", "90", "--json", "-"],
-                  env=clean_env(), timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert json.loads(res.stdout)["status"] == "pass"
-    assert device_guess_lines(res.stdout + res.stderr) == []
-    assert "Warning" not in res.stderr, res.stderr
+def test_a_real_check_run_prints_no_pytorch_warning(healthy_check: HealthyRun) -> None:
+    assert healthy_check.returncode == 0, healthy_check.stdout + healthy_check.stderr
+    assert healthy_check.stdout.rstrip().splitlines()[-1].startswith("Result: PASS")
+    assert device_guess_lines(healthy_check.stdout + healthy_check.stderr) == []
+    assert "Warning" not in healthy_check.stderr, healthy_check.stderr

@@ -13,7 +13,8 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ from ddpdoctor.fr.dump import write_dump
 write_dump(sys.argv[1], 0)
 dist.destroy_process_group()
 """
+
+# Another user, for the ownership and planting cases (they need root to act as it; no such account is needed).
+OTHER_UID = 1234
 
 MODEL_PY = f"""import sys
 sys.path.insert(0, {str(REPO)!r})
@@ -111,3 +115,61 @@ def snapshot(folder: Path) -> dict[str, Any]:
         found[str(path.relative_to(folder))] = (what, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), mtime,
                                                 st.st_ino)
     return found
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A world-writable sticky folder outside pytest's private temp dir, as /tmp is (other users need it)."""
+    folder = Path(tempfile.mkdtemp(prefix="ddpdoctor-shared-tmp-"))
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def as_user(uid: int, action: Callable[[], int | None]) -> int:
+    """Run ``action()`` in a forked child that has become ``uid`` (real and effective, no groups); the
+    child's exit code: what ``action`` returned (None: 0), 3 if it raised. Only modules already imported
+    may be used there: the interpreter's own folder may be closed to ``uid``."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 3
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            code = int(action() or 0)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.fixture
+def no_ranks_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard, not a stand-in: the slip must be refused before ranks would start, so starting them fails
+    the test (no process is started). The launcher variables of the test's own environment are dropped."""
+    import ddpdoctor.runtime.entry as entry
+    import ddpdoctor.watch as watch
+
+    def started(*_args: Any, **_kwargs: Any) -> int:
+        raise AssertionError("ranks would have started: the slip was not refused before any work")
+
+    monkeypatch.setattr(entry, "run_here_or_self_launch", started)
+    monkeypatch.setattr(watch, "supervise", started)
+    monkeypatch.setattr(watch, "run_under_launcher", started)
+    kept = clean_env()
+    for name in [n for n in os.environ if n not in kept]:
+        monkeypatch.delenv(name)
+
+
+def run_main(argv: list[str], cwd: Path | None, monkeypatch: pytest.MonkeyPatch,
+             capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``ddpdoctor ARGV`` in-process through the console entry point (the installed command's code path),
+    in ``cwd`` (default: the repository), stdin not a terminal; (exit code, stderr)."""
+    from ddpdoctor.cli import main
+
+    capsys.readouterr()
+    monkeypatch.chdir(cwd or REPO)
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # noqa: SIM115 - closed by pytest's teardown
+    code = main(argv)
+    return code, capsys.readouterr().err

@@ -12,18 +12,14 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ddpdoctor import outputs
 from ddpdoctor.errors import DoctorError
-from tests.safety.conftest import snapshot
+from tests.safety.conftest import OTHER_UID, as_user, run_main, snapshot
 from tests.support import REPO, clean_env, run_cli
-
-OTHER_UID = 1234
 
 
 def test_explain_json_on_the_log_with_stdin_not_a_terminal_is_refused(workspace: Path) -> None:
@@ -62,7 +58,8 @@ def test_fr_never_takes_its_own_output_for_a_dump(workspace: Path) -> None:
     assert named.returncode == 2 and "a ddpdoctor `fr` document" in named.stderr
 
 
-def test_our_own_document_is_replaced_and_marked_as_ours(workspace: Path) -> None:
+def test_our_own_document_is_replaced_and_marked_as_ours(workspace: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """Running a command twice with the same --json replaces its document; every document says whose it is."""
     runs = {"explain": ["explain", str(workspace / "train.log")], "fr": ["fr", str(workspace / "dumps")],
             "env": ["env", "--no-torch"], "ckpt inspect": ["ckpt", "inspect", str(workspace / "ddp.pt")],
@@ -70,8 +67,8 @@ def test_our_own_document_is_replaced_and_marked_as_ours(workspace: Path) -> Non
     for command, argv in runs.items():
         report = workspace / f"{command.replace(' ', '_')}.json"
         for _ in range(2):
-            res = run_cli([*argv, "--json", str(report)], cwd=REPO)
-            assert res.returncode in (0, 1), (argv, res.stderr)
+            code, err = run_main([*argv, "--json", str(report)], None, monkeypatch, capsys)
+            assert code in (0, 1), (argv, err)
         assert outputs.is_our_json(report, command)
         doc = json.loads(report.read_text())
         assert list(doc)[:2] == ["tool", "command"] and doc["command"] == command
@@ -108,38 +105,10 @@ def test_plots_are_written_in_the_format_their_name_says_and_only_ours_are_repla
         assert user.read_bytes() == head + b" a figure of the user's"
 
 
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A world-writable sticky folder outside pytest's private temp dir, as /tmp is (other users need it)."""
-    folder = Path(tempfile.mkdtemp(prefix="ddpdoctor-safety-"))
-    folder.chmod(0o1777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _as_user(uid: int, action: object) -> int:
-    """Run ``action()`` in a forked child that has become ``uid`` (real and effective); its exit code.
-    Only modules already imported may be used there: the interpreter's own folder may be closed to uid."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            code = int(action())  # type: ignore[operator]
-        except BaseException:
-            code = 3
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
 def test_a_json_report_of_another_user_is_neither_taken_over_nor_replaced_as_root_it_keeps_its_owner(
-        shared_dir: Path) -> None:
-    report = shared_dir / "env.json"
+        shared_tmp: Path) -> None:
+    report = shared_tmp / "env.json"
     outputs.write_json(report, {"status": "pass"}, "env")
     report.chmod(0o666)  # even writable by all: replacing it would make it the other user's
     before = report.read_bytes()
@@ -151,7 +120,7 @@ def test_a_json_report_of_another_user_is_neither_taken_over_nor_replaced_as_roo
             return 0 if "belongs to another user" in str(exc) else 1
         return 1
 
-    assert _as_user(OTHER_UID, replace_it) == 0
+    assert as_user(OTHER_UID, replace_it) == 0
     assert report.read_bytes() == before
     # Root replacing a user's report keeps it the user's, with its mode.
     os.chown(report, OTHER_UID, OTHER_UID)
@@ -163,23 +132,23 @@ def test_a_json_report_of_another_user_is_neither_taken_over_nor_replaced_as_roo
     assert report.read_bytes() != before
 
 
-def test_evidence_refuses_a_folder_in_use_and_a_reused_bundle(workspace: Path, tmp_path: Path) -> None:
-    """`--evidence .` overwrote the user's report.txt and env.json; a reused folder mixed two runs' dumps."""
+def test_evidence_refuses_a_folder_in_use_and_a_reused_bundle(workspace: Path, tmp_path: Path, no_ranks_start: None,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`--evidence .` overwrote the user's report.txt and env.json; a reused folder mixed two runs' dumps.
+    The bundle is a real watch run's; the refusals, which come before any rank, run in-process."""
     script = tmp_path / "crash.py"
     script.write_text("raise SystemExit('the watched script fails')\n")
     (workspace / "report.txt").write_text("the user's own report\n")
-    before = snapshot(workspace)
-    res = run_cli(["watch", "--nproc", "1", "--evidence", ".", str(script)], cwd=workspace, timeout=180)
-    assert res.returncode == 2 and "--evidence" in res.stderr and "not empty" in res.stderr, res.stderr
-    assert snapshot(workspace) == before
     bundle = tmp_path / "bundle"
     first = run_cli(["watch", "--nproc", "1", "--evidence", str(bundle), str(script)], cwd=tmp_path, timeout=300)
     assert first.returncode == 1, first.stderr
     assert (bundle / "verdict.json").is_file() and outputs.is_our_json(bundle / "verdict.json", "watch")
-    kept = snapshot(bundle)
-    again = run_cli(["watch", "--nproc", "1", "--evidence", str(bundle), str(script)], cwd=tmp_path, timeout=180)
-    assert again.returncode == 2 and "--evidence" in again.stderr and "not empty" in again.stderr
-    assert snapshot(bundle) == kept
+    before, kept = snapshot(workspace), snapshot(bundle)
+    for folder, cwd in ((".", workspace), (str(bundle), tmp_path)):
+        code, err = run_main(["watch", "--nproc", "1", "--evidence", folder, str(script)], cwd, monkeypatch, capsys)
+        assert code == 2 and "--evidence" in err and "not empty" in err, err
+    assert snapshot(workspace) == before and snapshot(bundle) == kept
 
 
 def test_an_evidence_folder_filled_during_the_run_gets_no_bundle_mixed_in(tmp_path: Path,

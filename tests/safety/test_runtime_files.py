@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.safety.conftest import OTHER_UID, as_user
 from tests.support import REPO, clean_env, run_cli
 
-ATTACKER = 1234
+ATTACKER = OTHER_UID
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root")
 
 # A rank that registers for stack dumps when told to (after the test planted what it plants), then sleeps.
@@ -41,37 +40,12 @@ time.sleep(600)
 """
 
 
-@pytest.fixture
-def shared_tmp() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="ddpdoctor-shared-tmp-"))
-    folder.chmod(0o1777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 def _env(shared_tmp: Path, **extra: str) -> dict[str, str]:
     env = clean_env({"TMPDIR": str(shared_tmp), **extra})
     env.pop("XDG_RUNTIME_DIR", None)
     env.pop("DDPDOCTOR_STACK_DIR", None)
     env.update(extra)
     return env
-
-
-def _as_attacker(action: Callable[[], None]) -> None:
-    """``action()`` in a forked child running as the attacker (only already-imported modules there)."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(ATTACKER)
-            os.setuid(ATTACKER)
-            action()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the attacker's planting failed"
 
 
 @pytest.fixture
@@ -98,7 +72,7 @@ def test_a_registry_folder_planted_by_another_user_is_refused_and_nothing_is_sig
         planted.chmod(0o777)
         (planted / f"rank0-pid{root_sleeper.pid}.json").write_text(aimed)
 
-    _as_attacker(plant)
+    assert as_user(ATTACKER, plant) == 0, "the attacker's planting failed"
     res = run_cli(["stacks", "--signal", "--timeout", "2"], env=_env(shared_tmp), cwd=REPO, timeout=120)
     assert res.returncode == 2, res.stderr
     assert f"belongs to uid {ATTACKER}" in res.stderr and "planted" in res.stderr
@@ -144,7 +118,7 @@ def test_planted_symlinks_never_make_a_root_rank_append_to_a_file_of_the_attacke
             planted.chmod(0o777)
             (planted / f"rankx-pid{rank.pid}.txt").symlink_to(victim)  # no RANK: "x"
 
-        _as_attacker(plant)
+        assert as_user(ATTACKER, plant) == 0, "the attacker's planting failed"
         said = _register(rank)
     finally:
         _stop(rank)

@@ -9,15 +9,16 @@ the user's folder must keep its bytes, owner, group, mode, mtime and inode (chec
 
 The table of output options is checked against the CLI itself (:func:`test_every_value_option_is_classified`):
 a command or an option added later without a decision here fails, so it cannot skip the policy unseen.
-``check``, ``bench`` and ``watch`` start processes, so they run as real subprocesses; the others run
-in-process through the console entry point (:func:`ddpdoctor.cli.main`).
+Every command runs in-process through the console entry point (:func:`ddpdoctor.cli.main`), the code path
+of the installed command. A refusal must come before any work: for ``check``, ``bench`` and ``watch``
+before any rank starts, which a guard enforces (starting ranks fails the test instead of starting them),
+so they need no subprocess either.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,8 @@ import pytest
 import typer.main
 
 from ddpdoctor import outputs
-from ddpdoctor.cli import build_app, main
-from tests.safety.conftest import snapshot
-from tests.support import REPO, clean_env, run_cli
+from ddpdoctor.cli import build_app
+from tests.safety.conftest import run_main, snapshot
 
 # Every value-taking parameter of every command: the ones that name something written (the policy must
 # cover them, and each is tried with every slip below) ...
@@ -61,7 +61,6 @@ OTHER_PARAMETERS: dict[str, set[str]] = {
 }
 SHORT = {"--output": "-o", "--output_file": "-J"}
 DOC_COMMAND = {"stacks merge": "stacks"}  # the JSON document a command writes (a merge is a stacks document)
-SUBPROCESS = {"check", "bench", "watch"}
 
 
 def _value_parameters() -> dict[str, set[str]]:
@@ -208,22 +207,9 @@ CASES = [(command, option, slip) for command, options in sorted(OUTPUT_OPTIONS.i
          for slip in SLIPS if _applies(command, option, slip)]
 
 
-def _run(argv: list[str], cwd: Path | None, subprocess_needed: bool, monkeypatch: pytest.MonkeyPatch,
-         capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    if subprocess_needed:
-        done = run_cli(argv, cwd=cwd or REPO, timeout=180, env=clean_env({"PYTHONPATH": str(REPO)}))
-        return done.returncode, done.stderr
-    capsys.readouterr()
-    if cwd is not None:
-        monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # noqa: SIM115 - closed by pytest's teardown
-    code = main(argv)
-    return code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize(("command", "option", "slip"), CASES, ids=[f"{c}|{o}|{s}" for c, o, s in CASES])
 def test_a_slip_is_refused_in_one_line_and_nothing_changes(command: str, option: str, slip: str, workspace: Path,
-                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           no_ranks_start: None, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     recipe = RECIPES[command]
     flags = [SHORT.get(o, o) for o in OUTPUT_OPTIONS[command]]
@@ -237,7 +223,7 @@ def test_a_slip_is_refused_in_one_line_and_nothing_changes(command: str, option:
         extra = []
     before = snapshot(workspace)
     argv = [*recipe.before(workspace, option), *extra, SHORT.get(option, option), value, *recipe.after(workspace)]
-    code, err = _run(argv, cwd, command in SUBPROCESS, monkeypatch, capsys)
+    code, err = run_main(argv, cwd, monkeypatch, capsys)
     assert code == 2, (argv, err)
     assert err.startswith("ddpdoctor: error: ") and err.count("\n") == 1, err
     assert any(flag in err for flag in flags), f"the refusal names the option: {err}"

@@ -40,6 +40,8 @@ def test_locals_shows_each_frames_variables_in_the_report_and_the_json(blocked: 
         [[("depth", str(d), True)] for d in range(4)]
     assert "          depth = 0  (argument)" in result.stdout
     assert "          depth = 3  (argument)" in result.stdout
+    # A process without a rank is named by its pid once ("pid N@host", not "pid N=pid N@host").
+    assert f"    pid {blocked}@" in result.stdout and f"pid {blocked}=pid" not in result.stdout
 
 
 def test_without_locals_no_variables_are_read_or_shown(blocked: int) -> None:
