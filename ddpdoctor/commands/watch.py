@@ -54,14 +54,17 @@ def watch(
     from ddpdoctor.runtime import launcher
     from ddpdoctor.runtime.entry import validate_launch_options
     from ddpdoctor.watch import (
+        OutputOptions,
+        WatchConfig,
         check_script,
+        parse_ranks_filter,
+        parse_std,
         run_under_launcher,
+        shutdown_timeout_s,
         spawn_sites,
         supervise,
         validate_evidence,
     )
-    from ddpdoctor.watch.config import WatchConfig, shutdown_timeout_s
-    from ddpdoctor.watch.output import OutputOptions, parse_ranks_filter, parse_std
 
     refuse_unknown_option(ctx, script)
     validate_launch_options(nproc, master_port=master_port)

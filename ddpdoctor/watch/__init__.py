@@ -22,8 +22,21 @@
 
 from __future__ import annotations
 
+from ddpdoctor.watch.config import WatchConfig, shutdown_timeout_s
 from ddpdoctor.watch.evidence import validate as validate_evidence
+from ddpdoctor.watch.output import OutputOptions, parse_ranks_filter, parse_std
 from ddpdoctor.watch.spawned import spawn_sites
 from ddpdoctor.watch.supervisor import check_script, run_under_launcher, supervise
 
-__all__ = ["check_script", "run_under_launcher", "spawn_sites", "supervise", "validate_evidence"]
+__all__ = [
+    "OutputOptions",
+    "WatchConfig",
+    "check_script",
+    "parse_ranks_filter",
+    "parse_std",
+    "run_under_launcher",
+    "shutdown_timeout_s",
+    "spawn_sites",
+    "supervise",
+    "validate_evidence",
+]

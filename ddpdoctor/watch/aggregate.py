@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpdoctor.stacks.rendezvous import StoreView, store_text
+from ddpdoctor.stacks import StoreView, store_text
 from ddpdoctor.watch.pitfalls import merge as merge_pitfalls
 from ddpdoctor.watch.recorder import P2P_RECV, P2P_SEND
 from ddpdoctor.watch.waits import ENDED, NOT_STARTED, classify, is_stall

@@ -188,7 +188,7 @@ def stacks_by_py_spy(states: list[Any]) -> None:
     watchdog thread cannot run): their stacks read from outside with py-spy, the ``stacks`` engine's way."""
     import linecache
 
-    from ddpdoctor.stacks.engine import discover, dump_all
+    from ddpdoctor.stacks import discover, dump_all
 
     by_pid = {state.pid: state for state in states}
     try:
@@ -253,7 +253,7 @@ def _check_rendezvous(agg: Aggregator, host: str, port: int | None, rank0_hosts:
     """At a hang with ranks inside init_process_group: read the job's store for who arrived."""
     if not agg.in_rendezvous():
         return
-    from ddpdoctor.stacks.rendezvous import read_store
+    from ddpdoctor.stacks import read_store
 
     agg.note_rendezvous(read_store(host, port) if port else None, rank0_hosts)
 

@@ -83,7 +83,7 @@ def py_spy_stack(pid: int) -> list[str]:
     """Another process's main-thread stack, outermost first ('file:line in function'), by py-spy; one line
     saying why when it cannot be read."""
     from ddpdoctor.errors import DoctorError
-    from ddpdoctor.stacks.engine import discover, dump_all
+    from ddpdoctor.stacks import discover, dump_all
 
     try:
         (proc,) = dump_all(discover([pid]), timeout=PY_SPY_S, die_with_parent=False)
