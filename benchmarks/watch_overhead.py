@@ -371,7 +371,9 @@ def gpu_overhead(rounds: int, steps: int) -> None:
 
         bare_cmd = [*torchrun_cmd(), "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
         watch_cmd = [sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "1", "--quiet"]
-        bare, watched, again = [], [], []
+        bare: list[float] = []
+        watched: list[float] = []
+        again: list[float] = []
         for round_number in range(rounds):
             order = ((bare, bare_cmd), (watched, watch_cmd)) if round_number % 2 == 0 else \
                 ((watched, watch_cmd), (bare, bare_cmd))

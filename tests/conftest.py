@@ -4,11 +4,13 @@ be a second fixture, made a second time)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
-from tests.support import have_netns, made_by_example
+from tests.support import FUZZ_PROPERTY, SUMMARY_PROPERTY, TEST_TAG_VARIABLE, have_netns, made_by_example
 
 
 def _cuda_available() -> bool:
@@ -26,6 +28,44 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "docs/testing.md). DDPDOCTOR_FUZZ_EXAMPLES=N sets the examples per test directly.")
 
 
+class _RunSummary:
+    """What tests reported for the end of the run (tests.support.report_summary and the fuzz counts), gathered
+    from the reports themselves, so that it works the same in one process and with ``-n`` (pytest-xdist)."""
+
+    texts: ClassVar[dict[str, str]] = {}
+    fuzz_inputs = 0
+    fuzz_codes: ClassVar[dict[int, int]] = {}
+    fuzz_mode = ""
+    fuzz_examples = 0
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "teardown":  # user_properties are complete once the test's fixtures are torn down
+        return
+    for name, reported in report.user_properties:
+        value: Any = reported  # a dict, as tests.support.report_summary and tests/fuzz/conftest.py put it
+        if name == SUMMARY_PROPERTY:
+            _RunSummary.texts[value["title"]] = value["text"]
+        elif name == FUZZ_PROPERTY:
+            _RunSummary.fuzz_inputs += value["inputs"]
+            for code, count in value["codes"].items():
+                _RunSummary.fuzz_codes[int(code)] = _RunSummary.fuzz_codes.get(int(code), 0) + count
+            _RunSummary.fuzz_mode, _RunSummary.fuzz_examples = value["mode"], value["examples"]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _RunSummary.fuzz_inputs:
+        terminalreporter.write_line(
+            f"fuzz: {_RunSummary.fuzz_inputs} inputs run through ddpdoctor ({_RunSummary.fuzz_mode} mode, "
+            f"{_RunSummary.fuzz_examples} base examples per test; exit codes {dict(sorted(_RunSummary.fuzz_codes.items()))})")
+        out = os.environ.get("DDPDOCTOR_FUZZ_COUNT_FILE")
+        if out:
+            Path(out).write_text(f"{_RunSummary.fuzz_inputs}\n", encoding="utf-8")
+    for title, text in _RunSummary.texts.items():
+        terminalreporter.write_sep("-", title)
+        terminalreporter.write_line(text)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cuda = None
     for item in items:
@@ -36,6 +76,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (none on this machine)"))
         if "requires_netns" in item.keywords and not have_netns():
             item.add_marker(pytest.mark.skip(reason="needs root and iproute2 (ip, tc) for network namespaces"))
+
+
+@pytest.fixture(autouse=True)
+def _tag_the_processes_of_this_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process a test starts inherits a tag naming the test (clean_env copies os.environ), so a
+    search for processes left behind (tests.watch.test_watch.leftovers) finds this test's, not those of a
+    test running beside it in another pytest-xdist worker with the same script."""
+    monkeypatch.setenv(TEST_TAG_VARIABLE, f"{os.getpid()}:{request.node.nodeid}")
 
 
 @pytest.fixture(scope="session")

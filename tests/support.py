@@ -14,6 +14,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -46,6 +48,20 @@ def run_cli(args: Sequence[str], *, timeout: float = 120, env: Mapping[str, str]
         env=dict(env) if env is not None else clean_env(), input=input_text,
         cwd=str(cwd) if cwd is not None else None,
     )
+
+
+# End-of-run lines (the explain corpus score, the fuzz input count) travel with a test's report as
+# user_properties under these names: with ``-n`` (pytest-xdist) tests run in worker processes, and the report
+# is what reaches the process that prints the summary (tests/conftest.py).
+SUMMARY_PROPERTY = "ddpdoctor-summary"
+# Set for each test by tests/conftest.py, inherited by every process it starts (see its fixture).
+TEST_TAG_VARIABLE = "DDPDOCTOR_TESTS_TAG"
+FUZZ_PROPERTY = "ddpdoctor-fuzz"
+
+
+def report_summary(request: pytest.FixtureRequest, title: str, text: str) -> None:
+    """Print ``text`` under ``title`` at the end of the run (the last text reported under a title wins)."""
+    request.node.user_properties.append((SUMMARY_PROPERTY, {"title": title, "text": text}))
 
 
 def made_by_example(module: str, out: Path) -> Path:

@@ -269,9 +269,26 @@ class Terminated(DoctorError):
                          exit_code=128 + int(signal.SIGTERM))
 
 
+class _Sigterm:
+    """Whether SIGTERM arrived while py-spy ran.
+
+    The handler only records it: raising from a signal handler lands wherever the main thread happens to
+    be, and inside ``subprocess.Popen``'s fork that is logging's at-fork handler, whose module lock then
+    stays held and hangs the next fork (seen under load: ``stacks`` never exited after SIGTERM). The
+    waits below poll this flag and raise :class:`Terminated` from a known place instead.
+    """
+
+    received = False
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # cleanup runs once, not interrupted by a second SIGTERM
-    raise Terminated()
+    _Sigterm.received = True
+
+
+def _raise_if_terminated() -> None:
+    if _Sigterm.received:
+        raise Terminated()
 
 
 def _stop(running: Sequence[tuple[Candidate, subprocess.Popen[str]]]) -> None:
@@ -310,10 +327,12 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
         raise DoctorError(PY_SPY_MISSING)
     running: list[tuple[Candidate, subprocess.Popen[str]]] = []
     in_main = threading.current_thread() is threading.main_thread()
+    _Sigterm.received = False
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
         preexec = _die_with_parent() if die_with_parent else None
         for cand in cands:
+            _raise_if_terminated()
             if cand.proc.error is not None:
                 continue
             cmd = [exe, *py_spy_dump_args(cand.proc.pid, native, locals_level, nonblocking)]
@@ -324,14 +343,28 @@ def dump_all(cands: Sequence[Candidate], native: bool = False, timeout: float = 
         _stop(running)
         if in_main:  # None: a handler installed from C, which Python cannot put back; the default then
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    _raise_if_terminated()  # a SIGTERM after the last wait still ends the command as one
     return [c.proc for c in cands]
+
+
+def _communicate(popen: subprocess.Popen[str], deadline: float) -> tuple[str, str]:
+    """``popen.communicate`` until ``deadline`` (then :class:`subprocess.TimeoutExpired`), looking for a
+    SIGTERM every 0.2 s (a repeated ``communicate`` after a timeout loses no output)."""
+    while True:
+        _raise_if_terminated()
+        left = deadline - time.monotonic()
+        try:
+            return popen.communicate(timeout=max(0.1, min(0.2, left)))
+        except subprocess.TimeoutExpired:
+            if left <= 0.2:
+                raise
 
 
 def _collect(running: Sequence[tuple[Candidate, subprocess.Popen[str]]], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for cand, popen in running:
         try:
-            out, err = popen.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            out, err = _communicate(popen, deadline)
         except subprocess.TimeoutExpired:
             popen.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):  # killed: its pipes close at once

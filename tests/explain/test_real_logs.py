@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.explain import ExplainResult, Signature, explain_streams, load_kb, rank_from_path
+from tests.support import report_summary
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "real_logs"
 INDEX = json.loads((CORPUS / "index.json").read_text(encoding="utf-8"))["logs"]
@@ -213,6 +214,7 @@ def test_real_logs_score(request: pytest.FixtureRequest) -> None:
     scores = _scores()
     summary = scores.summary()
     request.config.stash[SUMMARY_KEY] = summary
+    report_summary(request, SUMMARY_TITLE, summary)
     held = scores.held
     assert held.positives > 0 and held.negatives > 0, summary
     assert len(held.false_alarms) == 0, summary
@@ -241,7 +243,8 @@ def _scores() -> CorpusScore:
     return score_corpus()
 
 
-SUMMARY_KEY = pytest.StashKey[str]()
+SUMMARY_KEY = pytest.StashKey[str]()  # the score, then the known gaps the pasted-differently tests add to it
+SUMMARY_TITLE = "ddpdoctor explain on real logs"
 
 
 # --- the same real logs, pasted differently --------------------------------------------------------------
@@ -296,6 +299,7 @@ def test_real_logs_survive_how_they_are_pasted(transform: object, request: pytes
     if gaps:
         summary = request.config.stash.get(SUMMARY_KEY, "real-log corpus, pasted differently:")
         request.config.stash[SUMMARY_KEY] = "\n".join([summary, *gaps])
+        report_summary(request, SUMMARY_TITLE, request.config.stash[SUMMARY_KEY])
     assert not changed, "\n".join(changed)
 
 

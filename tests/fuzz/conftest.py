@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.fuzz import harness
-from tests.support import BLOCKED_TARGET, REPO, clean_env, started
+from tests.support import BLOCKED_TARGET, FUZZ_PROPERTY, REPO, clean_env, started
 
 # Base examples per test (each test scales it by its weight). CI: the whole of tests/fuzz in under two
 # minutes on two cores; long: >= 100,000 inputs in all (the count is printed at the end of the run).
@@ -73,16 +73,18 @@ def fuzz_settings(weight: float = 1.0, **extra: Any) -> settings:
     return settings(**opts)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if harness.BUDGET.inputs:
-        mode = "long" if harness.BUDGET.long else "ci" if _in_ci() else "local"
-        terminalreporter.write_line(f"fuzz: {harness.BUDGET.inputs} inputs run through ddpdoctor "
-                                    f"({mode} mode, {harness.BUDGET.examples} base examples per test; exit codes "
-                                    f"{dict(sorted(harness.BUDGET.codes.items()))})")
-        harness.CURRENT_INPUT.unlink(missing_ok=True)
-        out = os.environ.get("DDPDOCTOR_FUZZ_COUNT_FILE")
-        if out:
-            Path(out).write_text(f"{harness.BUDGET.inputs}\n", encoding="utf-8")
+@pytest.fixture(autouse=True)
+def _count_inputs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What this test ran through ddpdoctor, reported with it: with ``-n`` (pytest-xdist) the tests run in
+    worker processes, and only what travels with a test's report reaches the end-of-run line that
+    tests/conftest.py prints (and DDPDOCTOR_FUZZ_COUNT_FILE)."""
+    inputs, codes = harness.BUDGET.inputs, dict(harness.BUDGET.codes)
+    yield
+    ran = {str(code): n - codes.get(code, 0) for code, n in harness.BUDGET.codes.items() if n != codes.get(code, 0)}
+    mode = "long" if harness.BUDGET.long else "ci" if _in_ci() else "local"
+    request.node.user_properties.append((FUZZ_PROPERTY, {
+        "inputs": harness.BUDGET.inputs - inputs, "codes": ran, "mode": mode, "examples": harness.BUDGET.examples}))
+    harness.CURRENT_INPUT.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

@@ -105,7 +105,7 @@ def test_an_async_all_reduce_skipped_by_one_rank_names_that_rank_and_the_line(tm
 
 
 def test_a_healthy_job_with_a_long_evaluation_below_the_timeout_is_not_a_hang(tmp_path: Path) -> None:
-    proc, data, bundle = _watch(tmp_path, 2, "train_long_eval.py", "--eval-seconds", "20", hang_timeout=60)
+    proc, data, bundle = _watch(tmp_path, 2, "train_long_eval.py", "--eval-seconds", "8", hang_timeout=30)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert data["status"] == "ok" and data["evidence"] is None and not bundle.exists()
     assert "[rank0]:LONG_EVAL_OK" in proc.stdout

@@ -7,6 +7,7 @@ what a user reads on stderr, and checks that no process of the job survived.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import REPO, clean_env, free_port, run_cli, torchrun_cmd
+from tests.support import REPO, TEST_TAG_VARIABLE, clean_env, free_port, run_cli, torchrun_cmd
 
 EXAMPLES = REPO / "examples"
 pytestmark = pytest.mark.slow
@@ -36,12 +37,15 @@ def site(example: str, marker: str) -> str:
 
 
 def leftovers(example: str) -> list[str]:
-    """Processes still running the example (any rank, any child), as 'pid cmdline'."""
+    """Processes of this test still running the example (any rank, any child), as 'pid cmdline'. This test's:
+    they carry its tag (tests/conftest.py); another test may run the same example beside it (pytest -n)."""
     found = []
+    tag = os.environ.get(TEST_TAG_VARIABLE)
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
             cmdline = " ".join(proc.info["cmdline"] or [])
-            if example in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid != psutil.Process().pid:
+            if (example in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid != psutil.Process().pid
+                    and (tag is None or proc.environ().get(TEST_TAG_VARIABLE) == tag)):
                 found.append(f"{proc.pid} {cmdline}")
         except psutil.Error:
             continue
