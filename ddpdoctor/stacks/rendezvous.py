@@ -30,13 +30,15 @@ from typing import Any
 
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
-PROBE_S = 10.0  # the whole probe, torch's import included
+PROBE_S = 30.0  # the whole probe, torch's import included (seconds on a busy node)
+STORE_S = 5.0  # the store's own answer, once the probe has imported torch
 _GLOO_KEY = re.compile(r"(?:^|/)default_pg/\d+//cpu//\d+/(\d+)$")
 _MAX_KEYS = 100_000
 
 _PROBE = r"""
 import datetime, json, sys
 import torch.distributed as dist
+print("imported", flush=True)
 store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, wait_for_workers=False,
                       timeout=datetime.timedelta(seconds=float(sys.argv[3])))
 keys = store.list_keys() if hasattr(store, "list_keys") else None
@@ -69,14 +71,19 @@ def arrived_ranks(keys: list[str]) -> list[int]:
     return sorted(found)
 
 
-def read_store(host: str, port: int, timeout_s: float = PROBE_S) -> StoreView:
-    """The store at ``host:port`` as :class:`StoreView`; never raises, never waits past ``timeout_s``."""
+def read_store(host: str, port: int, timeout_s: float = PROBE_S, store_s: float = STORE_S) -> StoreView:
+    """The store at ``host:port`` as :class:`StoreView`; never raises, never waits past ``timeout_s``.
+
+    The probe is a fresh Python that imports torch (seconds; more on a node whose cores are busy) and then
+    gives the store ``store_s`` to answer: a slow import is not reported as a store that does not answer."""
     view = StoreView(f"{host}:{port}")
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, host, str(port), str(max(1.0, timeout_s / 3))],
+        proc = subprocess.run([sys.executable, "-c", _PROBE, host, str(port), str(store_s)],
                               capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        view.error = f"no answer within {timeout_s:g} s"
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        view.error = (f"no answer within {store_s:g} s" if "imported" in out
+                      else f"the probe did not get past importing torch within {timeout_s:g} s")
         return view
     except OSError as exc:
         view.error = f"cannot start the probe: {exc.strerror or exc}"

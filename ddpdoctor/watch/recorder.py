@@ -104,9 +104,13 @@ def _skip_dirs() -> tuple[str, ...]:
     import torch
 
     # multiprocessing: the bootstrap frames of a process the script started (mp.spawn) are not its code;
-    # nor is the rest of the standard library (selectors, threading, queue: where a wait ends up).
+    # nor is the rest of the standard library (selectors, threading, queue: where a wait ends up); nor our
+    # own command line's typer and click, under which `watch` runs the script when a launcher started it
+    # (loaded by then if they are on the stack at all).
+    ours = [sys.modules[name] for name in ("typer", "click") if name in sys.modules]
     return (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(ddpdoctor.__file__) + os.sep,
-            os.path.dirname(multiprocessing.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep)
+            os.path.dirname(multiprocessing.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep,
+            *(os.path.dirname(module.__file__ or "") + os.sep for module in ours))
 
 
 def skip_dirs() -> tuple[str, ...]:

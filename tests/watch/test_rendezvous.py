@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.stacks.rendezvous import arrived_ranks
+from ddpdoctor.stacks.rendezvous import arrived_ranks, read_store, store_text
 from tests.support import clean_env, communicate_all, free_port, run_cli
 from tests.watch.test_watch import leftovers
 
@@ -32,6 +32,17 @@ dist.barrier()
 def _rank_env(rank: int, port: int, extra: dict[str, str] | None = None) -> dict[str, str]:
     return clean_env({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3",
                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **(extra or {})})
+
+
+def test_a_store_nobody_serves_is_told_apart_from_a_probe_that_never_imported_torch() -> None:
+    """Nothing listens on the port: the store's own error. A probe given no time: it never got past importing
+    torch, which says nothing about the store (seen on a loaded node as "no answer within 10 s")."""
+    port = free_port()
+    view = read_store("127.0.0.1", port, store_s=1.0)
+    assert not view.reachable and view.error and "importing torch" not in view.error, view
+    assert "could not be read" in store_text(view, rank0_hosts=True)
+    view = read_store("127.0.0.1", port, timeout_s=0.05)
+    assert not view.reachable and view.error == "the probe did not get past importing torch within 0.05 s", view
 
 
 def test_the_gloo_keys_of_the_store_name_the_ranks_that_published_their_address() -> None:
@@ -68,6 +79,9 @@ def test_watch_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
     assert ranks[2]["wait"]["kind"] == "not_started"
     assert [ranks[r]["wait"]["kind"] for r in (0, 1)] == ["rendezvous", "rendezvous"]
     assert ranks[0]["wait"]["site"] == "rdv.py:3"
+    # Only the user's frames: not those of our own command line (typer, click) that runs the script here.
+    for rank in (0, 1):
+        assert ranks[rank]["stack"] and all(line.startswith("rdv.py:") for line in ranks[rank]["stack"]), ranks[rank]
     assert leftovers("rdv.py") == []
 
 
@@ -96,6 +110,6 @@ def test_stacks_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
         assert ("rendezvous: rank 2 never arrived; ranks 0-1 wait for it in init_process_group (the job's store at "
                 f"127.0.0.1:{port} holds the gloo addresses of rank 1; rank 0 hosts it)") in text.stdout, text.stdout
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait(timeout=30)
+        for rank_proc in procs:
+            rank_proc.kill()
+            rank_proc.wait(timeout=30)
