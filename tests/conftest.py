@@ -10,7 +10,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.support import FUZZ_PROPERTY, SUMMARY_PROPERTY, TEST_TAG_VARIABLE, have_netns, made_by_example
+from tests.support import (
+    FUZZ_PROPERTY,
+    SUMMARY_PROPERTY,
+    TEST_TAG_VARIABLE,
+    have_netns,
+    made_by_example,
+    made_once,
+)
 
 
 def _cuda_available() -> bool:
@@ -89,10 +96,10 @@ def _tag_the_processes_of_this_test(request: pytest.FixtureRequest, monkeypatch:
 @pytest.fixture(scope="session")
 def dcp_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """DCP directories written by a real 2-rank gloo DDP job (examples/ckpt_make_dcp.py, via mp.spawn)."""
-    return made_by_example("examples.ckpt_make_dcp", tmp_path_factory.mktemp("dcp"))
+    return made_once(tmp_path_factory, "dcp", lambda out: made_by_example("examples.ckpt_make_dcp", out))
 
 
 @pytest.fixture(scope="session")
 def shard_sets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Shard sets written by safetensors.torch.save_file and torch.save (examples/ckpt_make_shards.py)."""
-    return made_by_example("examples.ckpt_make_shards", tmp_path_factory.mktemp("shards"))
+    return made_once(tmp_path_factory, "shards", lambda out: made_by_example("examples.ckpt_make_shards", out))

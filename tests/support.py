@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import selectors
 import shutil
@@ -9,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,36 @@ FUZZ_PROPERTY = "ddpdoctor-fuzz"
 def report_summary(request: pytest.FixtureRequest, title: str, text: str) -> None:
     """Print ``text`` under ``title`` at the end of the run (the last text reported under a title wins)."""
     request.node.user_properties.append((SUMMARY_PROPERTY, {"title": title, "text": text}))
+
+
+def made_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object],
+              deadline_s: float = 900) -> Path:
+    """The folder ``name``, filled by ``make(folder)`` once per test run and shared by every pytest-xdist
+    worker (a session fixture is otherwise made once per worker: the Flight Recorder jobs, ~60 s, ran twice).
+
+    The first worker makes it under an exclusive lock on a file beside it; the others wait for the lock
+    (at most ``deadline_s``) and find it made. A folder left half-made by a failed ``make`` is made again.
+    Tests only read it (those that change a file copy the folder first)."""
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder, done = base / name, base / f"{name}.made"
+    with (base / f"{name}.lock").open("w") as lock:
+        give_up = time.monotonic() + deadline_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > give_up:
+                    raise TimeoutError(f"{folder} was not made by another worker within {deadline_s:g} s") from None
+                time.sleep(0.2)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 def made_by_example(module: str, out: Path) -> Path:

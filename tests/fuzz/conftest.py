@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.fuzz import harness
-from tests.support import BLOCKED_TARGET, FUZZ_PROPERTY, REPO, clean_env, started
+from tests.support import BLOCKED_TARGET, FUZZ_PROPERTY, REPO, clean_env, made_once, started
 
 # Base examples per test (each test scales it by its weight). CI: the whole of tests/fuzz in under two
 # minutes on two cores; long: >= 100,000 inputs in all (the count is printed at the end of the run).
@@ -90,10 +90,11 @@ def _count_inputs(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def seeds(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real files written by torch.save, safetensors, DCP and PyTorch's Flight Recorder (make_seeds.py)."""
-    out = tmp_path_factory.mktemp("seeds")
-    subprocess.run([sys.executable, "-m", "tests.fuzz.make_seeds", str(out)], cwd=REPO, env=clean_env(),
-                   check=True, timeout=300, capture_output=True)
-    return out
+    def make(out: Path) -> None:
+        subprocess.run([sys.executable, "-m", "tests.fuzz.make_seeds", str(out)], cwd=REPO, env=clean_env(),
+                       check=True, timeout=300, capture_output=True)
+
+    return made_once(tmp_path_factory, "seeds", make)
 
 
 @pytest.fixture(scope="session")
