@@ -129,7 +129,10 @@ def test_a_rank_whose_main_thread_holds_the_gil_is_read_with_py_spy(tmp_path: Pa
     script = tmp_path / "gil_hog.py"
     script.write_text(GIL_HOG)
     report = tmp_path / "watch.json"
-    proc = run_cli(["watch", "--nproc", "1", "--hang-timeout", str(HANG_TIMEOUT), "--json", str(report),
+    # 25 s, not 12: the clock runs from the rank's start, and on a loaded machine (another test's ranks on the
+    # same cores) importing torch and init_process_group once took 12 s: a true verdict, "in the rendezvous",
+    # but not this test's case, which needs the rank inside the regex.
+    proc = run_cli(["watch", "--nproc", "1", "--hang-timeout", "25", "--json", str(report),
                     "--evidence", str(tmp_path / "evidence"), str(script)], timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     data = json.loads(report.read_text())
