@@ -107,10 +107,11 @@ def _skip_dirs() -> tuple[str, ...]:
     # nor is the rest of the standard library (selectors, threading, queue: where a wait ends up); nor our
     # own command line's typer and click, under which `watch` runs the script when a launcher started it
     # (loaded by then if they are on the stack at all).
-    ours = [sys.modules[name] for name in ("typer", "click") if name in sys.modules]
+    # A module without a file would give "/" and hide every frame: only those with one count.
+    ours = [getattr(sys.modules.get(name), "__file__", None) for name in ("typer", "click")]
     return (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(ddpdoctor.__file__) + os.sep,
             os.path.dirname(multiprocessing.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep,
-            *(os.path.dirname(module.__file__ or "") + os.sep for module in ours))
+            *(os.path.dirname(path) + os.sep for path in ours if path))
 
 
 def skip_dirs() -> tuple[str, ...]:
