@@ -312,7 +312,8 @@ class Plan:
     """
 
     command: str
-    _inputs: list[tuple[str, str, tuple[Any, ...]]] = field(default_factory=list)
+    # (label, path, identity, the input folder it was found in or "")
+    _inputs: list[tuple[str, str, tuple[Any, ...], str]] = field(default_factory=list)
     _input_folders: list[tuple[str, Path]] = field(default_factory=list)
     outputs: list[Target] = field(default_factory=list)
 
@@ -321,13 +322,13 @@ class Plan:
         if path is None or os.fspath(path) in ("", STDOUT) or not os.path.exists(path):
             return
         text = os.fspath(path)
-        self._inputs.append((label, text, _identity(path)))
+        self._inputs.append((label, text, _identity(path), ""))
         if os.path.isdir(path):
             self._input_folders.append((label, Path(os.path.realpath(path))))
             with contextlib.suppress(OSError):
                 for entry in os.scandir(path):
                     if entry.is_file():
-                        self._inputs.append((label, entry.path, _identity(entry.path)))
+                        self._inputs.append((label, entry.path, _identity(entry.path), text))
 
     def reads_code(self, label: str, spec: str | None) -> None:
         """An input given as ``path.py:FN`` or ``MODULE:FN`` (--model, --batch): its file, when a path."""
@@ -342,7 +343,13 @@ class Plan:
         given = os.fspath(path)
         ident = _identity(given) if given else ("path", "")
         if not options.get("in_place"):
-            for label, text, other in self._inputs:
+            for label, text, other, folder in self._inputs:
+                if other == ident and folder:
+                    # `fr DIR --json DIR/verdict.json` twice: the first document now sits among the inputs,
+                    # and a file there is read as one (named like a dump, it even looks like one).
+                    raise _refuse(flag, given, f"is a file in the input folder {label} {folder}, which this run "
+                                  "reads (an earlier output of ours there included); an output never replaces "
+                                  f"what the command reads: write it outside {folder}, or remove the file first")
                 if other == ident:
                     same = os.path.abspath(text) == os.path.abspath(given)
                     alias = "" if same else f" {text} (the same file under another name)"

@@ -34,6 +34,9 @@ def test_a_rank_writes_its_nccl_dump_as_a_new_file_and_never_over_an_older_one(t
 
 
 def test_fr_never_reads_its_own_verdict_beside_a_real_nccl_dump(tmp_path: Path) -> None:
+    """A verdict written among the dumps, named like one (``verdict_rank_0.json``), is never read as rank 0's
+    dump; asked to write it there again, fr refuses (the file is now in the folder it reads: ambiguous) and
+    says what to do -- write it outside the folder -- leaving the first verdict as it was."""
     env = one_rank_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"})
     made = subprocess.run([sys.executable, str(TARGETS / "nccl_fr_dump.py"), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=300)
@@ -42,5 +45,13 @@ def test_fr_never_reads_its_own_verdict_beside_a_real_nccl_dump(tmp_path: Path) 
     first = run_cli(["fr", str(tmp_path), "--json", str(verdict)], timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr
     assert outputs.is_our_json(verdict, "fr") and json.loads(verdict.read_text())["ranks"] == [0]
-    again = run_cli(["fr", str(tmp_path), "--json", str(verdict)], timeout=120)  # replaces its own document
+    written = verdict.read_bytes()
+    again = run_cli(["fr", str(tmp_path)], timeout=120)  # the verdict beside the dump is not a second rank 0
     assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
+    refused = run_cli(["fr", str(tmp_path), "--json", str(verdict)], timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("ddpdoctor: error: --json") and "write it outside" in refused.stderr
+    assert verdict.read_bytes() == written
+    outside = tmp_path.parent / f"{tmp_path.name}-verdict.json"  # the way out the message names
+    moved = run_cli(["fr", str(tmp_path), "--json", str(outside)], timeout=120)
+    assert moved.returncode == 0 and json.loads(outside.read_text())["ranks"] == [0], moved.stderr

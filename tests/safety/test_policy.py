@@ -56,6 +56,13 @@ def test_fr_never_takes_its_own_output_for_a_dump(workspace: Path) -> None:
     assert again.stdout == first.stdout
     named = run_cli(["fr", str(dumps / "verdict_rank_2.json")], cwd=workspace)
     assert named.returncode == 2 and "a ddpdoctor `fr` document" in named.stderr
+    # The same --json again: the verdict now sits among the dumps it would be read with; refused, one line
+    # saying what to do, the first verdict untouched (issue 35: the policy, and tests/gpu's test, say this).
+    before = (dumps / "verdict_rank_2.json").read_bytes()
+    twice = run_cli(["fr", str(dumps), "--json", str(dumps / "verdict_rank_2.json")], cwd=workspace)
+    assert twice.returncode == 2 and twice.stderr.count("\n") == 1, twice.stderr
+    assert f"in the input folder PATH {dumps}" in twice.stderr and "write it outside" in twice.stderr
+    assert (dumps / "verdict_rank_2.json").read_bytes() == before
 
 
 def test_our_own_document_is_replaced_and_marked_as_ours(workspace: Path, monkeypatch: pytest.MonkeyPatch,
