@@ -343,13 +343,13 @@ class Plan:
         given = os.fspath(path)
         ident = _identity(given) if given else ("path", "")
         if not options.get("in_place"):
-            for label, text, other, folder in self._inputs:
-                if other == ident and folder:
+            for label, text, other, within in self._inputs:
+                if other == ident and within:
                     # `fr DIR --json DIR/verdict.json` twice: the first document now sits among the inputs,
                     # and a file there is read as one (named like a dump, it even looks like one).
-                    raise _refuse(flag, given, f"is a file in the input folder {label} {folder}, which this run "
+                    raise _refuse(flag, given, f"is a file in the input folder {label} {within}, which this run "
                                   "reads (an earlier output of ours there included); an output never replaces "
-                                  f"what the command reads: write it outside {folder}, or remove the file first")
+                                  f"what the command reads: write it outside {within}, or remove the file first")
                 if other == ident:
                     same = os.path.abspath(text) == os.path.abspath(given)
                     alias = "" if same else f" {text} (the same file under another name)"
