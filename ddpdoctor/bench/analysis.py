@@ -333,6 +333,9 @@ class BenchConfig:
     argv: tuple[str, ...] = ()
     step_bytes: int | None = None
     step_factor: float = 2.0
+    # Against the expected busbw of the path (bench.expect): FAIL below fail_pct %, WARN below warn_pct %.
+    fail_pct: float = 50.0
+    warn_pct: float = 80.0
 
     @property
     def dtype(self) -> str:
@@ -702,8 +705,10 @@ def wrong_total(row: Row) -> int:
     return sum(t.wrong or 0 for t in row.timings()) if row.timings() else (row.wrong or 0)
 
 
-def problems(config: BenchConfig, rows: Sequence[Row], analysis: PairAnalysis | None) -> list[str]:
-    """What makes the run exit 1: wrong values, busbw under --min-busbw (or NCCL_TESTS_MIN_BW), a slow host."""
+def problems(config: BenchConfig, rows: Sequence[Row], analysis: PairAnalysis | None,
+             below_expected: Sequence[str] = ()) -> list[str]:
+    """What makes the run exit 1: wrong values, busbw under --min-busbw (or NCCL_TESTS_MIN_BW), a slow host,
+    a figure below --min-busbw-pct of what its path should give (``below_expected``, from bench.expect)."""
     found: list[str] = []
     for op in config.ops:
         op_rows = [r for r in rows if r.op == op]
@@ -722,4 +727,4 @@ def problems(config: BenchConfig, rows: Sequence[Row], analysis: PairAnalysis | 
                 found.append(f"{op}: average busbw {fmt_bw(measured)} GB/s{over} is below {what}")
     if analysis is not None and analysis.slow_hosts:
         found.append(f"slow host{'s' if len(analysis.slow_hosts) > 1 else ''}: {', '.join(analysis.slow_hosts)}")
-    return found
+    return found + list(below_expected)

@@ -13,14 +13,16 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.bench.analysis import BenchConfig, PairAnalysis, Row, analyse_pairs, human_bytes, problems
+from ddpdoctor.bench.expect import Assessment, Thresholds, assess, crowding
 from ddpdoctor.bench.measure import measure_pairs, measure_row, probe_combinations
 from ddpdoctor.bench.render import (
     nccl_tests_json,
     preamble,
     progress_line,
+    render_expectation,
     render_pairs,
     result_json,
     table_footer,
@@ -73,6 +75,29 @@ def _devices(run: RankRun, device: object) -> list[tuple[int, int, str, str]]:
     by local rank, as ddpdoctor's runtime does (cuda:<local rank>) or the CPU."""
     kind = getattr(device, "type", str(device))
     return [(r, p.pid, p.host, "cpu" if kind == "cpu" else f"{kind}:{p.local_rank}") for r, p in sorted(run.peers.items())]
+
+
+def _link_facts(run: RankRun, device: object) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
+    """Every rank's link facts (bench.expect's input) and the hosts whose cores or GPUs are crowded.
+
+    Every rank takes part in the gather whatever happened locally: a rank whose facts could not be read
+    sends the error, and the model says "no model" for its paths instead of guessing.
+    """
+    from ddpdoctor.bench.measure import gather
+    from ddpdoctor.env.links import gpu_of, placement, rank_link_facts
+
+    ours = {p.pid for p in run.peers.values() if p.host == run.me.host} | {os.getppid()}
+    mine: dict[str, Any] = {}
+    try:
+        place = placement(run.me.host, str(device), ours)
+        mine = {"placement": place, "facts": rank_link_facts(run.backend, os.environ, place["cpus"],
+                                                             gpu_of(str(device)))}
+    except Exception as exc:  # a fact we could not read must not cost the measurement
+        mine = {"error": short_error(exc)}
+    everyone = gather(mine)
+    facts = {r: m["facts"] for r, m in enumerate(everyone) if m.get("facts")}
+    places = {r: m["placement"] for r, m in enumerate(everyone) if m.get("placement")}
+    return facts, crowding(places)
 
 
 def _nccl_version(backend: str) -> int | None:
@@ -130,7 +155,12 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     step = "checking which types and reductions this backend runs"
     devices = _devices(run, device)
     progress = _Progress(0, lead)
+    thresholds = Thresholds(config.fail_pct, config.warn_pct)
+    assessment: Assessment | None = None
     try:
+        step = "reading the links' facts"
+        facts, crowded = _link_facts(run, device)
+        step = "checking which types and reductions this backend runs"
         plan, skipped = _plan(config, device)
         if lead:
             for (op, dtype, redop), why in skipped.items():
@@ -164,7 +194,12 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
                         progress.clear()
                         op_rows.append(row)
                         out(table_row(row, nranks))
-                out(table_footer(op_rows, config.min_busbw_gbps) + "\n")
+                out(table_footer(op_rows, config.min_busbw_gbps))
+                if lead:
+                    verdict = assess({op: op_rows}, [], facts, hosts, thresholds, crowded).per_op.get(op)
+                    if verdict is not None:
+                        out(render_expectation(verdict, thresholds))
+                out("")
                 rows.extend(op_rows)
         if config.pairs:
             step = "the pairwise sendrecv test"
@@ -172,7 +207,11 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
             analysis = analyse_pairs(measure_pairs(hosts, config.pair_bytes, config.dtype, config.iters,
                                                    config.warmup, device))
             progress.clear()
-            out(render_pairs(analysis, config.pair_bytes))
+        if lead:
+            assessment = assess({op: [r for r in rows if r.op == op] for op in config.ops},
+                                analysis.pairs if analysis is not None else [], facts, hosts, thresholds, crowded)
+        if analysis is not None:
+            out(render_pairs(analysis, config.pair_bytes, assessment))
     except Exception as exc:  # a collective failed or timed out: that is the result, named by its step
         progress.clear()
         first = short_error(exc)
@@ -189,7 +228,7 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     if not lead:
         return EXIT_OK
     if config.json_path:
-        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis), "bench")
+        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis, assessment), "bench")
     if config.nccl_json_path:
         from ddpdoctor.outputs import NCCL_TESTS_JSON, resolve, write_bytes
 
@@ -198,7 +237,7 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
                     (json.dumps(document, indent=2) + "\n").encode("utf-8"))
     if config.plot_path:
         write_plot(config.plot_path, rows, f"ddpdoctor bench: {nranks} ranks, {run.backend}, {config.dtype}")
-    found = problems(config, rows, analysis)
+    found = problems(config, rows, analysis, assessment.failures() if assessment is not None else ())
     for line in found:
         print(f"ddpdoctor bench: FAIL: {line}", file=sys.stderr if json_only else sys.stdout, flush=True)
     code = EXIT_PROBLEM if found else EXIT_OK

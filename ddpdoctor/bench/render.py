@@ -24,6 +24,7 @@ from ddpdoctor.bench.analysis import (
     human_bytes,
     wrong_total,
 )
+from ddpdoctor.bench.expect import Assessment, Thresholds, Verdict, host_groups, host_groups_text
 from ddpdoctor.errors import DoctorError
 
 
@@ -38,7 +39,8 @@ def nccl_float(value: float, width: int) -> str:
 
 
 def preamble(config: BenchConfig, devices: Sequence[tuple[int, int, str, str]]) -> str:
-    """nccl-tests' run header (util.cu writeDeviceReport): the parameters, then one line per rank.
+    """nccl-tests' run header (util.cu writeDeviceReport): the parameters, then one line per rank; with ranks
+    on several hosts, where they run grouped by host ("# hosts: nodeA: ranks 0-1; nodeB: ranks 2-3").
 
     ``devices``: (rank, pid, host, device) for every rank. nccl-tests' nThread and nGpus are always 1 here
     (one rank per process, one device per rank); graph and unalign 0 (not implemented).
@@ -52,6 +54,9 @@ def preamble(config: BenchConfig, devices: Sequence[tuple[int, int, str, str]]) 
     lines += ["#", "# Using devices"]
     lines += [f"#  Rank {rank:2d} Group  0 Pid {pid:6d} on {host:>10} device {device}"
               for rank, pid, host, device in devices]
+    hosts = {rank: host for rank, _, host, _ in devices}
+    if len(set(hosts.values())) > 1:
+        lines.append(f"# hosts: {host_groups_text(hosts)}")
     return "\n".join(lines)
 
 
@@ -132,15 +137,61 @@ def table_footer(rows: Sequence[Row], min_busbw: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def render_pairs(analysis: PairAnalysis, size: int) -> str:
-    """The pairwise sendrecv results, slowest first, and what they point at."""
+_STATUS_WORD = {"pass": "as expected", "warn": "WARN", "fail": "FAIL", "note": "not judged", "none": ""}
+
+
+def render_expectation(v: Verdict, thresholds: Thresholds, label: str = "peak busbw") -> str:
+    """The '# expected' lines under an op's table: measured, expected, percentage, path and source, and the
+    bottleneck with its evidence when the figure is below its expectation."""
+    if v.path.expected_gbps is None:
+        return f"# {'Expected busbw':<20} : no model applies: {v.path.why}"
+    verdict = _STATUS_WORD[v.status]
+    if v.status == "fail":
+        verdict += f" (below {thresholds.fail_pct:g} %)"
+    elif v.status == "warn":
+        verdict += f" (below {thresholds.warn_pct:g} %)"
+    elif v.status == "note":
+        verdict += " (a virtual interface's nominal speed, and no fact shows what limits it)"
+    lines = [f"# {'Expected busbw':<20} : {fmt_bw(v.path.expected_gbps)} GB/s on {v.path.description} "
+             f"[{v.path.source}]",
+             f"# {label.capitalize():<20} : {fmt_bw(v.measured_gbps)} GB/s = {v.pct or 0:.0f} % of expected: {verdict}"]
+    if v.status in ("warn", "fail", "note"):
+        cause = v.cause()
+        lines.append(f"# {'Bottleneck':<20} : {cause}" if cause else
+                     f"# {'Bottleneck':<20} : none found in the facts (NIC/IB speed and state, qdiscs, PCIe "
+                     "training, P2P, NUMA, other processes)")
+    return "\n".join(lines)
+
+
+def hosts_json(hosts: Mapping[int, str]) -> list[dict[str, Any]]:
+    """[{"host": "nodeA", "ranks": [0, 1]}, ...] in order of first rank."""
+    return [{"host": h, "ranks": rs} for h, rs in host_groups(hosts)]
+
+
+def render_pairs(analysis: PairAnalysis, size: int, assessment: Assessment | None = None) -> str:
+    """The pairwise sendrecv results, slowest first, each with its expected figure and percentage where a model
+    applies, and what they point at."""
     lines = [f"# pairwise sendrecv, {human_bytes(size)} each way, slowest first",
-             f"#{'rank a':>7} {'rank b':>7} {'host a':>16} {'host b':>16} {'busbw(GB/s)':>12} {'time(us)':>10}"]
+             f"#{'rank a':>7} {'rank b':>7} {'host a':>16} {'host b':>16} {'busbw(GB/s)':>12} {'time(us)':>10}"
+             + (f" {'expected':>9} {'%':>5}  path" if assessment is not None else "")]
     slow = {(p.a, p.b) for p in analysis.slow_links}
     for p in analysis.pairs:
         mark = "  <- slow" if (p.a, p.b) in slow or {p.host_a, p.host_b} & set(analysis.slow_hosts) else ""
+        extra = ""
+        v = assessment.pairs.get((p.a, p.b)) if assessment is not None else None
+        if v is not None:
+            if v.path.expected_gbps is None:
+                extra = f" {'-':>9} {'-':>5}  no model: {v.path.description}"
+            else:
+                extra = (f" {fmt_bw(v.path.expected_gbps):>9} {v.pct or 0:>5.0f}  {v.path.description}"
+                         + (f"  <- {_STATUS_WORD[v.status]}" if v.status in ("warn", "fail") else ""))
         lines.append(f"{p.a:>8} {p.b:>7} {p.host_a:>16} {p.host_b:>16} {fmt_bw(p.busbw_gbps):>12} "
-                     f"{p.time_us:>10.1f}{mark}")
+                     f"{p.time_us:>10.1f}{extra}{mark}")
+    if assessment is not None:
+        for (a, b), v in sorted(assessment.pairs.items()):
+            if v.status in ("warn", "fail") and v.cause():
+                lines.append(f"# BELOW EXPECTED rank {a} <-> rank {b}: {v.pct or 0:.0f} % of "
+                             f"{fmt_bw(v.path.expected_gbps or 0)} GB/s; bottleneck: {v.cause()}")
     if analysis.slow_hosts:
         for host in analysis.slow_hosts:
             lines.append(f"# SLOW HOST {host}: its best link reaches {fmt_bw(analysis.host_best_gbps[host])} "
@@ -155,8 +206,8 @@ def render_pairs(analysis: PairAnalysis, size: int) -> str:
 
 
 def result_json(config: BenchConfig, world_size: int, backend: str, rows: Sequence[Row],
-                analysis: PairAnalysis | None) -> dict[str, Any]:
-    """The --json document (README: "ddpdoctor bench --json")."""
+                analysis: PairAnalysis | None, assessment: Assessment | None = None) -> dict[str, Any]:
+    """The --json document (docs/bench.md: "ddpdoctor bench --json")."""
     data: dict[str, Any] = {
         "op": config.op_label, "world_size": world_size, "backend": backend, "dtype": config.dtype,
         "dtypes": list(config.dtypes), "redops": list(config.redops), "iters": config.iters,
@@ -171,6 +222,19 @@ def result_json(config: BenchConfig, world_size: int, backend: str, rows: Sequen
         data["pairs"] = [p.to_json() for p in analysis.pairs]
         data["slow_hosts"] = list(analysis.slow_hosts)
         data["slow_links"] = [p.to_json() for p in analysis.slow_links]
+    if assessment is not None:
+        data["hosts"] = hosts_json(assessment.hosts)
+        data["expectation"] = assessment.to_json()
+        for op, verdict in assessment.per_op.items():
+            if op in data["per_op"]:
+                data["per_op"][op]["expected"] = verdict.to_json()
+        if analysis is not None:
+            for pair in data["pairs"]:
+                v = assessment.pairs.get((pair["a"], pair["b"]))
+                if v is not None:
+                    pair.update(expected_busbw_gbps=v.path.expected_gbps,
+                                pct=None if v.pct is None else round(v.pct, 1), status=v.status,
+                                path=v.path.to_json(), bottlenecks=[e.to_json() for e in v.evidence])
     return data
 
 

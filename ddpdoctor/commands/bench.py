@@ -58,7 +58,8 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float | N
                  plot_path: str | None, backend: str, timeout: float, *, redop: str = "sum", root: int = 0,
                  average: int = 1, blocking: int = 0, cputime: int = 0, timestamps: int = 0, run_cycles: int = 1,
                  step_bytes: str | None = None, nccl_json_path: str | None = None, argv: tuple[str, ...] = (),
-                 environ: Mapping[str, str] | None = None, log_dir: str | None = None) -> BenchConfig:
+                 environ: Mapping[str, str] | None = None, log_dir: str | None = None,
+                 min_busbw_pct: float | None = None, warn_busbw_pct: float | None = None) -> BenchConfig:
     """Options -> BenchConfig; DoctorError (exit 2, one line) for anything malformed."""
 
     ops = parse_ops(op)
@@ -92,6 +93,9 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float | N
     if root < 0:
         raise DoctorError(f"-r/--root takes a rank >= 0, got: {root}")
     validate_min_busbw(min_busbw)
+    from ddpdoctor.bench.expect import thresholds_from_options
+
+    thresholds = thresholds_from_options(min_busbw_pct, warn_busbw_pct)
     label = "--min-busbw"
     if min_busbw is None:
         from_env = min_busbw_from_env(os.environ if environ is None else environ)
@@ -116,7 +120,8 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float | N
                        op_label="all" if len(ops) > 1 and op.strip().lower() == "all" else ",".join(ops),
                        redops=tuple(redops), root=root, average=average, blocking=blocking, cputime=bool(cputime),
                        timestamps=bool(timestamps), run_cycles=run_cycles, nccl_json_path=nccl_json_path,
-                       min_busbw_label=label, argv=argv, step_bytes=step, step_factor=factor)
+                       min_busbw_label=label, argv=argv, step_bytes=step, step_factor=factor,
+                       fail_pct=thresholds.fail_pct, warn_pct=thresholds.warn_pct)
 
 
 def refuse_sizes_beyond_this_machine(config: BenchConfig, nproc: int | None) -> None:
@@ -214,6 +219,12 @@ def bench(
     min_busbw: Optional[float] = typer.Option(None, "--min-busbw", help="Exit 1 when an op's average busbw "
                                               "(sizes >= 1 MiB, else all sizes) is below this many GB/s "
                                               "(default: 90 % of $NCCL_TESTS_MIN_BW when set, as nccl-tests)."),
+    min_busbw_pct: Optional[float] = typer.Option(None, "--min-busbw-pct", help="Exit 1 when a figure (an op's "
+                                                  "peak busbw, a pair's busbw) is below this % of what its path "
+                                                  "should give (NIC, IB port, PCIe, NVLink; docs/bench.md). "
+                                                  "Default 50."),
+    warn_busbw_pct: Optional[float] = typer.Option(None, "--warn-busbw-pct", help="Warn when a figure is below "
+                                                   "this % of its expected busbw (default 80)."),
     json_path: JsonOption = None,
     plot_path: Optional[str] = typer.Option(None, "--plot", help="Also plot busbw vs size to this .png, .svg "
                                             "or .pdf file (needs matplotlib: pip install 'ddpdoctor[plot]')."),
@@ -268,7 +279,7 @@ def bench(
                           min_busbw, json_path, plot_path, backend, timeout, redop=redop, root=root, average=average,
                           blocking=blocking, cputime=cputime, timestamps=timestamps, run_cycles=run_cycles,
                           step_bytes=step_bytes, nccl_json_path=nccl_json, argv=tuple(invocation_args()),
-                          log_dir=log_dir)
+                          log_dir=log_dir, min_busbw_pct=min_busbw_pct, warn_busbw_pct=warn_busbw_pct)
     logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
 
     refuse_sizes_beyond_this_machine(config, nproc)
