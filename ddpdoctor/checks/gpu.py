@@ -81,7 +81,8 @@ def preflight_problems(pre: Mapping[str, Any], job_pids: Iterable[int] = ()) -> 
                             "copy crosses the socket link",
                       f"bind each rank to its GPU's NUMA node (numactl --cpunodebind={gpu_node}, or the "
                       "launcher's CPU binding, e.g. srun --cpu-bind)", "numa_placement"))
-    net_names = [d["name"] for d in pre.get("net") or []]
+    # The same list as the env check's "(have: ...)" (env.facts.usable_interfaces): one host, one list.
+    net_names = list(pre.get("interfaces") or [])
     ib = pre.get("ib") or []
     ifname = pre.get("nccl_socket_ifname")
     if ifname and (missing := sysfs.unmatched_names(ifname, net_names)):

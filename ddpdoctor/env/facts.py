@@ -53,11 +53,24 @@ def interfaces() -> dict[str, list[str]]:
 
 
 def usable_interfaces() -> list[str]:
-    """Interfaces NCCL/gloo can actually use: up, with an address (an addressless ``ifb0`` is not)."""
+    """This host's interfaces as every report lists them (``env``'s "have: ...", the gpu preflight's
+    "interfaces: ..."): the ones a socket transport can use, see :func:`select_usable`."""
     import psutil
 
-    stats = psutil.net_if_stats()
-    return sorted(name for name, addrs in interfaces().items() if addrs and name in stats and stats[name].isup)
+    return select_usable(interfaces(), {name: stats.isup for name, stats in psutil.net_if_stats().items()})
+
+
+def select_usable(addresses: Mapping[str, list[str]], up: Mapping[str, bool]) -> list[str]:
+    """The interfaces that are up and have an IPv4/IPv6 address, sorted; pure.
+
+    Why these: NCCL's socket transport and bootstrap pick from ``getifaddrs`` entries with an AF_INET or
+    AF_INET6 address only (``findInterfaces`` in NCCL's src/misc/socket.cc), and gloo binds to the
+    interface's address, so an interface without one (``ifb0``/``ifb1``, the kernel's traffic-shaping
+    devices, or a bond's enslaved NIC) is never a choice for NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME.
+    NCCL does not look at the up flag, but a down interface carries nothing: offering it as a choice
+    would send the user from one failure to the next.
+    """
+    return sorted(name for name, addrs in addresses.items() if addrs and up.get(name, False))
 
 
 def shm_bytes(path: str = "/dev/shm") -> int | None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddpdoctor.env import sysfs
-from ddpdoctor.env.facts import nccl_version
+from ddpdoctor.env.facts import nccl_version, usable_interfaces
 from ddpdoctor.env.kernel_log import bus_key, parse_xid_events, read_kernel_log
 from ddpdoctor.env.nvml import collect_host_gpu_facts
 from ddpdoctor.errors import short_error
@@ -124,6 +124,8 @@ def gather_preflight(bus_id: str | None, environ: Mapping[str, str], root: str =
         "gpu_numa_node": sysfs.pci_numa_node(bus_id, root) if bus_id else None,
         "cpu_affinity": affinity,
         "numa_cpus": {str(n): sorted(c) for n, c in sorted(node_cpus.items())},
+        # The interface names reports show: one list for the env check and this preflight (issue 35).
+        "interfaces": usable_interfaces(),
         "net": sysfs.net_devices(root), "ib": [dict(d, ports={str(k): v for k, v in d["ports"].items()})
                                              for d in sysfs.ib_devices(root)],
         "nccl_socket_ifname": environ.get("NCCL_SOCKET_IFNAME"), "nccl_ib_hca": environ.get("NCCL_IB_HCA"),

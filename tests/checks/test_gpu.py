@@ -18,6 +18,7 @@ import pytest
 
 from ddpdoctor.check import CheckContext, CheckOptions
 from ddpdoctor.env import collect_host_gpu_facts, gpu_facts
+from ddpdoctor.env import facts as envinfo
 from ddpdoctor.findings import ERROR, FAIL, PASS, SKIP, WARN, Finding, RankInfo, overall_status
 from tests.env.test_nvml import FakeNvml, healthy_gpu
 from tests.support import REPO, clean_env, free_port, run_cli
@@ -330,7 +331,8 @@ def _preflight_for(bus: str, log_name: str, uptime_s: float, job_started_s: floa
             "xid_events": [{"xid": e.xid, "bus": e.bus, "pid": e.pid, "process": e.process, "message": e.message,
                             "when": e.when, "at_s": e.since_boot_s(boot_epoch, boot_epoch + uptime_s)}
                            for e in parse_xid_events(text) if e.bus == bus_key(bus)],
-            "gpu_numa_node": None, "cpu_affinity": [0, 1], "numa_cpus": {"0": [0, 1]}, "net": [], "ib": [],
+            "gpu_numa_node": None, "cpu_affinity": [0, 1], "numa_cpus": {"0": [0, 1]}, "interfaces": [], "net": [],
+            "ib": [],
             "nccl_socket_ifname": None, "nccl_ib_hca": None, "nccl_ib_disable": None}
 
 
@@ -386,6 +388,7 @@ def test_preflight_on_a_two_socket_tree_names_numa_and_nic_problems(tmp_path: An
     pre = gpu_facts.gather_preflight("00000000:3B:00.0", env, root=str(root), deadline_s=1.0)
     assert pre["gpu_numa_node"] == 1 and pre["ib"][1]["ports"] == {"1": "DOWN"}
     pre["cpu_affinity"] = [0, 1]  # as if bound to socket 0 (this machine's real affinity varies)
+    pre["interfaces"] = ["eth0", "ib0"]  # the stand-in host's (addresses are not in sysfs: psutil reads this one's)
     found = {p[1].split(" ")[0]: p for p in gpu_check.preflight_problems(pre)}
     assert found["the"][0] == WARN and "NUMA node 0 but its GPU is on node 1" in found["the"][1]
     assert found["NCCL_SOCKET_IFNAME='enp'"][0] == FAIL and "eth0, ib0" in found["NCCL_SOCKET_IFNAME='enp'"][1]
@@ -396,6 +399,7 @@ def test_preflight_ib_on_the_wrong_socket_and_good_names(tmp_path: Any) -> None:
     root = _two_socket_sys(tmp_path / "sys")
     pre = gpu_facts.gather_preflight("00000000:3B:00.0", {"NCCL_SOCKET_IFNAME": "eth", "NCCL_IB_HCA": "mlx5_0"},
                                      root=str(root), deadline_s=1.0)
+    pre["interfaces"] = ["eth0", "ib0"]
     pre["cpu_affinity"] = [2, 3]  # bound to the GPU's socket: no NUMA complaint
     texts = [p[1] for p in gpu_check.preflight_problems(pre)]
     assert texts == ["no active InfiniBand device on the GPU's NUMA node 1 (active HCAs are on node 0): "
@@ -405,6 +409,7 @@ def test_preflight_ib_on_the_wrong_socket_and_good_names(tmp_path: Any) -> None:
 def test_preflight_on_this_machine_reads_real_sys_and_kernel_log() -> None:
     pre = gpu_facts.gather_preflight(None, dict(os.environ), deadline_s=1.0)
     assert [d["name"] for d in pre["net"]] == sorted(os.listdir("/sys/class/net"))
+    assert pre["interfaces"] == envinfo.usable_interfaces()  # the list the env check shows
     assert pre["kernel_log_source"] or pre["kernel_log_reason"]
     assert pre["xid_events"] == []  # no bus: nothing is attributed to a GPU
 
