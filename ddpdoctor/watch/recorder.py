@@ -111,7 +111,28 @@ def _skip_dirs() -> tuple[str, ...]:
     ours = [getattr(sys.modules.get(name), "__file__", None) for name in ("typer", "click")]
     return (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(ddpdoctor.__file__) + os.sep,
             os.path.dirname(multiprocessing.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep,
-            *(os.path.dirname(path) + os.sep for path in ours if path))
+            *(os.path.dirname(path) + os.sep for path in ours if path), *_entry_scripts())
+
+
+def _entry_scripts() -> list[str]:
+    """Our console script (``bin/ddpdoctor``: ``sys.exit(entry())``), the outermost frame under a launcher.
+
+    Where pip puts it: beside the interpreter (a venv's bin) or in the scheme's scripts folders; it is
+    ours when it imports ddpdoctor's entry point. Compared as a path prefix like the folders above.
+    """
+    import sysconfig
+
+    folders = {os.path.dirname(sys.executable), sysconfig.get_path("scripts")}
+    with contextlib.suppress(KeyError):
+        folders.add(sysconfig.get_path("scripts", f"{os.name}_user"))
+    found = []
+    for folder in filter(None, folders):
+        path = os.path.join(folder, "ddpdoctor")
+        with contextlib.suppress(OSError), open(path, "rb") as fh:
+            head = fh.read(4096)
+            if b"from ddpdoctor" in head and b"sys.exit(" in head:
+                found += {path, os.path.realpath(path)}
+    return found
 
 
 def skip_dirs() -> tuple[str, ...]:

@@ -57,9 +57,13 @@ def test_watch_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
     (tmp_path / "rdv.py").write_text(RDV)
     port = free_port()
     procs = []
+    # Rank 1 runs through the installed console script (bin/ddpdoctor: `sys.exit(entry())`), as a launcher
+    # given `ddpdoctor watch` runs it; rank 0 as `python -m ddpdoctor`.
+    script = Path(sys.executable).parent / "ddpdoctor"
     for rank in (0, 1):
         options = ["--json", str(tmp_path / "watch.json"), "--evidence", str(tmp_path / "evidence")] if rank == 0 else []
-        procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor", "watch", "--hang-timeout", "10", *options,
+        command = [sys.executable, "-m", "ddpdoctor"] if rank == 0 or not script.exists() else [str(script)]
+        procs.append(subprocess.Popen([*command, "watch", "--hang-timeout", "10", *options,
                                        "rdv.py"], cwd=tmp_path, env=_rank_env(rank, port), text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     (code0, _out0, err0), (code1, _out1, _err1) = communicate_all(procs, timeout=240)
@@ -79,7 +83,8 @@ def test_watch_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
     assert ranks[2]["wait"]["kind"] == "not_started"
     assert [ranks[r]["wait"]["kind"] for r in (0, 1)] == ["rendezvous", "rendezvous"]
     assert ranks[0]["wait"]["site"] == "rdv.py:3"
-    # Only the user's frames: not those of our own command line (typer, click) that runs the script here.
+    # Only the user's frames: not those of our own command line (typer, click, the console script) that runs
+    # the script here.
     for rank in (0, 1):
         assert ranks[rank]["stack"] and all(line.startswith("rdv.py:") for line in ranks[rank]["stack"]), ranks[rank]
     assert leftovers("rdv.py") == []
