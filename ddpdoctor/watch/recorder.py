@@ -125,7 +125,7 @@ def _entry_scripts() -> list[str]:
     folders = {os.path.dirname(sys.executable), sysconfig.get_path("scripts")}
     with contextlib.suppress(KeyError):
         folders.add(sysconfig.get_path("scripts", f"{os.name}_user"))
-    found = []
+    found: list[str] = []
     for folder in filter(None, folders):
         path = os.path.join(folder, "ddpdoctor")
         with contextlib.suppress(OSError), open(path, "rb") as fh:
