@@ -101,7 +101,8 @@ class LinkPath:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "description": self.description, "expected_busbw_gbps": self.expected_gbps,
-                "source": self.source, "no_model": self.why or None, "nominal": self.nominal}
+                "source": self.source, "no_model": self.why or None, "nominal": self.nominal,
+                "interfaces": [{"host": h, "interface": i} for h, i in self.interfaces]}
 
 
 def _rank_net_path(f: Mapping[str, Any], host: str) -> LinkPath:
@@ -136,11 +137,11 @@ def _rank_net_path(f: Mapping[str, Any], host: str) -> LinkPath:
                             f"({NCCL_TAG} src/graph/topo.cc:417), which is no measurement",
                         hosts=(host,), interfaces=((host, name),))
     virtual = bool(iface.get("virtual"))
-    note = (f", {kind}: the driver's fixed figure, not a trained rate" if kind == "veth" else
-            ", virtual: no hardware rate" if virtual else "")
-    return LinkPath("ethernet", f"{'socket over ' if backend == 'nccl' else ''}Ethernet {label} at {speed} Mb/s"
-                    f"{note} on {host}", nic_gbps(float(speed)), SRC_NET, nominal=virtual, hosts=(host,),
-                    interfaces=((host, name),))
+    # The kind stays out of the description so that hosts on the same kind of link group together; a
+    # virtual device's speed is its driver's constant (a veth's 10000), shown as nominal.
+    return LinkPath("ethernet", f"{'socket over ' if backend == 'nccl' else ''}Ethernet {name} at {speed} Mb/s"
+                    f"{' (virtual: nominal)' if virtual else ''} on {host}", nic_gbps(float(speed)), SRC_NET,
+                    nominal=virtual, hosts=(host,), interfaces=((host, f"{name} ({kind})" if kind else name),))
 
 
 def _ib_off(env: Mapping[str, str], nccl: Mapping[str, Any]) -> bool:
@@ -196,9 +197,15 @@ def slowest(paths: Sequence[LinkPath]) -> LinkPath:
         first = missing[0]
         return LinkPath(first.kind, first.description, None, why=first.why, hosts=hosts, interfaces=interfaces)
     low = min(paths, key=lambda p: p.expected_gbps or 0.0)
-    same = all(p.description.rsplit(" on ", 1)[0] == low.description.rsplit(" on ", 1)[0] for p in paths)
-    where = ", ".join(hosts)
-    description = (low.description.rsplit(" on ", 1)[0] + f" on {where}") if same and len(hosts) > 1 else low.description
+    # Every path at the lowest figure, each description once with its hosts: "Ethernet dd0 (veth) at 10000
+    # Mb/s on nodeB, nodeC; Ethernet dd0 (bridge) at 10000 Mb/s on nodeA".
+    groups: dict[str, list[str]] = {}
+    for p in paths:
+        if p.expected_gbps == low.expected_gbps:
+            what, _, where = p.description.rpartition(" on ")
+            groups.setdefault(what or p.description, []).extend([where] if what else [])
+    description = "; ".join(f"{what} on {', '.join(dict.fromkeys(where))}" if where else what
+                            for what, where in groups.items())
     return LinkPath(low.kind, description, low.expected_gbps, low.source, nominal=any(p.nominal for p in paths),
                     hosts=hosts, interfaces=interfaces)
 
@@ -239,7 +246,15 @@ class Evidence:
 
 
 def _fmt(gbps: float) -> str:
-    return f"{gbps:.2f}" if gbps >= 0.01 else f"{gbps:.4f}"
+    """Two decimals from 1 GB/s, else three significant digits (a 200 Mbit/s link is 0.025 GB/s, not 0.03)."""
+    return f"{gbps:.2f}" if gbps >= 1 else f"{gbps:.3g}"
+
+
+def fmt_pct(pct: float | None) -> str:
+    """'2.4' below 10 %, else whole percents ('87')."""
+    if pct is None:
+        return "-"
+    return f"{pct:.1f}" if pct < 10 else f"{pct:.0f}"
 
 
 def _rate_text(bytes_per_s: float) -> str:
@@ -326,9 +341,12 @@ def bottlenecks(path: LinkPath, facts: Mapping[int, Mapping[str, Any]], hosts: M
             continue
         others = int(entry.get("others") or 0)
         if entry.get("cores") and len(entry["ranks"]) + others > int(entry["cores"]):
-            found.append(Evidence("crowded", f"{len(entry['ranks'])} ranks"
-                                  + (f" and {others} runnable threads of other processes" if others else "")
-                                  + f" share {entry['cores']} CPU cores on {entry['host']}"))
+            n = len(entry["ranks"])
+            found.append(Evidence("crowded", f"{n} rank{'s' if n != 1 else ''}"
+                                  + (f" and {others} runnable thread{'s' if others != 1 else ''} of other processes"
+                                     if others else "")
+                                  + f" share {entry['cores']} CPU core{'s' if entry['cores'] != 1 else ''} on "
+                                  f"{entry['host']}"))
         for device, users in (entry.get("shared_gpus") or {}).items():
             found.append(Evidence("crowded", f"ranks {format_rank_list(users)} share {device} on {entry['host']}"))
     if len(rows_busbw) >= 2:
@@ -359,14 +377,26 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return {"measured_busbw_gbps": self.measured_gbps, "expected_busbw_gbps": self.path.expected_gbps,
                 "pct": None if self.pct is None else round(self.pct, 1), "status": self.status,
-                "path": self.path.to_json(), "bottlenecks": [e.to_json() for e in self.evidence]}
+                "path": self.path.to_json(), "bottlenecks": [e.to_json() for e in self.causes()],
+                "other_facts": [e.to_json() for e in self.evidence[len(self.causes()):]]}
 
     def line(self) -> str:
         """'0.02 of 1.25 GB/s expected (2 %) on Ethernet dd0 ...: FAIL', or 'no model applies: ...'."""
         if self.path.expected_gbps is None:
             return f"{_fmt(self.measured_gbps)} GB/s; no expected figure: no model applies ({self.path.why})"
         return (f"{_fmt(self.measured_gbps)} of {_fmt(self.path.expected_gbps)} GB/s expected "
-                f"({self.pct:.0f} %) on {self.path.description}")
+                f"({fmt_pct(self.pct)} %) on {self.path.description}")
+
+    @property
+    def explained(self) -> bool:
+        """The strongest cause caps the path at a rate the measurement reaches (>= 70 % of it): it is the
+        bottleneck, and the other facts are not shown as causes."""
+        first = self.evidence[0] if self.evidence else None
+        return bool(first and first.limit_gbps and self.measured_gbps >= 0.7 * first.limit_gbps)
+
+    def causes(self) -> list[Evidence]:
+        """The causes to name: the one that explains the figure alone, else all found."""
+        return self.evidence[:1] if self.explained else list(self.evidence)
 
     def cause(self) -> str:
         """The bottleneck, with its evidence, for a figure below its expectation ('' when none is shown)."""
@@ -375,8 +405,8 @@ class Verdict:
         first = self.evidence[0]
         text = first.text
         if first.limit_gbps:
-            text += f"; measured {self.measured_gbps / first.limit_gbps * 100:.0f} % of that"
-        more = [e.text for e in self.evidence[1:]]
+            text += f"; measured {fmt_pct(self.measured_gbps / first.limit_gbps * 100)} % of that"
+        more = [e.text for e in self.causes()[1:]]
         return text + ("; also: " + "; ".join(more) if more else "")
 
 
@@ -480,7 +510,7 @@ class Assessment:
 def failure_text(v: Verdict, thresholds: Thresholds) -> str:
     """'peak busbw 0.02 of 1.25 GB/s expected (2 %, below --min-busbw-pct 50) on ...; bottleneck: ...'."""
     cause = v.cause()
-    return (f"busbw {_fmt(v.measured_gbps)} GB/s is {v.pct:.0f} % of the {_fmt(v.path.expected_gbps or 0)} GB/s "
+    return (f"busbw {_fmt(v.measured_gbps)} GB/s is {fmt_pct(v.pct)} % of the {_fmt(v.path.expected_gbps or 0)} GB/s "
             f"expected on {v.path.description} (below --min-busbw-pct {thresholds.fail_pct:g})"
             + (f"; bottleneck: {cause}" if cause else "; no bottleneck found in the facts"))
 
@@ -522,3 +552,29 @@ def thresholds_from_options(fail_pct: float | None, warn_pct: float | None) -> T
         raise DoctorError(f"--warn-busbw-pct {warn:g} is below --min-busbw-pct {fail:g}: a figure between them "
                           "would fail without a warning first; give a --warn-busbw-pct >= --min-busbw-pct")
     return Thresholds(fail, warn)
+
+
+# What to do about each cause (the first, strongest cause's remedy leads).
+REMEDIES: dict[str, str] = {
+    "qdisc": "remove or raise the shaping qdisc (tc qdisc show dev IF; tc qdisc del dev IF root) or ask who set it",
+    "link_down": "bring the interface up and check its cable and switch port (ip link; ethtool IF)",
+    "ib_port": "bring the InfiniBand/RoCE port to ACTIVE (ibstat: cable, switch port, subnet manager)",
+    "sockets": "let NCCL use InfiniBand/RoCE: unset NCCL_IB_DISABLE and NCCL_NET=Socket, install the network plugin "
+               "the fabric needs, and read NCCL_DEBUG=INFO's NET/ lines",
+    "pcie_downtrained": "check the GPU's PCIe link under load (nvidia-smi -q -d PCIE): reseat the card or riser, "
+                        "check the BIOS PCIe generation setting",
+    "p2p_disabled": "unset NCCL_P2P_DISABLE and check the NVLinks (nvidia-smi nvlink -s, nvidia-smi topo -m)",
+    "numa": "bind each rank to its GPU's NUMA node (numactl --cpunodebind, srun --cpu-bind, torchrun "
+            "--numa-binding)",
+    "crowded": "give each rank its own cores and GPU (fewer ranks, taskset/numactl/srun --cpu-bind) and rerun when "
+               "nothing else runs there",
+    "short_sweep": "measure up to the peak size: ddpdoctor bench -e 1G (or more on NVLink)",
+}
+NO_CAUSE_REMEDY = ("find the slow part with `ddpdoctor bench --pairs`; with NCCL, run with NCCL_DEBUG=INFO and check "
+                   "that NET/IB (not NET/Socket) and P2P/NVLink are used")
+
+
+def remedy(evidence: Sequence[Evidence]) -> str:
+    """The remedy of the strongest cause, then the others' (each once)."""
+    causes = list(dict.fromkeys(e.cause for e in evidence))
+    return "; ".join(REMEDIES[c] for c in causes if c in REMEDIES) or NO_CAUSE_REMEDY

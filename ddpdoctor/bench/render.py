@@ -24,7 +24,7 @@ from ddpdoctor.bench.analysis import (
     human_bytes,
     wrong_total,
 )
-from ddpdoctor.bench.expect import Assessment, Thresholds, Verdict, host_groups, host_groups_text
+from ddpdoctor.bench.expect import Assessment, Thresholds, Verdict, fmt_pct, host_groups, host_groups_text
 from ddpdoctor.errors import DoctorError
 
 
@@ -154,7 +154,7 @@ def render_expectation(v: Verdict, thresholds: Thresholds, label: str = "peak bu
         verdict += " (a virtual interface's nominal speed, and no fact shows what limits it)"
     lines = [f"# {'Expected busbw':<20} : {fmt_bw(v.path.expected_gbps)} GB/s on {v.path.description} "
              f"[{v.path.source}]",
-             f"# {label.capitalize():<20} : {fmt_bw(v.measured_gbps)} GB/s = {v.pct or 0:.0f} % of expected: {verdict}"]
+             f"# {label.capitalize():<20} : {fmt_bw(v.measured_gbps)} GB/s = {fmt_pct(v.pct)} % of expected: {verdict}"]
     if v.status in ("warn", "fail", "note"):
         cause = v.cause()
         lines.append(f"# {'Bottleneck':<20} : {cause}" if cause else
@@ -183,14 +183,14 @@ def render_pairs(analysis: PairAnalysis, size: int, assessment: Assessment | Non
             if v.path.expected_gbps is None:
                 extra = f" {'-':>9} {'-':>5}  no model: {v.path.description}"
             else:
-                extra = (f" {fmt_bw(v.path.expected_gbps):>9} {v.pct or 0:>5.0f}  {v.path.description}"
+                extra = (f" {fmt_bw(v.path.expected_gbps):>9} {fmt_pct(v.pct):>5}  {v.path.description}"
                          + (f"  <- {_STATUS_WORD[v.status]}" if v.status in ("warn", "fail") else ""))
         lines.append(f"{p.a:>8} {p.b:>7} {p.host_a:>16} {p.host_b:>16} {fmt_bw(p.busbw_gbps):>12} "
                      f"{p.time_us:>10.1f}{extra}{mark}")
     if assessment is not None:
         for (a, b), v in sorted(assessment.pairs.items()):
             if v.status in ("warn", "fail") and v.cause():
-                lines.append(f"# BELOW EXPECTED rank {a} <-> rank {b}: {v.pct or 0:.0f} % of "
+                lines.append(f"# BELOW EXPECTED rank {a} <-> rank {b}: {fmt_pct(v.pct)} % of "
                              f"{fmt_bw(v.path.expected_gbps or 0)} GB/s; bottleneck: {v.cause()}")
     if analysis.slow_hosts:
         for host in analysis.slow_hosts:
@@ -234,7 +234,7 @@ def result_json(config: BenchConfig, world_size: int, backend: str, rows: Sequen
                 if v is not None:
                     pair.update(expected_busbw_gbps=v.path.expected_gbps,
                                 pct=None if v.pct is None else round(v.pct, 1), status=v.status,
-                                path=v.path.to_json(), bottlenecks=[e.to_json() for e in v.evidence])
+                                path=v.path.to_json(), bottlenecks=[e.to_json() for e in v.causes()])
     return data
 
 

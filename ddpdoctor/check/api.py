@@ -27,6 +27,9 @@ class CheckOptions:
     batch: str | None = None
     input_shape: tuple[int, ...] | None = None
     min_busbw_gbps: float | None = None
+    # bandwidth: FAIL / WARN below these percentages of the path's expected busbw (bench.expect).
+    min_busbw_pct: float = 50.0
+    warn_busbw_pct: float = 80.0
     verbose: bool = False
 
 

@@ -18,6 +18,13 @@ run on (or share a GPU), that is said once, with the numbers, as the likely caus
 is cut to 1 MiB there, since it would only measure the contention. The full sweep is ``ddpdoctor bench``.
 Other processes' runnable threads on the ranks' cores count toward that crowding (and a --min-busbw failure
 on such cores says so), but do not cut the sweep: they come and go.
+
+Every figure is also set against what its path should give (:mod:`ddpdoctor.bench.expect`: NCCL's topology
+model of the NIC, IB port, PCIe link or NVLink each rank's facts show): below ``--min-busbw-pct`` (50) of it
+is a FAIL, below ``--warn-busbw-pct`` (80) a WARN, each with the bottleneck the facts show (a shaping qdisc,
+a NIC or IB port down, sockets where IB is ACTIVE, PCIe trained below its maximum, P2P off, NUMA, crowding).
+Where no model applies (gloo between processes of one host: loopback TCP) the report says so. The sweep is
+short (4 MiB at most), so a fast path's peak is not reached here: ``ddpdoctor bench -e 1G`` measures it.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ from ddpdoctor.bench import (
     measure_pairs,
     measure_row,
 )
+from ddpdoctor.bench.expect import Thresholds, Verdict, assess, crowding, failure_text, fmt_pct, remedy
 from ddpdoctor.check import Check, CheckContext, all_findings, collapse
-from ddpdoctor.env import other_runnable
+from ddpdoctor.env.links import placement, rank_link_facts
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import format_rank_list
 
@@ -53,44 +61,24 @@ OUTLIER_RATIO = 1.5
 
 
 def _placement(ctx: CheckContext) -> dict[str, Any]:
-    """Where this rank may run: its host, the CPUs in its affinity mask, its device, and how many threads of
-    other processes (not this job's) want those CPUs now."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux: every CPU
-        cpus = list(range(os.cpu_count() or 1))
+    """Where this rank may run (host, affinity CPUs, device, other processes' runnable threads on them)."""
     ours = {p.pid for p in ctx.peers.values() if p.host == ctx.host}
     if ctx.launcher in ("local", "torchrun"):
         ours.add(os.getppid())  # the launcher's agent is this job's too
-    others = other_runnable(cpus, ours)
-    return {"host": ctx.host, "cpus": cpus, "device": ctx.device, "others": round(others, 1)}
+    return placement(ctx.host, ctx.device, ours)
 
 
-def crowding(placements: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Hosts where ranks outnumber the cores they may run on, or share a GPU: one entry per such host.
+def _facts(ctx: CheckContext, cpus: list[int]) -> dict[str, Any] | None:
+    """This rank's link facts for the expectation model; None when they cannot be read (then: no model)."""
+    from ddpdoctor.env.links import gpu_of
 
-    The cores counted are the union of the ranks' affinity masks (``taskset``, cgroup cpusets, ``srun
-    --cpu-bind``), not the machine's: sixteen ranks allowed on two cores take turns however many the
-    machine has.
-    """
-    by_host: dict[str, list[int]] = {}
-    for rank in sorted(placements):
-        by_host.setdefault(str(placements[rank]["host"]), []).append(rank)
-    found = []
-    for host, ranks in sorted(by_host.items()):
-        cpus = sorted({int(c) for r in ranks for c in placements[r].get("cpus", [])})
-        devices: dict[str, list[int]] = {}
-        for r in ranks:
-            device = str(placements[r].get("device", "cpu"))
-            if device.startswith("cuda"):
-                devices.setdefault(device, []).append(r)
-        shared = {d: rs for d, rs in devices.items() if len(rs) > 1}
-        # Every rank of a host sees the same other processes; the busiest look counts.
-        others = round(max(float(placements[r].get("others") or 0.0) for r in ranks))
-        if (cpus and len(ranks) + others > len(cpus)) or shared:
-            found.append({"host": host, "ranks": ranks, "cores": len(cpus), "affinity": format_rank_list(cpus),
-                          "shared_gpus": shared, "others": others})
-    return found
+    try:
+        return rank_link_facts(ctx.backend, os.environ, cpus, gpu_of(ctx.device))
+    except Exception:  # a fact we cannot read must not cost the measurement; its paths get "no model"
+        return None
+
+
+__all__ = ["CHECK", "ONE_RANK", "crowding"]
 
 
 ONE_RANK = "nothing crosses a link with one rank: no bandwidth to measure (run 2 or more ranks, or `ddpdoctor bench`)"
@@ -104,7 +92,9 @@ def _run(ctx: CheckContext) -> list[Finding]:
 
     device = torch.device(ctx.device)
     mine = _placement(ctx)
-    placements = dict(enumerate(gather(mine)))
+    gathered = gather({"placement": mine, "facts": _facts(ctx, mine["cpus"])})
+    placements = {r: g["placement"] for r, g in enumerate(gathered)}
+    facts = {r: g["facts"] for r, g in enumerate(gathered) if g.get("facts")}
     # Every rank computes the same from the same gathered data, so all run the same collectives.
     crowded = crowding(placements)
     # Only our own ranks outnumbering the cores (or sharing a GPU) make the full sweep pointless; other
@@ -118,7 +108,9 @@ def _run(ctx: CheckContext) -> list[Finding]:
     if ctx.rank != 0:
         return [ctx.finding(PASS, MEASURED)]
     return [ctx.finding(PASS, MEASURED, rows=[r.to_json() for r in rows], pairs=[p.to_json() for p in pairs],
-                        world_size=ctx.world_size, min_busbw_gbps=ctx.options.min_busbw_gbps, crowded=crowded)]
+                        world_size=ctx.world_size, min_busbw_gbps=ctx.options.min_busbw_gbps, crowded=crowded,
+                        facts={str(r): f for r, f in facts.items()}, hosts={str(r): h for r, h in hosts.items()},
+                        thresholds=Thresholds(ctx.options.min_busbw_pct, ctx.options.warn_busbw_pct).to_json())]
 
 
 def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:
@@ -132,7 +124,11 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
     world = int(measured.details["world_size"])
     ranks = sorted(int(r) for r in findings_by_rank)
     min_busbw = measured.details.get("min_busbw_gbps")
-    result = _judge(rows, pairs, world, ranks, peers, min_busbw, measured.details.get("crowded") or [])
+    facts = {int(r): f for r, f in (measured.details.get("facts") or {}).items()}
+    hosts = {int(r): str(h) for r, h in (measured.details.get("hosts") or {}).items()}
+    thresholds = Thresholds(**measured.details["thresholds"]) if measured.details.get("thresholds") else Thresholds()
+    result = _judge(rows, pairs, world, ranks, peers, min_busbw, measured.details.get("crowded") or [],
+                    facts=facts, hosts=hosts, thresholds=thresholds)
     return result + collapse(others)
 
 
@@ -176,8 +172,10 @@ def crowding_text(crowded: list[dict[str, Any]]) -> list[str]:
 
 def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[int],
            peers: Mapping[int, RankInfo], min_busbw: float | None,
-           crowded: list[dict[str, Any]] | None = None) -> list[Finding]:
-    """The findings rank 0 reports from the combined numbers."""
+           crowded: list[dict[str, Any]] | None = None, *, facts: Mapping[int, Mapping[str, Any]] | None = None,
+           hosts: Mapping[int, str] | None = None, thresholds: Thresholds | None = None) -> list[Finding]:
+    """The findings rank 0 reports from the combined numbers; with ``facts`` (every rank's link facts), each
+    figure against what its path should give."""
     crowded = crowded or []
     avg = avg_busbw(typed) or 0.0
     largest = max(typed, key=lambda r: r.bytes)
@@ -186,6 +184,15 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
     analysis = analyse_pairs(pairs)
     details: dict[str, Any] = {"rows": [r.to_json() for r in typed], "avg_busbw_gbps": avg, **analysis.to_json()}
     result: list[Finding] = []
+    thresholds = thresholds or Thresholds()
+    verdict: Verdict | None = None
+    below: list[Finding] = []
+    if facts is not None:
+        placed = dict(hosts or {r: peers[r].host if r in peers else f"rank{r}" for r in ranks})
+        assessment = assess({"all_reduce": typed}, pairs, facts, placed, thresholds, crowded)
+        details["expected"] = assessment.to_json()
+        verdict = assessment.per_op.get("all_reduce")
+        below = _below_expected(verdict, assessment.pairs, thresholds, ranks, details)
     wrong = sum(r.wrong or 0 for r in typed)
     if wrong:
         result.append(Finding("bandwidth", FAIL, f"all_reduce returned {wrong} wrong values", ranks,
@@ -257,10 +264,48 @@ def _judge(typed: list[Row], pairs: list[PairResult], world: int, ranks: list[in
                              or {p.host_a, p.host_b} & set(analysis.slow_hosts)})
         blamed = any(f.status == WARN for f in result)
         result.append(_crowding_finding(crowded, looked_slow, blamed))
+    result = below + result
     if not result or all(f.status in (WARN, PASS) for f in result):
         result.insert(0, Finding("bandwidth", PASS, f"all_reduce busbw {avg:.2f} GB/s over {world} ranks "
-                                 f"({table} GB/s)", ranks, details=details))
+                                 f"({table} GB/s){_expected_note(verdict)}", ranks, details=details))
     return result
+
+
+def _expected_note(v: Verdict | None) -> str:
+    """What the pass line adds: '; 96 % of the 1.25 GB/s expected on ...', or why there is no expected figure."""
+    if v is None:
+        return ""
+    if v.path.expected_gbps is None:
+        return f"; no expected figure: no model applies ({v.path.why})"
+    nominal = " (a virtual interface's nominal speed: not judged)" if v.status == "note" else ""
+    return (f"; peak {v.measured_gbps:.3g} GB/s is {fmt_pct(v.pct)} % of the {v.path.expected_gbps:.3g} GB/s expected "
+            f"on {v.path.description}{nominal}")
+
+
+def _below_expected(v: Verdict | None, pairs: Mapping[tuple[int, int], Verdict], thresholds: Thresholds,
+                    ranks: list[int], details: dict[str, Any]) -> list[Finding]:
+    """A FAIL or WARN for the collective below its expectation, with its bottleneck; pairs below theirs get
+    their own finding only when the collective is not already below (one cause, one finding)."""
+    out: list[Finding] = []
+    if v is not None and v.status in ("fail", "warn"):
+        level = FAIL if v.status == "fail" else WARN
+        text = failure_text(v, thresholds)
+        if v.status == "warn":
+            text = text.replace(f"below --min-busbw-pct {thresholds.fail_pct:g}",
+                                f"below --warn-busbw-pct {thresholds.warn_pct:g}")
+        out.append(Finding("bandwidth", level, f"all_reduce peak {text}", ranks, remedy(v.causes()),
+                           {**details, "verdict": v.to_json()}))
+        return out
+    for (a, b), pv in sorted(pairs.items()):
+        if pv.status in ("fail", "warn"):
+            text = failure_text(pv, thresholds)
+            if pv.status == "warn":
+                text = text.replace(f"below --min-busbw-pct {thresholds.fail_pct:g}",
+                                    f"below --warn-busbw-pct {thresholds.warn_pct:g}")
+            out.append(Finding("bandwidth", FAIL if pv.status == "fail" else WARN,
+                               f"link rank {a} <-> rank {b}: {text}", [a, b], remedy(pv.causes()),
+                               {"verdict": pv.to_json()}))
+    return out
 
 
 CHECK = Check(id="bandwidth", title="Collective bandwidth and slow hosts/links",

@@ -63,6 +63,10 @@ def check(
     batch: Optional[str] = typer.Option(None, "--batch", help="MODULE:FN returning an input batch (unused_params)."),
     input_shape: Optional[str] = typer.Option(None, "--input-shape", help="Random input batch shape, e.g. 4,16."),
     min_busbw: Optional[float] = typer.Option(None, "--min-busbw", help="bandwidth check: fail below this GB/s."),
+    min_busbw_pct: Optional[float] = typer.Option(None, "--min-busbw-pct", help="bandwidth checks: fail below this "
+                                                  "% of the expected figure of the path (default 50)."),
+    warn_busbw_pct: Optional[float] = typer.Option(None, "--warn-busbw-pct", help="bandwidth checks: warn below "
+                                                   "this % of the expected figure (default 80)."),
     log_dir: LogDirOption = None,
     redirects: RedirectsOption = "0",
     tee: TeeOption = "0",
@@ -84,6 +88,9 @@ def check(
     plan.folder("--log-dir", log_dir, LOG_FOLDER)
     logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
     validate_min_busbw(min_busbw)
+    from ddpdoctor.bench.expect import thresholds_from_options
+
+    thresholds = thresholds_from_options(min_busbw_pct, warn_busbw_pct)
     if checkpoint is not None and not os.path.exists(checkpoint):
         raise DoctorError(f"--checkpoint {checkpoint!r}: no such file")
     checks = select_checks(only, skip)
@@ -94,7 +101,8 @@ def check(
         raise DoctorError("--model needs an input for the unused_params check: give --batch MODULE:FN or "
                           "--input-shape 4,16 (or --skip unused_params)")
     options = CheckOptions(timeout_s=timeout, checkpoint=checkpoint, model=model, batch=batch,
-                           input_shape=parse_shape(input_shape), min_busbw_gbps=min_busbw, verbose=verbose)
+                           input_shape=parse_shape(input_shape), min_busbw_gbps=min_busbw,
+                           min_busbw_pct=thresholds.fail_pct, warn_busbw_pct=thresholds.warn_pct, verbose=verbose)
     config = RunConfig(checks=checks, backend=backend, options=options, json_path=json_path)
     raise typer.Exit(run_here_or_self_launch(
         functools.partial(run_rank, config=config), argv=invocation_args(), nproc=nproc, backend=backend,
