@@ -569,6 +569,8 @@ REMEDIES: dict[str, str] = {
     "crowded": "give each rank its own cores and GPU (fewer ranks, taskset/numactl/srun --cpu-bind) and rerun when "
                "nothing else runs there",
     "short_sweep": "measure up to the peak size: ddpdoctor bench -e 1G (or more on NVLink)",
+    "clocks": "find what caps the clocks (nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE): power limit, cooling, "
+              "application clocks left set (nvidia-smi -rac)",
 }
 NO_CAUSE_REMEDY = ("find the slow part with `ddpdoctor bench --pairs`; with NCCL, run with NCCL_DEBUG=INFO and check "
                    "that NET/IB (not NET/Socket) and P2P/NVLink are used")
@@ -578,3 +580,67 @@ def remedy(evidence: Sequence[Evidence]) -> str:
     """The remedy of the strongest cause, then the others' (each once)."""
     causes = list(dict.fromkeys(e.cause for e in evidence))
     return "; ".join(REMEDIES[c] for c in causes if c in REMEDIES) or NO_CAUSE_REMEDY
+
+
+# -- one GPU's own figures -------------------------------------------------------------------------------
+
+# Device memory bandwidth by GPU name (NVML's), GB/s, from NVIDIA's datasheets. Matched in order, whole words
+# (GH200 is not an H200). A name not listed has no expectation ("no model").
+MEMORY_SPECS: tuple[tuple[str, float, str], ...] = (
+    (r"\bH200\b", 4800.0, "NVIDIA H200 Tensor Core GPU datasheet: 4.8 TB/s (H200 SXM and NVL)"),
+    (r"\bH100 NVL\b", 3900.0, "NVIDIA H100 Tensor Core GPU datasheet: H100 NVL 3.9 TB/s"),
+    (r"\bH100 PCIe\b", 2000.0, "NVIDIA H100 Tensor Core GPU datasheet: H100 PCIe 2 TB/s"),
+    (r"\bH100\b.*\bHBM3\b|\bH100 SXM", 3350.0, "NVIDIA H100 Tensor Core GPU datasheet: H100 SXM 3.35 TB/s"),
+    (r"\bA100\b.*80GB.*PCIe|\bA100-PCIE-80GB\b", 1935.0, "NVIDIA A100 datasheet: A100 80GB PCIe 1,935 GB/s"),
+    (r"\bA100\b.*80GB|\bA100-SXM4-80GB\b", 2039.0, "NVIDIA A100 datasheet: A100 80GB SXM 2,039 GB/s"),
+    (r"\bA100\b", 1555.0, "NVIDIA A100 datasheet: A100 40GB 1,555 GB/s"),
+    (r"\bL40S\b", 864.0, "NVIDIA L40S datasheet: 864 GB/s"),
+    (r"\bL4\b", 300.0, "NVIDIA L4 datasheet: 300 GB/s"),
+    (r"\bV100\b", 900.0, "NVIDIA V100 datasheet: 900 GB/s (SXM2 and PCIe)"),
+)
+
+
+def memory_spec(name: str | None) -> tuple[float, str] | None:
+    """(GB/s, source) of a GPU's device memory by its NVML name, or None when it is not in the table."""
+    import re
+
+    if not name:
+        return None
+    for pattern, gbps, source in MEMORY_SPECS:
+        if re.search(pattern, name):
+            return gbps, source
+    return None
+
+
+def host_device_path(gpu: Mapping[str, Any]) -> LinkPath:
+    """The PCIe link a host-device copy crosses, expected at the generation and width the GPU and slot support
+    (NVML's max: ``nvmlDeviceGetMaxPcieLinkGeneration`` is the device-and-system maximum). A link trained
+    below it is the bottleneck named, not a lower expectation. Gen5 x16 -> 48 GB/s, Gen4 x16 -> 24 GB/s.
+    """
+    gen = int(gpu.get("pcie_link_gen_max") or gpu.get("pcie_link_gen") or 0)
+    width = int(gpu.get("pcie_link_width_max") or gpu.get("pcie_link_width") or 0)
+    expected = pcie_gbps(gen, width)
+    name = gpu.get("name") or "GPU"
+    if expected is None:
+        return LinkPath("pcie", f"PCIe of {name}", why="NVML reports no PCIe generation/width for this GPU "
+                        "(a GPU on a C2C/NVLink-C2C host link, or NVML unavailable)")
+    return LinkPath("pcie", f"PCIe Gen{gen} x{width} of {name}", expected, SRC_PCI)
+
+
+def host_device_evidence(gpu: Mapping[str, Any], cpu_nodes: Sequence[int] = (),
+                         others: Sequence[int] = ()) -> list[Evidence]:
+    """What holds a host-device copy back: the link trained below its maximum, the rank's CPUs on another NUMA
+    node than the GPU, other processes on the GPU (NVML)."""
+    out: list[Evidence] = []
+    gen, gen_max = gpu.get("pcie_link_gen"), gpu.get("pcie_link_gen_max")
+    width, width_max = gpu.get("pcie_link_width"), gpu.get("pcie_link_width_max")
+    if (gen and gen_max and gen < gen_max) or (width and width_max and width < width_max):
+        out.append(Evidence("pcie_downtrained", f"the link trained at Gen{gen} x{width} during the copies; GPU and "
+                            f"slot support Gen{gen_max} x{width_max} (NVML)", pcie_gbps(int(gen or 0), int(width or 0))))
+    node = gpu.get("numa_node")
+    if node is not None and cpu_nodes and node not in cpu_nodes:
+        out.append(Evidence("numa", f"this rank runs on NUMA node(s) {format_rank_list(list(cpu_nodes))} and its GPU "
+                            f"is on node {node} (sysfs numa_node): the copies cross the inter-socket link"))
+    if others:
+        out.append(Evidence("crowded", f"other processes use this GPU: pid {', '.join(str(p) for p in others)} (NVML)"))
+    return out

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from ddpdoctor.check import Check
 
-from . import bandwidth, barrier, connectivity, env, gpu, port, state_dict, unused_params
+from . import (
+    bandwidth,
+    barrier,
+    connectivity,
+    env,
+    gpu,
+    memory_bandwidth,
+    pcie_bandwidth,
+    port,
+    state_dict,
+    unused_params,
+)
 
 ALL_CHECKS: tuple[Check, ...] = (
     env.CHECK,
@@ -18,6 +29,8 @@ ALL_CHECKS: tuple[Check, ...] = (
     barrier.CHECK,
     connectivity.CHECK,
     bandwidth.CHECK,
+    pcie_bandwidth.CHECK,
+    memory_bandwidth.CHECK,
     unused_params.CHECK,
     state_dict.CHECK,
 )

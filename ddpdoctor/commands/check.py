@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 # The check ids --only/--skip take, in registry order, written out so `check --help` needs no import of the
 # checks (tests/test_docs.py keeps it equal to ddpdoctor.checks.CHECK_IDS and docs/checks.md).
-CHECK_IDS_HELP = "env, gpu, port, barrier, connectivity, bandwidth, unused_params, state_dict"
+CHECK_IDS_HELP = ("env, gpu, port, barrier, connectivity, bandwidth, pcie_bandwidth, memory_bandwidth, unused_params, "
+                  "state_dict")
 
 
 def _split_ids(values: list[str]) -> list[str]:

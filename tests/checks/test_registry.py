@@ -5,7 +5,8 @@ from __future__ import annotations
 from ddpdoctor.checks import ALL_CHECKS
 from tests.support import REPO
 
-DESIGN_IDS = {"env", "port", "connectivity", "barrier", "bandwidth", "gpu", "unused_params", "state_dict"}
+DESIGN_IDS = {"env", "port", "connectivity", "barrier", "bandwidth", "gpu", "unused_params", "state_dict",
+              "pcie_bandwidth", "memory_bandwidth"}
 
 
 def test_every_check_file_is_registered_once() -> None:

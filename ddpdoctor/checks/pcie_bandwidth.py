@@ -1,0 +1,130 @@
+"""`pcie_bandwidth`: host-to-device and device-to-host copies from pinned memory against the GPU's PCIe link.
+
+What fails in real life: a GPU whose PCIe link trained at a lower generation or width than card and slot
+support (a riser or a dirty connector: ``nvidia-smi -q -d PCIE`` shows "Link Width Current x8, Max x16"),
+BIOS settings that cap the slot at Gen3, a rank bound to the far NUMA node of its GPU, or another process
+streaming over the same link. DCGM's ``dcgmi diag -r pcie`` measures the same. Nothing errors: data loading,
+checkpoint saves and offloading are just 2-4x slower. Reproduce by hand: in ``python``, time
+``gpu.copy_(pinned_host_tensor, non_blocking=True)`` for a 256 MiB tensor with CUDA events; a Gen5 x16 link
+gives ~50 GB/s, Gen4 x16 ~25.
+
+The expectation is NCCL's model of the link at the generation and width GPU and slot support (NVML's max;
+Gen5 x16 48 GB/s, Gen4 x16 24 GB/s: :func:`ddpdoctor.bench.expect.host_device_path`); below
+``--min-busbw-pct`` (50) of it FAILs, below ``--warn-busbw-pct`` (80) WARNs, naming a link trained below its
+maximum (read from NVML right after the copies, since an idle GPU lowers its link generation to save power),
+a NUMA mismatch or other processes on the GPU. About 0.2 s per rank. Without a GPU on the rank: ``skip``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ddpdoctor.bench.expect import (
+    Thresholds,
+    Verdict,
+    fmt_pct,
+    host_device_evidence,
+    host_device_path,
+    judge,
+    remedy,
+)
+from ddpdoctor.check import Check, CheckContext, all_findings, collapse
+from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
+from ddpdoctor.ranks import format_rank_list
+
+NO_GPU = ("this rank runs on {device}, not a GPU: host-device bandwidth is measured only on a rank with a GPU "
+          "(run where CUDA is available, or with --backend nccl)")
+_LEVEL = {"fail": FAIL, "warn": WARN}
+
+
+def no_gpu(ctx: CheckContext, what: str) -> list[Finding]:
+    """The skip of a GPU-only measurement on a rank without a GPU (never a pass: nothing was measured)."""
+    return [ctx.finding(SKIP, NO_GPU.format(device=ctx.device).replace("host-device bandwidth", what), kind="no_gpu")]
+
+
+def rank_context(ctx: CheckContext) -> tuple[dict[str, Any], list[int], list[int]]:
+    """This rank's GPU (NVML, read now), its CPUs' NUMA nodes, and other processes' pids on the GPU."""
+    from ddpdoctor.env.links import cpu_numa_nodes, gpu_of, pcie_link
+
+    gpu = dict(gpu_of(ctx.device) or {})
+    if gpu.get("pci_bus_id"):
+        gpu["numa_node"] = pcie_link(str(gpu["pci_bus_id"]))["numa_node"]
+    ours = {p.pid for p in ctx.peers.values() if p.host == ctx.host} | {os.getpid()}
+    others = sorted(int(p["pid"]) for p in gpu.get("processes") or [] if int(p.get("pid", -1)) not in ours)
+    return gpu, cpu_numa_nodes(os.sched_getaffinity(0)), others
+
+
+def worst(verdicts: list[Verdict]) -> str:
+    """The check status of the worst verdict: fail, warn, else pass (no model is a measured figure too)."""
+    statuses = {v.status for v in verdicts}
+    return FAIL if "fail" in statuses else WARN if "warn" in statuses else PASS
+
+
+def _run(ctx: CheckContext) -> list[Finding]:
+    if not ctx.device.startswith("cuda"):
+        return no_gpu(ctx, "host-device bandwidth")
+    import torch
+
+    from ddpdoctor.bench.gpu_copy import host_device
+
+    figures = host_device(torch.device(ctx.device))
+    gpu, cpu_nodes, others = rank_context(ctx)  # right after the copies: the link as trained under load
+    path = host_device_path(gpu)
+    evidence = host_device_evidence(gpu, cpu_nodes, others)
+    thresholds = Thresholds(ctx.options.min_busbw_pct, ctx.options.warn_busbw_pct)
+    h2d = judge(figures["h2d_gbps"], path, evidence, thresholds)
+    d2h = judge(figures["d2h_gbps"], path, evidence, thresholds)
+    status = worst([h2d, d2h])
+    details = {"h2d": h2d.to_json(), "d2h": d2h.to_json(), "bytes": figures["bytes"], "gpu": gpu.get("name"),
+               "pcie": {k: gpu.get(k) for k in ("pcie_link_gen", "pcie_link_gen_max", "pcie_link_width",
+                                                "pcie_link_width_max")}}
+    return [ctx.finding(status, summary(h2d, d2h), remedy(h2d.causes() or d2h.causes()) if status != PASS else "",
+                        **details)]
+
+
+def summary(h2d: Verdict, d2h: Verdict) -> str:
+    """'host-to-device 52.1 GB/s (109 %), device-to-host 51.3 GB/s (107 %) of the 48 GB/s expected on PCIe ...'."""
+    if h2d.path.expected_gbps is None:
+        return (f"host-to-device {h2d.measured_gbps:.1f} GB/s, device-to-host {d2h.measured_gbps:.1f} GB/s (pinned); "
+                f"no expected figure: {h2d.path.why}")
+    text = (f"host-to-device {h2d.measured_gbps:.1f} GB/s ({fmt_pct(h2d.pct)} %), device-to-host "
+            f"{d2h.measured_gbps:.1f} GB/s ({fmt_pct(d2h.pct)} %) of the {h2d.path.expected_gbps:g} GB/s expected "
+            f"on {h2d.path.description} (pinned memory)")
+    cause = (h2d if h2d.status in ("fail", "warn") else d2h).cause()
+    return text + (f"; bottleneck: {cause}" if cause and worst([h2d, d2h]) != PASS else "")
+
+
+def merge(findings_by_rank: Mapping[int, list[Finding]], figures: Callable[[Finding], list[float]],
+          unit: str = "GB/s") -> list[Finding]:
+    """One finding per outcome across ranks: the same status and path on many GPUs is one line with the
+    range of each figure (every rank's numbers stay in ``details.per_rank``)."""
+    findings = all_findings(findings_by_rank)
+    measured = [f for f in findings if f.status in (PASS, WARN, FAIL) and "kind" not in f.details]
+    rest = [f for f in findings if f not in measured]
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in measured:
+        groups.setdefault((f.status, str(f.details.get("path_key", ""))), []).append(f)
+    out: list[Finding] = []
+    for (status, _), group in groups.items():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        ranks = sorted(r for f in group for r in f.ranks)
+        lows = [min(vals) for vals in zip(*(figures(f) for f in group), strict=True)]
+        first = min(group, key=lambda f: figures(f))
+        out.append(Finding(first.check, status, f"{first.summary} [lowest of ranks {format_rank_list(ranks)}; "
+                           f"ranges in details]", ranks, first.remedy,
+                           {"per_rank": {str(f.ranks[0]): f.details for f in group},
+                            "lowest": [round(x, 3) for x in lows], "unit": unit}))
+    return out + collapse(rest)
+
+
+def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:
+    return merge(findings_by_rank, lambda f: [float(f.details["h2d"]["measured_busbw_gbps"]),
+                                              float(f.details["d2h"]["measured_busbw_gbps"])])
+
+
+CHECK = Check(id="pcie_bandwidth", title="Host-to-device and device-to-host bandwidth against the GPU's PCIe link",
+              run=_run, combine=_combine)
