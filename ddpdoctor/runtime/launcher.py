@@ -2,6 +2,9 @@
 
 Each launcher spells rank, world size and local rank differently; this module turns them into one
 :class:`LaunchInfo`. With no launcher, ``ddpdoctor check`` self-launches local ranks (``selflaunch``).
+:func:`torchrun_env` goes the other way: under srun or mpirun it spells the job the way torchrun does
+(RANK, LOCAL_RANK, WORLD_SIZE, ...), so a script written for ``init_process_group("env://")`` runs
+unchanged under ``ddpdoctor watch``.
 No torch here: it is used by commands that must start fast.
 """
 
@@ -9,12 +12,20 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddpdoctor.errors import DoctorError
 
 DEFAULT_MASTER_PORT = 29500
+# torchrun's --master-addr default (torch/distributed/run.py) for a job whose ranks all run on one host.
+LOCAL_MASTER_ADDR = "127.0.0.1"
+# Job-derived ports: 29500 (torchrun's default) + 2 x (job id mod 1250). Every rank computes the same port
+# from the same job id without talking; the step of 2 leaves MASTER_PORT+1 (watch's channel) to each job,
+# so jobs with consecutive ids on one head node (Slurm numbers them in order) never meet; 29500-31999 stays
+# below Linux's ephemeral range (32768+), where an outgoing connection could take the port first.
+JOB_PORT_SLOTS = 1250
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,10 @@ class LaunchInfo:
     agent_store: bool
     run_id: str
     nodes: tuple[str, ...] = ()
+    # torchrun's GROUP_RANK / GROUP_WORLD_SIZE (this node's index, the number of nodes); -1 / 0 where the
+    # launcher does not say (Open MPI across hosts exports no node index).
+    node_rank: int = -1
+    num_nodes: int = 0
 
     @property
     def is_launched(self) -> bool:
@@ -191,10 +206,11 @@ def _from_slurm(env: Mapping[str, str]) -> LaunchInfo:
         per_node = parse_tasks_per_node(tasks_spec)
         local_world_size = per_node[node_id] if node_id < len(per_node) else per_node[-1]
     job = env.get("SLURM_JOB_ID", "0")
-    # Concurrent jobs whose first node is the same host must not fight over one port; 29500-31999 stays
-    # below Linux's ephemeral range (32768+), where an outgoing connection could take the port first.
-    default_port = 29500 + (int(job) % 2500 if job.isdigit() else 0)
-    master_addr = env.get("MASTER_ADDR") or (nodes[0] if nodes else "127.0.0.1")
+    default_port = job_port(job)
+    num_nodes = _first_int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES") or len(nodes)
+    # One node: the local host, as torchrun does (a node's own name need not resolve inside it).
+    first = nodes[0] if nodes and num_nodes != 1 else LOCAL_MASTER_ADDR
+    master_addr = env.get("MASTER_ADDR") or first
     return LaunchInfo(
         launcher="slurm",
         rank=_int(env, "SLURM_PROCID"),
@@ -206,24 +222,89 @@ def _from_slurm(env: Mapping[str, str]) -> LaunchInfo:
         agent_store=False,
         run_id=f"slurm.{job}.{env.get('SLURM_STEP_ID', env.get('SLURM_STEPID', '0'))}",
         nodes=nodes,
+        node_rank=node_id,
+        num_nodes=num_nodes,
     )
 
 
 def _from_mpi(env: Mapping[str, str], rank: str, size: str, local_rank: str, local_size: str) -> LaunchInfo:
-    if "MASTER_ADDR" not in env:
+    world_size = _int(env, size)
+    # Only a local size the launcher states is evidence that every rank is here (PMI launchers may omit it).
+    one_host = local_size in env and _int(env, local_size) == world_size
+    if "MASTER_ADDR" in env:
+        master_addr = env["MASTER_ADDR"]
+    elif one_host:
+        master_addr = LOCAL_MASTER_ADDR  # as torchrun does for a single node
+    else:
         raise DoctorError(
-            "launched by MPI but MASTER_ADDR is not set: export MASTER_ADDR=<host of rank 0> "
+            "launched by MPI across hosts but MASTER_ADDR is not set: export MASTER_ADDR=<host of rank 0> "
             "(and MASTER_PORT) on every rank, e.g. mpirun -x MASTER_ADDR=node01 -x MASTER_PORT=29500"
         )
-    world_size = _int(env, size)
+    job = mpi_job_id(env)
     return LaunchInfo(
         launcher="mpi",
         rank=_int(env, rank),
         world_size=world_size,
         local_rank=_int(env, local_rank) if local_rank in env else 0,
         local_world_size=_int(env, local_size) if local_size in env else world_size,
-        master_addr=env["MASTER_ADDR"],
-        master_port=_port(env, DEFAULT_MASTER_PORT),
+        master_addr=master_addr,
+        master_port=_port(env, job_port(job) if job else DEFAULT_MASTER_PORT),
         agent_store=False,
-        run_id=f"mpi.{env.get('OMPI_COMM_WORLD_JOBID', env.get('PMI_JOBID', '0'))}",
+        run_id=f"mpi.{job or '0'}",
+        node_rank=0 if one_host else -1,
+        num_nodes=1 if one_host else _first_int(env, "OMPI_MCA_orte_num_nodes"),
     )
+
+
+def _first_int(env: Mapping[str, str], *names: str) -> int:
+    """The first of ``names`` that holds a non-negative integer, else 0 (these counts are optional)."""
+    for name in names:
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def mpi_job_id(env: Mapping[str, str]) -> str:
+    """The MPI job's id, the same on every rank: Open MPI 4's ess jobid, a PMIx namespace (Open MPI 5,
+    where it reads like ``prterun-host-1234@1``), or PMI's; "" when the launcher exports none (Hydra)."""
+    for name in ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID"):
+        if env.get(name):
+            return env[name]
+    return ""
+
+
+def job_port(job_id: str) -> int:
+    """The MASTER_PORT every rank of job ``job_id`` derives alike: 29500 + 2 x (id mod 1250), with a crc32
+    for an id that is not a number."""
+    number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
+    return DEFAULT_MASTER_PORT + 2 * (number % JOB_PORT_SLOTS)
+
+
+def torchrun_env(info: LaunchInfo) -> dict[str, str]:
+    """The variables torchrun's agent gives each worker, derived from ``info``; {} under torchrun or a
+    hand-made RANK/WORLD_SIZE (they are already there).
+
+    The set is what torch's LocalElasticAgent._start_workers exports (torch/distributed/elastic/agent/
+    server/local_elastic_agent.py, torch 2.13): RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+    GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME ("default", torchrun's role), MASTER_ADDR and
+    MASTER_PORT. GROUP_* are left out where the launcher gives no node index. TORCHELASTIC_* are left out on
+    purpose: they say an elastic agent (and its store) is there, and none is.
+    """
+    if info.launcher not in ("slurm", "mpi"):
+        return {}
+    env = {
+        "RANK": str(info.rank),
+        "LOCAL_RANK": str(info.local_rank),
+        "WORLD_SIZE": str(info.world_size),
+        "LOCAL_WORLD_SIZE": str(info.local_world_size),
+        "ROLE_RANK": str(info.rank),
+        "ROLE_WORLD_SIZE": str(info.world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": info.master_addr,
+        "MASTER_PORT": str(info.master_port),
+    }
+    if info.node_rank >= 0 and info.num_nodes > 0:
+        env["GROUP_RANK"] = str(info.node_rank)
+        env["GROUP_WORLD_SIZE"] = str(info.num_nodes)
+    return env

@@ -36,7 +36,7 @@ from typing import Any
 
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError, short_error
 from ddpdoctor.ranks import rank_phrase
-from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env
+from ddpdoctor.runtime.launcher import LaunchInfo, port_from_env, torchrun_env
 from ddpdoctor.watch import evidence
 from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
@@ -533,6 +533,8 @@ def run_under_launcher(info: LaunchInfo, config: WatchConfig) -> int:
     elif publish:
         published = _published_channel_port(info)
         address = f"{info.master_addr}:{published}" if published is not None else ""
+    # Under srun/mpirun the script gets torchrun's RANK, WORLD_SIZE, MASTER_ADDR, ... (env:// runs unchanged).
+    os.environ.update(torchrun_env(info))
     code = run_script(config.script, config.args, info.rank, info.world_size, address, exit_on_lost=False)
     if supervisor is None:
         return code

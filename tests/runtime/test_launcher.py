@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.runtime.launcher import detect, expand_nodelist, parse_tasks_per_node
+from ddpdoctor.runtime.launcher import detect, expand_nodelist, job_port, parse_tasks_per_node, torchrun_env
 
 
 @pytest.mark.parametrize(("nodelist", "hosts"), [
@@ -49,7 +49,7 @@ def test_slurm_srun_environment_takes_master_from_the_first_node() -> None:
         "slurm", 9, 16, 1, 8)
     assert info.master_addr == "gpu07"
     assert info.nodes == ("gpu07", "gpu08")
-    assert info.master_port == 29500 + 4242 % 2500
+    assert info.master_port == 29500 + 2 * (4242 % 1250)
     assert not info.agent_store
 
 
@@ -68,6 +68,51 @@ def test_open_mpi_and_pmi_need_master_addr() -> None:
     assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("mpi", 3, 4, 1)
     pmi = detect({"PMI_RANK": "2", "PMI_SIZE": "8", "MASTER_ADDR": "n1", "MPI_LOCALRANKID": "0"})
     assert (pmi.rank, pmi.world_size, pmi.local_rank) == (2, 8, 0)
+
+
+def test_mpi_on_one_host_uses_the_local_host_and_a_port_from_the_job_id() -> None:
+    # What mpirun -np 2 exported on one node here (Open MPI 4.1.4): local size == world size.
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "1934360577", "OMPI_MCA_orte_num_nodes": "1"}
+    info = detect(env)
+    assert (info.master_addr, info.master_port) == ("127.0.0.1", 29500 + 2 * (1934360577 % 1250))
+    assert (info.node_rank, info.num_nodes, info.run_id) == (0, 1, "mpi.1934360577")
+    # Open MPI 5 names the job by its PMIx namespace: a string, hashed to the same port on every rank.
+    five = detect({**{k: v for k, v in env.items() if "MCA" not in k}, "PMIX_NAMESPACE": "prterun-vm-812@1"})
+    assert five.master_port == job_port("prterun-vm-812@1") and 29500 <= five.master_port < 32000
+    assert five.master_port % 2 == 0  # odd ports are MASTER_PORT+1 of another job (watch's channel)
+
+
+def test_mpi_across_hosts_without_master_addr_stays_a_clear_error() -> None:
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    with pytest.raises(DoctorError, match="across hosts but MASTER_ADDR is not set"):
+        detect(env)
+    with pytest.raises(DoctorError, match="MASTER_ADDR"):  # no local size: not known to be one host
+        detect({"PMI_RANK": "0", "PMI_SIZE": "2"})
+
+
+def test_srun_and_mpirun_ranks_get_torchruns_environment() -> None:
+    slurm = detect({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+                    "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]",
+                    "SLURM_STEP_NUM_NODES": "2", "SLURM_TASKS_PER_NODE": "8(x2)"})
+    assert torchrun_env(slurm) == {
+        "RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "9", "ROLE_WORLD_SIZE": "16", "ROLE_NAME": "default",
+        "MASTER_ADDR": "gpu07", "MASTER_PORT": str(29500 + 2 * (4242 % 1250))}
+    # Open MPI across hosts exports no node index: GROUP_RANK is left out rather than guessed.
+    mpi = detect({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "n1", "MASTER_PORT": "29600"})
+    env = torchrun_env(mpi)
+    assert (env["RANK"], env["LOCAL_RANK"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("3", "1", "n1", "29600")
+    assert "GROUP_RANK" not in env
+    # Under torchrun (or RANK/WORLD_SIZE set by hand) the variables are there already: nothing is added.
+    assert torchrun_env(detect({"RANK": "0", "WORLD_SIZE": "2"})) == {}
+
+
+def test_one_node_slurm_uses_the_local_host() -> None:
+    info = detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7",
+                   "SLURM_JOB_NODELIST": "vm", "SLURM_STEP_NUM_NODES": "1"})
+    assert (info.master_addr, info.num_nodes, info.node_rank) == ("127.0.0.1", 1, 0)
 
 
 def test_no_launcher_means_self_launch() -> None:
