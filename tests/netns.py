@@ -2,12 +2,23 @@
 
 Follows the recipe in design.md. Only addresses inside namespaces created here are used; everything is
 torn down in ``close()``. Needs root and iproute2 (tests using it are marked ``requires_netns``).
+
+With ``whole_hosts=True`` each host is a network, UTS, PID and mount namespace of its own, held by one
+init process (``unshare --uts --pid --fork --mount-proc``): every command of that host runs inside it
+(``nsenter``), so its processes cannot see the other host's, and :meth:`NetnsHosts.kill_host` ends the host
+whole (SIGKILL to its init: the kernel then SIGKILLs every process of the namespace, as a power cut or a
+kernel panic ends every process of a node at once). The faults the watch lab needs: :meth:`link_down`,
+:meth:`block_port` (nftables inside the host), :meth:`rate_limit` (tc).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +35,8 @@ class NetnsHosts:
     subnet: str = "10.77"
     tag: str = field(default_factory=lambda: f"dd{os.getpid() % 10000}")
     names: list[str] = field(default_factory=list)
+    whole_hosts: bool = False  # each host its own PID + mount namespace too (see the module docstring)
+    inits: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def ip(self, index: int) -> str:
         return f"{self.subnet}.0.{index + 1}"
@@ -65,11 +78,83 @@ class NetnsHosts:
            "burst", "64kb", "latency", "50ms")
 
     def command(self, index: int, hostname: str, argv: Sequence[str]) -> list[str]:
-        """argv run inside host ``index`` with its own hostname (a UTS namespace of its own)."""
+        """argv run inside host ``index`` with its own hostname (a UTS namespace of its own; with
+        ``whole_hosts``, inside the host's PID and mount namespaces too, started on first use)."""
+        if self.whole_hosts:
+            init = self._init_pid(index, hostname)
+            return ["nsenter", "--target", str(init), "--net", "--uts", "--pid", "--mount", "--", *argv]
         script = 'hostname "$0"; exec "$@"'
         return ["ip", "netns", "exec", self.names[index], "unshare", "--uts", "sh", "-c", script, hostname, *argv]
 
+    def _init_pid(self, index: int, hostname: str) -> int:
+        """The host's init (PID 1 of its namespace), as a PID outside it; started on first use."""
+        if index not in self.inits:
+            script = 'hostname "$0"; exec sleep 100000'
+            self.inits[index] = subprocess.Popen(
+                ["ip", "netns", "exec", self.names[index], "unshare", "--uts", "--pid", "--fork", "--mount-proc",
+                 "sh", "-c", script, hostname], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+        unshare = self.inits[index].pid
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            # unshare --fork waits for its child, which is the namespace's PID 1 (sh, then sleep).
+            try:
+                with open(f"/proc/{unshare}/task/{unshare}/children") as handle:
+                    children = handle.read().split()
+            except OSError:
+                children = []
+            if children:
+                child = int(children[0])
+                try:
+                    with open(f"/proc/{child}/comm") as handle:
+                        if handle.read().strip() == "sleep":  # its hostname is set
+                            return child
+                except OSError:
+                    pass
+            time.sleep(0.02)
+        raise RuntimeError(f"host {index}'s namespace init did not start")
+
+    def kill_host(self, index: int) -> None:
+        """Every process of host ``index`` SIGKILLed at once (its init, then the kernel does the rest)."""
+        proc = self.inits.get(index)
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(self._init_pid(index, ""), signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def link_down(self, index: int) -> None:
+        """Host ``index``'s link goes down (its processes live on; no packet leaves or arrives)."""
+        sh("ip", "-n", self.names[index], "link", "set", self.ifname(index), "down")
+
+    def block_port(self, index: int, port: int) -> None:
+        """Host ``index`` drops every TCP packet to or from ``port`` (nftables in its namespace; as a firewall
+        rule between nodes does). Needs the ``nft`` command (Debian's nftables)."""
+        if shutil.which("nft") is None:
+            raise RuntimeError("nft (Debian's nftables) is not installed")
+        rules = (f"add table inet ddlab\n"
+                 f"add chain inet ddlab input {{ type filter hook input priority 0; }}\n"
+                 f"add chain inet ddlab output {{ type filter hook output priority 0; }}\n"
+                 f"add rule inet ddlab input tcp dport {port} drop\n"
+                 f"add rule inet ddlab input tcp sport {port} drop\n"
+                 f"add rule inet ddlab output tcp dport {port} drop\n"
+                 f"add rule inet ddlab output tcp sport {port} drop\n")
+        subprocess.run(["ip", "netns", "exec", self.names[index], "nft", "-f", "-"], input=rules.encode(),
+                       check=True, capture_output=True, timeout=30)
+
     def close(self) -> None:
+        for proc in self.inits.values():
+            if proc.poll() is None:
+                try:
+                    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as handle:
+                        children = [int(c) for c in handle.read().split()]
+                except OSError:
+                    children = []
+                for child in children:
+                    with contextlib.suppress(OSError):
+                        os.kill(child, signal.SIGKILL)
+                proc.kill()
+                proc.wait(timeout=30)
+        self.inits.clear()
         for name in self.names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         self.names.clear()

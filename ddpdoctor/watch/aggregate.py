@@ -260,6 +260,11 @@ class Aggregator:
         self._straggler_checked = 0.0
         self.evidence: str | None = None
         self.rendezvous: dict[str, Any] | None = None  # a hang in init_process_group: who never arrived
+        # Monotonic -> wall clock, for "no report since 18:22:31" (the ranks' own logs print wall time).
+        self.wall_offset = time.time() - time.monotonic()
+        self.decided_at: float | None = None  # when verdict() first returned a verdict (monotonic)
+        self.here: str | None = None  # the supervisor's host (rank 0's under a launcher); None: rank 0's
+        self._silent: dict[int, float] = {}  # silent ranks at the divergence being described (rank -> age)
 
     def _add_ranks(self, upto: int) -> None:
         for rank in range(upto):
@@ -418,6 +423,28 @@ class Aggregator:
     def verdict(self, now: float | None = None) -> str | None:
         """MISMATCH / HANG / CRASH to stop the job now, OK when every rank ended, else None."""
         now = time.monotonic() if now is None else now
+        found = self._verdict(now)
+        if found is not None and self.decided_at is None:
+            self.decided_at = now
+        return found
+
+    def host_settling(self, now: float | None = None) -> bool:
+        """A rank vanished (no exit status) less than :data:`~ddpdoctor.watch.verdict.HOST_WINDOW_S` ago and
+        other ranks of its host are still live: wait for them before deciding, so a host that went down whole
+        is named as one (its ranks' connections close within milliseconds, but are read one poll apart)."""
+        from ddpdoctor.watch.verdict import HOST_WINDOW_S, vanished
+
+        now = time.monotonic() if now is None else now
+        hosts = {s.host for s in self.ranks.values() if s.host}
+        if len(hosts) < 2:
+            return False
+        for state in self.ranks.values():
+            recent = vanished(state) and state.ended_at is not None and now - state.ended_at < HOST_WINDOW_S
+            if recent and any(not other.finished for other in self.ranks.values() if other.host == state.host):
+                return True
+        return False
+
+    def _verdict(self, now: float) -> str | None:
         if self.conflict is not None:
             return INIT_CONFLICT
         if self.mismatch is not None:
@@ -477,8 +504,15 @@ class Aggregator:
 
     # -- the report --------------------------------------------------------------------------------
 
-    def divergence(self) -> dict[str, Any] | None:
-        """The first collective not every member reached in the same way, with who was where."""
+    def divergence(self, now: float | None = None) -> dict[str, Any] | None:
+        """The first collective not every member reached in the same way, with who was where.
+
+        With ``now`` (the verdict's time) and ranks on several hosts, a rank silent for
+        :data:`~ddpdoctor.watch.verdict.SILENT_AFTER_S` is shown as ``silent`` with its last report's time
+        (what it last said is old news, not where it is), and is never named as having skipped a collective."""
+        from ddpdoctor.watch.verdict import hosts_of, silent_ranks
+
+        self._silent = silent_ranks(self, now) if now is not None and len(hosts_of(self.ranks)) > 1 else {}
         if self.mismatch is not None:
             group, seq = self.mismatch["group"], self.mismatch["seq"]
             arrivals = self.expect.get((group, seq), [])
@@ -531,8 +565,15 @@ class Aggregator:
             state = self.ranks[rank]
             record = there.get(rank)
             mine = self._issued_record(state, group, seq) if record is None and not state.finished else None
-            if record is not None:
-                key: tuple[Any, ...] = ("in", record["op"], record["desc"], record["site"])
+            silent = self._silent.get(rank)
+            key: tuple[Any, ...]
+            if silent is not None and not state.finished:
+                since = state.heard_at + self.wall_offset if state.heard_at is not None else None
+                key = ("silent", state.host)
+                entry: dict[str, Any] = {"op": None, "desc": "", "site": None, "state": "silent", "host": state.host,
+                         "last_report": since, "age_s": round(silent, 1)}
+            elif record is not None:
+                key = ("in", record["op"], record["desc"], record["site"])
                 entry = {"op": record["op"], "desc": record["desc"], "site": record["site"], "state": "waiting"}
             elif state.finished:
                 key = ("ended", state.state, state.how_ended())
@@ -584,16 +625,25 @@ class Aggregator:
             state = self.ranks[rank]
             # Only ranks that moved on outside any recorded call: one waiting in another collective (rank 0
             # alone in an extra barrier, the others in the next backward) is a divergence, not a skip.
-            if issued[rank] < seq and not state.finished and state.cur is None:
+            if issued[rank] < seq and not state.finished and state.cur is None and rank not in self._silent:
                 late.setdefault(issued[rank], []).append(rank)
         return [{"ranks": late_ranks, "issued": count, "others": ahead, "others_issued": max(issued[r] for r in ahead),
                  "op": missed["op"], "desc": missed.get("desc", ""), "site": missed.get("site")}
                 for count, late_ranks in sorted(late.items())]
 
+    def verdict_time(self) -> float:
+        """The verdict's monotonic time: when verdict() decided, else the last message (a state fed by hand)."""
+        if self.decided_at is not None:
+            return self.decided_at
+        heard = [s.heard_at for s in self.ranks.values() if s.heard_at is not None]
+        return max(heard) if heard else time.monotonic()
+
     def result(self, status: str) -> dict[str, Any]:
         """The whole outcome as the JSON document `--json` writes."""
         from ddpdoctor import __version__
+        from ddpdoctor.watch.verdict import classify, clock, hosts_of
 
+        now = self.verdict_time()
         waits = self.waits() if status == HANG else {}
         ranks = []
         for rank in sorted(self.ranks):
@@ -608,19 +658,24 @@ class Aggregator:
                 "waiting_in": waiting, "issued": dict(s.seqs), "stack": s.stack or [],
                 "init": s.claim, "steps": s.steps, "flight_recorder": s.fr,
                 "wait": waits.get(rank), "inflight": s.inflight_n,
+                "last_report": clock(s.heard_at + self.wall_offset) if s.heard_at is not None else None,
+                "last_report_age_s": round(max(now - s.heard_at, 0.0), 1) if s.heard_at is not None else None,
             })
-        divergence = self.divergence() if status != OK else None
+        divergence = self.divergence(now) if status != OK else None
         if divergence and all(g["state"] in ("exited", "crashed") for g in divergence["groups"]):
             divergence = None  # everyone is gone: the crash order says more than a "divergence"
         crash_order = self.failure_order()
         warnings = merge_pitfalls({r: s.pitfalls for r, s in self.ranks.items()}, self.world_size)
+        stall = status == HANG and is_stall([w for w in waits.values() if w["kind"] not in (NOT_STARTED, ENDED)])
+        failure = classify(self, status, now, self.here, divergence, stall)
         return {"tool": "ddpdoctor", "version": __version__, "command": "watch", "status": status,
+                "failure": failure, "hosts": [{"host": h, "ranks": r} for h, r in hosts_of(self.ranks).items()],
                 "exit_code": self.exit_code(status), "world_size": self.world_size,
                 "launch": "script" if self.spawned else "ranks",
                 "script_exit_code": self.launcher_code if self.spawned else None,
                 "hang_timeout_s": self.hang_timeout_s,
                 "stalled_s": round(time.monotonic() - self.last_progress, 3) if status == HANG else None,
-                "stall": status == HANG and is_stall([w for w in waits.values() if w["kind"] not in (NOT_STARTED, ENDED)]),
+                "stall": stall,
                 "ranks": ranks, "divergence": divergence, "crash_order": crash_order,
                 "init_conflict": self.conflict if status == INIT_CONFLICT else None,
                 "outside": self.outside() if status == HANG else [],

@@ -29,6 +29,9 @@ ADDR_ENV = "DDPDOCTOR_WATCH_CHANNEL"
 # RECORDS_PER_MESSAGE records per line). Anything longer is garbage, and is skipped, not buffered.
 MAX_LINE = 8 << 20
 RECORDS_PER_MESSAGE = 256
+# The supervisor's keep-alive to the ranks (NCCL's RAS keeps its peers alive once a second too).
+PING_S = 1.0
+HOSTS_EVERY = 10
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -125,6 +128,9 @@ class Server:
         self._skipping: set[socket.socket] = set()
         self.malformed = 0
         self.first_malformed = ""
+        self._pinged_at = -PING_S
+        self._pings = 0
+        self._hosts_sent = ""
 
     @property
     def port(self) -> int:
@@ -245,6 +251,24 @@ class Server:
         finally:
             with contextlib.suppress(OSError):
                 conn.setblocking(False)
+
+    def keepalive(self, hosts: dict[str, list[int]], decided: bool, now: float | None = None) -> None:
+        """Once a second: a ``ping`` to every rank, so a rank on another host can tell a silent supervisor (a cut
+        link, a lost host: no FIN ever arrives) from a quiet one, and name whom it lost (``hosts``: the rank
+        map, sent when it changed and every :data:`HOSTS_EVERY` pings). ``decided``: a verdict is being written
+        (stacks, the bundle), and the exit message will follow."""
+        now = time.monotonic() if now is None else now
+        if now - self._pinged_at < PING_S:
+            return
+        self._pinged_at = now
+        self._pings += 1
+        message: dict[str, Any] = {"t": "ping", "verdict": decided}
+        signature = repr(sorted(hosts.items()))
+        if signature != self._hosts_sent or self._pings % HOSTS_EVERY == 0:
+            message["hosts"] = hosts
+            self._hosts_sent = signature
+        for rank in list(self.ranks):
+            self.send(rank, message)
 
     def close(self) -> None:
         for conn in list(self._buffers):

@@ -13,6 +13,7 @@ from typing import Any
 from tabulate import tabulate
 
 from ddpdoctor.ranks import rank_phrase
+from ddpdoctor.watch.verdict import HOST_LOST, LOST_CONTACT, PARTITION, clock
 
 # The table's "now" column for a rank outside any recorded call, by where it waits (watch.waits).
 _NOW = {"gpu": "waiting for the GPU", "dataloader": "waiting for a DataLoader worker", "lock": "waiting on a lock",
@@ -31,12 +32,32 @@ def call_text(call: dict[str, Any] | None, with_seq: bool = True) -> str:
     return f"{prefix}{call['op']}{desc}{on} at {call.get('site') or '?'}"
 
 
-def divergence_line(div: dict[str, Any]) -> str:
-    """One line: where the ranks parted ways."""
+def host_map(result: dict[str, Any]) -> dict[int, str]:
+    """rank -> host, only when the ranks span more than one host (one host: nothing to tell apart)."""
+    hosts = {r["rank"]: r.get("host") or "" for r in result.get("ranks") or []}
+    return hosts if len({h for h in hosts.values() if h}) > 1 else {}
+
+
+def who_text(ranks: list[int], hosts: dict[int, str] | None = None) -> str:
+    """'ranks 2-3' or, across hosts, 'ranks 2-3 on nodeB' / 'rank 1 on nodeA, ranks 2-3 on nodeB'."""
+    if not hosts:
+        return rank_phrase(ranks)
+    by_host: dict[str, list[int]] = {}
+    for rank in sorted(ranks):
+        by_host.setdefault(hosts.get(rank) or "?", []).append(rank)
+    return ", ".join(f"{rank_phrase(rs)} on {host}" for host, rs in by_host.items())
+
+
+def divergence_line(div: dict[str, Any], hosts: dict[int, str] | None = None) -> str:
+    """One line: where the ranks parted ways (with ``hosts``, each group of ranks names its host)."""
     parts = []
     for group in div["groups"]:
-        who = rank_phrase(group["ranks"])
-        if group["state"] in ("exited", "crashed"):
+        who = who_text(group["ranks"], hosts)
+        if group["state"] == "silent":
+            since = f"since {clock(group['last_report'])}, " if group.get("last_report") else ""
+            parts.append(f"{who}: no report {since}{group.get('age_s', 0):.0f} s before the verdict (where they are "
+                         "now is not known)")
+        elif group["state"] in ("exited", "crashed"):
             parts.append(f"{who} {_short(group['how'])}")
         elif group["op"] is None:
             parts.append(f"{who} not in any collective, running {group['site'] or 'its own code'}")
@@ -54,14 +75,14 @@ def divergence_line(div: dict[str, Any]) -> str:
     return f"{point_name(div['group'], div['seq'])}: " + "; ".join(parts)
 
 
-def behind_lines(div: dict[str, Any]) -> list[str]:
+def behind_lines(div: dict[str, Any], hosts: dict[int, str] | None = None) -> list[str]:
     """'rank 1 never issued all_reduce #6 float32[4] (ranks 0,2 issued it at skip.py:20): it issued 5 on WORLD,
     they 6' -- the skipped collective, as it shows on NCCL (every host thread has moved on)."""
     lines = []
     for entry in div.get("behind") or []:
         what = f"{entry['op']} {point_name(div['group'], div['seq']).split(' ', 1)[1]}"
         desc = f" {entry['desc']}" if entry.get("desc") else ""
-        lines.append(f"  {rank_phrase(entry['ranks'])} never issued {what}{desc} ({rank_phrase(entry['others'])} issued "
+        lines.append(f"  {who_text(entry['ranks'], hosts)} never issued {what}{desc} ({who_text(entry['others'], hosts)} issued "
                      f"it at {entry.get('site') or '?'}): {entry['issued']} issued on {div['group']} against "
                      f"{entry['others_issued']}; a collective skipped there (a rank-dependent branch, an early "
                      "break or continue) is the likely cause")
@@ -127,8 +148,45 @@ def outside_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def failure_headline(result: dict[str, Any]) -> str | None:
+    """The headline of a host-level failure (a host lost, a partition, a lost supervisor), else None."""
+    failure = result.get("failure") or {}
+    kind = failure.get("class")
+    if kind == HOST_LOST:
+        return f"ddpdoctor watch: HOST LOST: {failure['summary']}; the job was torn down"
+    if kind == PARTITION:
+        return (f"ddpdoctor watch: LINK OR PARTITION: no progress for {result['hang_timeout_s']:g} s and "
+                f"{failure['summary']}; the job was torn down")
+    if kind == LOST_CONTACT:
+        host = result.get("host") or "this host"
+        return f"ddpdoctor watch on {host}: LOST CONTACT: {failure['summary']}; this host's ranks were ended"
+    return None
+
+
+def failure_lines(result: dict[str, Any]) -> list[str]:
+    """The evidence (who reported what, when), then the conclusion and the next step."""
+    failure = result.get("failure") or {}
+    lines = []
+    if failure.get("evidence"):
+        lines += ["", "evidence:", *(f"  {line}" for line in failure["evidence"])]
+    if failure.get("class") in (HOST_LOST, PARTITION, LOST_CONTACT):
+        lines += ["", f"conclusion: {failure['summary']}"]
+    return lines
+
+
+def hosts_line(result: dict[str, Any]) -> list[str]:
+    """'hosts: nodeA: ranks 0-1; nodeB: ranks 2-3' when the ranks span more than one host."""
+    hosts = result.get("hosts") or []
+    if len(hosts) < 2:
+        return []
+    return ["", "hosts: " + "; ".join(f"{h['host']}: {rank_phrase(h['ranks'])}" for h in hosts)]
+
+
 def headline(result: dict[str, Any]) -> str:
     status, ws = result["status"], result["world_size"]
+    special = failure_headline(result)
+    if special:
+        return special
     if status == "init_conflict":
         return (f"ddpdoctor watch: INIT CONFLICT: {result['init_conflict']['summary']}; the job was stopped "
                 "before the rendezvous")
@@ -159,7 +217,8 @@ def headline(result: dict[str, Any]) -> str:
                 text += " before any process it started joined a process group: nothing was watched"
             return text
         first = by_rank[order[0]]
-        text = f"ddpdoctor watch: CRASH: rank {first['rank']} {ended_text(first)}"
+        where = f" on {first['host']}" if host_map(result) and first.get("host") else ""
+        text = f"ddpdoctor watch: CRASH: rank {first['rank']}{where} {ended_text(first)}"
         if len(order) > 1:
             text += f" first; then {rank_phrase(order[1:])} failed"
         if any(r["state"] in ("waiting", "running") for r in result["ranks"]):
@@ -216,19 +275,50 @@ def teardown_lines(teardown: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def rank_table(result: dict[str, Any], hosts: dict[int, str]) -> list[str]:
+    """The per-rank table (with a host column across hosts); a silent rank's "now" is its last report's age."""
+    silent = {entry["rank"]: entry for entry in (result.get("failure") or {}).get("silent_ranks") or []}
+    rows = []
+    for rank in result["ranks"]:
+        state = rank["state"]
+        if rank["rank"] in silent and state not in ("exited", "crashed"):
+            entry = silent[rank["rank"]]
+            now = f"no report since {entry['last_report']} ({entry['age_s']:.0f} s before the verdict)"
+        else:
+            now = call_text(rank["waiting_in"]) if state == "waiting" else (
+                ended_text(rank) if state in ("exited", "crashed") else
+                _NOW.get(str((rank.get("wait") or {}).get("kind")), "its own code (no collective)"))
+        host = [rank.get("host") or "?"] if hosts else []
+        rows.append([rank["rank"], *host, state, call_text(rank["last_completed"]), now])
+    headers = ["rank", *(["host"] if hosts else []), "state", "last completed", "now"]
+    return ["", tabulate(rows, headers=headers, tablefmt="simple")]
+
+
 def render(result: dict[str, Any]) -> str:
     """The report: headline, divergence, per-rank table, stacks, warnings."""
-    lines = [headline(result)]
+    lines = [headline(result), *hosts_line(result)]
+    failure = result.get("failure") or {}
+    kind = failure.get("class")
+    hosts = host_map(result)
+    # Advice about the user's code only when every rank it involves is alive and reporting.
+    user_code = failure.get("user_code", True) if failure else True
     conflict = result.get("init_conflict")
-    if conflict:
+    if kind in (HOST_LOST, PARTITION, LOST_CONTACT):
+        lines += failure_lines(result)
+        if kind != LOST_CONTACT:
+            lines += rank_table(result, hosts)
+        lines += ["", f"next step: {failure['next_step']}"]
+    elif conflict:
         lines += ["", "init_process_group was called with:"]
         lines += [f"  {claim_text(claim)}" for claim in conflict["claims"]]
         lines += ["", f"fix: {conflict['remedy']}"]
     elif result["status"] != "ok":
         div = result.get("divergence")
         stall = bool(result.get("stall"))
+        lines += failure_lines(result) if hosts else []
         if div:
-            lines += ["", "first divergence:", f"  {divergence_line(div)}", *behind_lines(div)]
+            lines += ["", "first divergence:", f"  {divergence_line(div, hosts)}",
+                      *(behind_lines(div, hosts) if user_code else [])]
         elif result.get("outside") and any(rank["state"] == "waiting" for rank in result["ranks"]):
             lines += ["", "stuck outside the collectives:", *outside_lines(result)]
         rendezvous = result.get("rendezvous")
@@ -237,14 +327,7 @@ def render(result: dict[str, Any]) -> str:
         waits = wait_lines(result)
         if waits:
             lines += ["", "where each rank waits:", *waits]
-        rows = []
-        for rank in result["ranks"]:
-            state = rank["state"]
-            now = call_text(rank["waiting_in"]) if state == "waiting" else (
-                ended_text(rank) if state in ("exited", "crashed") else
-                _NOW.get(str((rank.get("wait") or {}).get("kind")), "its own code (no collective)"))
-            rows.append([rank["rank"], state, call_text(rank["last_completed"]), now])
-        lines += ["", tabulate(rows, headers=["rank", "state", "last completed", "now"], tablefmt="simple")]
+        lines += rank_table(result, hosts)
         for rank in result["ranks"]:
             if rank["stack"]:
                 lines += ["", f"rank {rank['rank']} stack (user code, innermost last):"]
@@ -264,6 +347,9 @@ def render(result: dict[str, Any]) -> str:
             lines += ["", f"fix: if this phase is expected to take longer than {result['hang_timeout_s']:g} s (an "
                       "evaluation, a checkpoint, loading data), raise --hang-timeout above its duration; otherwise "
                       "the lines above are where each rank is stuck"]
+        elif result["status"] == "hang" and not user_code:
+            lines += ["", "next step: the ranks that stopped reporting first (above): their host and its link, before "
+                      "any code; their last report is older than the verdict"]
         elif result["status"] == "hang" and div and div.get("behind"):
             lines += ["", "fix: every rank must issue the same collectives: make the branch that skips one the same "
                       "on every rank (decide it with an all_reduce of a flag), or still call the collective"]

@@ -17,7 +17,7 @@ import traceback
 from ddpdoctor.errors import typed_error
 from ddpdoctor.watch import pitfalls as pitfall_hooks
 from ddpdoctor.watch import recorder
-from ddpdoctor.watch.watchdog import Watchdog, enable_flight_recorder, line_buffered_if_piped
+from ddpdoctor.watch.watchdog import LostContact, Watchdog, enable_flight_recorder, line_buffered_if_piped
 
 
 def enter(script: str, args: list[str]) -> None:
@@ -73,14 +73,17 @@ def execute(script: str) -> tuple[int, bool, str]:
 
 
 def run_script(script: str, args: list[str], rank: int, world_size: int, address: str,
-               exit_on_lost: bool) -> int:
-    """Run ``script args`` watched in this process as rank ``rank``; returns its exit code."""
+               exit_on_lost: bool, lost_after_s: float | None = None, on_lost: LostContact | None = None) -> int:
+    """Run ``script args`` watched in this process as rank ``rank``; returns its exit code.
+
+    ``lost_after_s``/``on_lost``: see :class:`~ddpdoctor.watch.watchdog.Watchdog` (a rank on another host
+    than the supervisor's reaching its own verdict when the supervisor goes silent)."""
     line_buffered_if_piped()
     enable_flight_recorder()
     # The watchdog first: the rank says it started before torch's import (seconds on a busy machine), so a
     # rank that never starts is told from one that is still importing.
     rec = recorder.Recorder(rank, world_size)
-    dog = Watchdog(rec, None, address, exit_on_lost)
+    dog = Watchdog(rec, None, address, exit_on_lost, lost_after_s=lost_after_s, on_lost=on_lost)
     dog.start()
     recorder.install(rank, world_size, rec)
     dog.pitfalls = pitfall_hooks.install(rec)

@@ -24,6 +24,7 @@ the evidence bundle is written (:mod:`~ddpdoctor.watch.evidence`), then every ra
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -145,7 +146,11 @@ def join_other_evidence(result: dict[str, Any]) -> None:
 
 
 def _drain(server: Server, agg: Aggregator, timeout: float) -> None:
-    """Feed every message already waiting (a rank's last words arrive just before it exits)."""
+    """Feed every message already waiting (a rank's last words arrive just before it exits); keep the ranks
+    on other hosts told that the supervisor is alive (:meth:`Server.keepalive`)."""
+    from ddpdoctor.watch.verdict import hosts_of
+
+    server.keepalive(hosts_of(agg.ranks), agg.decided_at is not None)
     for _ in range(20):
         events = server.poll(timeout)
         if not events:
@@ -164,9 +169,13 @@ def _report_malformed(server: Server) -> None:
 def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -> None:
     """Ask every connected rank (and spawned process without a rank) for its main thread's stack, and
     with an evidence folder for its Flight Recorder dump there; wait a little for the answers."""
-    asked = [r for r, s in agg.ranks.items() if not s.finished and r in server.ranks]
-    for rank in asked:
-        agg.ranks[rank].stack = None
+    from ddpdoctor.watch.verdict import hosts_of, silent_ranks
+
+    # Ranks on another host that stopped reporting (a cut link) are asked too, but not waited for.
+    silent = silent_ranks(agg, agg.verdict_time()) if len(hosts_of(agg.ranks)) > 1 else {}
+    asked = [r for r, s in agg.ranks.items() if not s.finished and r in server.ranks and r not in silent]
+    for rank in [*asked, *(r for r in silent if r in server.ranks)]:
+        agg.ranks[rank].stack = None if rank in asked else agg.ranks[rank].stack
         server.send(rank, {"t": "dump", **({"fr_path": evidence.fr_path(folder, rank)} if folder else {})})
     procs = [k for k, p in agg.procs.items() if not p.finished and k in server.ranks]
     for key in procs:
@@ -177,10 +186,10 @@ def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -
                 all(agg.procs[k].stack is not None or agg.procs[k].finished for k in procs if k in agg.procs):
             break
         _drain(server, agg, POLL_S)
-    silent = [s for s in agg.ranks.values() if s.connected and not s.finished and s.stack is None and s.pid
-              and s.host in ("", socket.gethostname())]
-    if silent:
-        stacks_by_py_spy(silent)
+    unanswered = [s for s in agg.ranks.values() if s.connected and not s.finished and s.stack is None and s.pid
+                  and s.host in ("", socket.gethostname())]
+    if unanswered:
+        stacks_by_py_spy(unanswered)
 
 
 def stacks_by_py_spy(states: list[Any]) -> None:
@@ -303,6 +312,7 @@ def supervise(config: WatchConfig) -> int:
     channel = f"127.0.0.1:{server.port}"
     agg = Aggregator(0 if config.spawns else config.nproc, config.hang_timeout_s, owns_processes=not config.spawns,
                      spawned=config.spawns)
+    agg.here = socket.gethostname()
     procs: list[subprocess.Popen[bytes]] = []
     job_port: int | None = None
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -422,6 +432,7 @@ class RankZeroSupervisor(threading.Thread):
     def _supervise(self) -> None:
         status = None
         started = time.monotonic()
+        self.agg.here = socket.gethostname()
         while status is None:
             _drain(self.server, self.agg, POLL_S)
             if time.monotonic() - started > UNWATCHED_AFTER_S:
@@ -434,6 +445,10 @@ class RankZeroSupervisor(threading.Thread):
                 # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
                 # once a rank has died: report now, without stacks, or never.
                 status = CRASH
+            if status == CRASH and self.agg.host_settling():
+                # A rank on another host vanished and its host's other ranks may follow within
+                # milliseconds: a host that went down whole is named as one (verdict.HOST_WINDOW_S at most).
+                status = None
         if status != OK:
             self.agg.evidence = evidence.prepare(self.evidence_dir)
             if status != CRASH:
@@ -501,6 +516,64 @@ def _published_channel_port(info: LaunchInfo) -> int | None:
     return int(value)
 
 
+# A rank that lost the supervisor but is not its host's first (LOCAL_RANK 0, which writes the host's verdict)
+# ends itself this much later: normally the launcher has ended it by then, after the first one's exit.
+FOLLOWER_GRACE_S = 10.0
+
+
+def lost_contact_report(info: LaunchInfo, config: WatchConfig, since: float, silent_s: float,
+                        hosts: dict[str, list[int]]) -> None:
+    """This host lost the supervisor (rank 0's host, the job's store): its own verdict, its own bundle, and
+    the end of its ranks (from the watchdog thread).
+
+    Only LOCAL_RANK 0 writes the verdict and the bundle on this host, then exits 1; the launcher (torchrun's
+    agent) then ends the host's other ranks as it ends any failed group: SIGTERM, its grace, SIGKILL. The
+    other ranks end themselves :data:`FOLLOWER_GRACE_S` later, when no launcher did."""
+    from ddpdoctor import __version__
+    from ddpdoctor.watch.recorder import user_stack
+    from ddpdoctor.watch.verdict import lost_contact
+    from ddpdoctor.watch.watchdog import _end, dump_flight_recorder
+
+    host = socket.gethostname()
+    if info.local_rank != 0:
+        time.sleep(FOLLOWER_GRACE_S)
+        _end(f"ddpdoctor watch: rank {info.rank} on {host}: lost contact with the watch supervisor at "
+             f"{info.master_addr}; ending this rank", EXIT_PROBLEM)
+        return
+    mine = hosts.get(host) or [info.rank]
+    failure = lost_contact(host, mine, info.master_addr, hosts, since, silent_s)
+    folder = evidence.prepare(config.evidence_dir)
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    fr = None
+    if folder:
+        fr = dump_flight_recorder(evidence.fr_path(folder, info.rank)) or evidence.fr_path(folder, info.rank)
+    result: dict[str, Any] = {
+        "tool": "ddpdoctor", "version": __version__, "command": "watch", "status": "lost_contact",
+        "exit_code": EXIT_PROBLEM, "host": host, "world_size": info.world_size, "hang_timeout_s": config.hang_timeout_s,
+        "failure": failure, "hosts": failure["hosts"],
+        "ranks": [{"rank": info.rank, "state": "running", "pid": os.getpid(), "host": host, "exit_code": None,
+                   "signal": None, "error": None, "last_completed": None, "waiting_in": None, "issued": {},
+                   "stack": user_stack(frame) if frame is not None else [], "flight_recorder": fr}],
+        "evidence": folder,
+    }
+    text = render(result)
+    if folder:
+        try:
+            evidence.write(folder, result, text, {}, {})
+        except Exception as exc:  # the verdict on the terminal matters more than the bundle
+            print(f"ddpdoctor watch: cannot write the evidence bundle ({short_error(exc)})", file=sys.stderr, flush=True)
+    from ddpdoctor.outputs import emit_json, json_to_stdout
+
+    if not json_to_stdout(config.json_path):
+        print(text, file=sys.stderr, flush=True)
+    if config.json_path:
+        try:
+            emit_json(config.json_path, result, "watch")
+        except (OSError, DoctorError) as exc:
+            print(f"ddpdoctor watch: cannot write --json {config.json_path}: {exc}", file=sys.stderr, flush=True)
+    _end("", EXIT_PROBLEM)
+
+
 def run_under_launcher(info: LaunchInfo, config: WatchConfig) -> int:
     """This process is one rank of a launched job: run the script watched; rank 0 also supervises."""
     fixed = port_from_env(PORT_ENV)
@@ -535,7 +608,11 @@ def run_under_launcher(info: LaunchInfo, config: WatchConfig) -> int:
         address = f"{info.master_addr}:{published}" if published is not None else ""
     # Under srun/mpirun the script gets torchrun's RANK, WORLD_SIZE, MASTER_ADDR, ... (env:// runs unchanged).
     os.environ.update(torchrun_env(info))
-    code = run_script(config.script, config.args, info.rank, info.world_size, address, exit_on_lost=False)
+    # Every rank but rank 0 (whose process hosts the supervisor) reaches a verdict of its own host when the
+    # supervisor goes silent for the hang timeout (a cut link, rank 0's host lost).
+    on_lost = None if info.rank == 0 else functools.partial(lost_contact_report, info, config)
+    code = run_script(config.script, config.args, info.rank, info.world_size, address, exit_on_lost=False,
+                      lost_after_s=config.hang_timeout_s, on_lost=on_lost)
     if supervisor is None:
         return code
     supervisor.done.wait()

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from ddpdoctor.errors import typed_error
@@ -38,6 +39,10 @@ INIT_CONNECT_S = 10.0
 MAX_FRAMES = 48
 VERDICT_INFLIGHT = 32  # in-flight calls sent with the verdict's stack
 PY_SPY_S = 5.0  # a DataLoader worker's stack, read with py-spy at the verdict
+# A supervisor that announced its verdict gets this much longer to send the exit message (stacks, bundle).
+VERDICT_GRACE_S = 60.0
+# on_lost(the supervisor's last word as wall time, seconds since, the rank map it last sent)
+LostContact = Callable[[float, float, dict[str, list[int]]], None]
 
 
 def frames_of(frame: Any) -> list[list[Any]]:
@@ -159,7 +164,8 @@ class Watchdog(threading.Thread):
     """Ships records and progress every tick; answers 'dump' with the main thread's stack."""
 
     def __init__(self, recorder: Recorder, pitfalls: PitfallLog | None, address: str, exit_on_lost: bool,
-                 key: int | None = None, bind_on_init: bool = False, hello: dict[str, Any] | None = None) -> None:
+                 key: int | None = None, bind_on_init: bool = False, hello: dict[str, Any] | None = None,
+                 lost_after_s: float | None = None, on_lost: LostContact | None = None) -> None:
         super().__init__(name="ddpdoctor-watchdog", daemon=True)
         self.recorder = recorder
         self.pitfalls = pitfalls
@@ -177,6 +183,14 @@ class Watchdog(threading.Thread):
         self._sent: tuple[int, int, int, bool] = (-1, -1, -1, False)  # (calls, completions, in flight, started)
         self._sent_at = 0.0
         self._main_ident = threading.main_thread().ident
+        # Under a launcher, on another host than the supervisor's: silence from it for ``lost_after_s`` (its
+        # pings stopped: a cut link, a lost host) calls ``on_lost`` -- this host's own verdict. Armed by the
+        # first ping, so a supervisor that sends none never triggers it.
+        self.lost_after_s = lost_after_s
+        self.on_lost = on_lost
+        self.sup_heard: float | None = None
+        self.sup_hosts: dict[str, list[int]] = {}
+        self.sup_decided = False
 
     def run(self) -> None:
         try:
@@ -208,9 +222,27 @@ class Watchdog(threading.Thread):
             if messages is None:
                 if self.exit_on_lost:
                     _end(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor is gone; ending this rank")
+                # Closed while this script runs (a verdict ends every rank first): the supervisor's process
+                # is gone. Its deadline still applies: a script ending on its own meanwhile ends it.
+                while self.on_lost is not None and self.sup_heard is not None and not self.stopping.wait(TICK_S):
+                    self._check_contact()
                 return
+            if messages and (self.sup_heard is not None or any(m.get("t") == "ping" for m in messages)):
+                self.sup_heard = time.monotonic()  # any word from the supervisor; armed by its first ping
             for message in messages:
                 self.handle(message)
+            self._check_contact()
+
+    def _check_contact(self) -> None:
+        """Call ``on_lost`` once the supervisor has been silent past the deadline (longer while it writes a
+        verdict it announced: stacks and the bundle take seconds, and its exit message follows)."""
+        if self.on_lost is None or self.lost_after_s is None or self.sup_heard is None:
+            return
+        limit = self.lost_after_s + (VERDICT_GRACE_S if self.sup_decided else 0.0)
+        silent = time.monotonic() - self.sup_heard
+        if silent >= limit:
+            on_lost, self.on_lost = self.on_lost, None
+            on_lost(time.time() - silent, silent, dict(self.sup_hosts))
 
     def findings(self) -> list[dict[str, Any]]:
         """The pitfall log's observations (none yet while torch is still being imported)."""
@@ -244,6 +276,12 @@ class Watchdog(threading.Thread):
             self.client.send(reply)
         elif message.get("t") == "exit":
             _end("", int(message.get("code", 1)))
+        elif message.get("t") == "ping":
+            hosts = message.get("hosts")
+            if isinstance(hosts, dict):
+                self.sup_hosts = {str(h): [r for r in rs if isinstance(r, int)] for h, rs in hosts.items()
+                                  if isinstance(rs, list)}
+            self.sup_decided = bool(message.get("verdict"))
 
     def flush(self, force: bool = False) -> None:
         """Send new records, then a beat when progress moved (or once a second)."""

@@ -1,0 +1,287 @@
+"""Which kind of failure a watched job had, told apart by evidence: a host lost, a link cut, a crash, a desync.
+
+A pure function of the supervisor's picture (:class:`~ddpdoctor.watch.aggregate.Aggregator`): no sockets, no
+clock of its own (the verdict's time is passed in), so every class is unit-tested without processes.
+
+The classes (``failure.class`` in the JSON), in the order they are tried:
+
+- ``host_lost``: every rank of one host (not the supervisor's) vanished within :data:`HOST_WINDOW_S` of each
+  other without an exit status: their watch connections closed, and no exit message came. That is what a
+  kernel panic that resets the NIC, the OOM killer taking a node's processes, a preemption or a power cut
+  look like from the other side. Next step: that host's kernel log and the scheduler's node events.
+- ``partition``: every rank of one host stopped reporting (no message for :data:`SILENT_AFTER_S` or more)
+  while their connections stay open and no process is known dead: the link to that host, or the host as a
+  whole, stopped answering (from the far side the two look alike until TCP gives up, minutes later). Next
+  step: the NIC and the link (``ip -s link``, the switch port), then the host.
+- ``crash``: a rank ended with an exit status, a signal or an exception (peers that failed only because it
+  went away are listed after it, see ``Aggregator.failure_order``). Next step: its stderr and exit status.
+- ``desync``: the ranks are alive and reporting, and they are in different collectives (or issued different
+  ones: a mismatch). Only here does the advice point at the user's code (a skipped collective, a
+  rank-dependent branch). Next step: the code line named.
+- ``hang`` / ``stall``: nobody progresses and no class above fits (a GPU that never finishes, a DataLoader
+  worker, a rank stuck outside the collectives, every rank busy in its own code).
+- ``init_conflict``: contradictory ``init_process_group`` calls (see ``aggregate.claim_conflict``).
+- ``lost_contact``: the verdict of a host that lost the supervisor (rank 0's host and the job's store):
+  written by that host itself (:func:`lost_contact`), since the supervisor cannot reach it.
+
+How others tell these apart, and what was taken from them (sources):
+
+- NCCL's RAS (``src/ras/ras_internal.h``, NVIDIA/nccl at 5067397c, June 2026): every process keeps its peers
+  alive with a keep-alive each second (``RAS_KEEPALIVE_INTERVAL``); a peer silent for 5 s is *unresponsive*
+  (``RAS_KEEPALIVE_TIMEOUT_WARN``), one unreachable for 60 s is *dead* (``RAS_PEER_DEAD_TIMEOUT``), and a
+  socket closed by the peer is a different fact from silence. Here: a closed connection without an exit
+  status is a vanished process; silence while the connection stays open is unresponsive, never "dead";
+  :data:`SILENT_AFTER_S` is RAS's 5 s.
+- PyTorch's elastic agent (``torch/distributed/elastic/agent/server/api.py``, ``WorkerState``: HEALTHY,
+  UNHEALTHY, FAILED, ...; ``torch/distributed/elastic/rendezvous/dynamic_rendezvous.py``): a worker's failure
+  is its exit status seen by its own node's agent; a *node* is dead when its keep-alive heartbeat in the
+  rendezvous store stops (``keep_alive_interval`` 5 s times ``keep_alive_max_attempt`` 3). Here: the exit
+  status (or signal) is the crash evidence, and a whole host's silence is a host-level fact.
+- The Flight Recorder analyzer (``torch/distributed/flight_recorder/components/utils.py``,
+  ``match_coalesced_groups``/``error_analysis``): "Not all ranks joining collective" is reported only when
+  the missing ranks' dumps are present (``missing ranks <= dumps_ranks``); ranks without a dump are "missing
+  dump files" (``check_no_missing_dump_files``), a different finding. Here: a desync (user-code advice) only
+  when every rank it involves is alive and reporting.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ddpdoctor.ranks import rank_phrase
+
+if TYPE_CHECKING:
+    from ddpdoctor.watch.aggregate import Aggregator, RankState
+
+HOST_LOST, PARTITION, CRASH_CLASS, DESYNC = "host_lost", "partition", "crash", "desync"
+HANG_CLASS, STALL, INIT_CONFLICT_CLASS, LOST_CONTACT = "hang", "stall", "init_conflict", "lost_contact"
+# A host's ranks that vanish within this many seconds of each other vanished together (a host-level event);
+# also how long the supervisor waits, after the first one, for the rest of that host before it decides.
+HOST_WINDOW_S = 2.0
+# No message for this long while the connection is open: unresponsive (NCCL RAS's RAS_KEEPALIVE_TIMEOUT_WARN).
+# A watchdog beats once a second (watchdog.BEAT_S), so this is five missed beats.
+SILENT_AFTER_S = 5.0
+
+NEXT_STEP = {
+    HOST_LOST: "look at {host} itself: its kernel log (`journalctl -k -b -1` or `dmesg -T` on {host}: an OOM kill, a "
+               "panic, a hardware error) and the scheduler's events for the node (`scontrol show node {host}`, "
+               "`sacct -j <job>`, `kubectl describe node {host}`): the processes there ended without a word",
+    PARTITION: "look at the link between {here} and {host}: `ip -s link` on both (errors, drops, a link that is "
+               "down), `ping` {host} from {here}, the switch port; if {host} does not answer at all, its console "
+               "and kernel log (a host that froze looks the same from here)",
+    CRASH_CLASS: "read the failed rank's own stderr and exit status above (and its host's kernel log for a "
+                 "signal such as SIGKILL: the OOM killer)",
+    DESYNC: "the code line named above: every rank must issue the same collectives in the same order",
+}
+
+
+def hosts_of(ranks: dict[int, RankState]) -> dict[str, list[int]]:
+    """host -> its ranks (sorted), in the order the hosts' lowest ranks come; ranks without a host are left out."""
+    found: dict[str, list[int]] = {}
+    for rank in sorted(ranks):
+        host = ranks[rank].host
+        if host:
+            found.setdefault(host, []).append(rank)
+    return found
+
+
+def host_groups_text(hosts: dict[str, list[int]]) -> str:
+    """'nodeA: ranks 0-1; nodeB: ranks 2-3'."""
+    return "; ".join(f"{host}: {rank_phrase(ranks)}" for host, ranks in hosts.items())
+
+
+def clock(wall: float) -> str:
+    """HH:MM:SS of a wall-clock time, in the local time zone (as the ranks' own logs print it)."""
+    return time.strftime("%H:%M:%S", time.localtime(wall))
+
+
+def vanished(state: RankState) -> bool:
+    """Its connection closed with no exit message and no exit status from the OS: it ended without a word."""
+    return state.lost and not state.said_exit and state.returncode is None
+
+
+def silent_for(state: RankState, now: float) -> float | None:
+    """Seconds since its last message when it is alive by every fact we have but silent for
+    :data:`SILENT_AFTER_S` or more (its connection open, no exit); None otherwise."""
+    if not state.connected or state.finished or state.heard_at is None:
+        return None
+    age = now - state.heard_at
+    return age if age >= SILENT_AFTER_S else None
+
+
+def lost_hosts(agg: Aggregator, here: str) -> list[dict[str, Any]]:
+    """Hosts (not ``here``, the supervisor's) whose every rank vanished within :data:`HOST_WINDOW_S`."""
+    hosts = hosts_of(agg.ranks)
+    if len(hosts) < 2:
+        return []
+    found = []
+    for host, ranks in hosts.items():
+        if host == here:
+            continue
+        states = [agg.ranks[r] for r in ranks]
+        if not all(vanished(s) for s in states):
+            continue
+        times = [s.ended_at for s in states if s.ended_at is not None]
+        if len(times) == len(states) and max(times) - min(times) <= HOST_WINDOW_S:
+            found.append({"host": host, "ranks": ranks, "at": min(times), "spread_s": round(max(times) - min(times), 3)})
+    return found
+
+
+def silent_hosts(agg: Aggregator, here: str, now: float) -> list[dict[str, Any]]:
+    """Hosts (not ``here``) whose every rank is silent (see :func:`silent_for`) while connected."""
+    hosts = hosts_of(agg.ranks)
+    if len(hosts) < 2:
+        return []
+    found = []
+    for host, ranks in hosts.items():
+        if host == here:
+            continue
+        ages = [silent_for(agg.ranks[r], now) for r in ranks]
+        if all(age is not None for age in ages):
+            heard = [agg.ranks[r].heard_at for r in ranks]
+            found.append({"host": host, "ranks": ranks, "since": max(h for h in heard if h is not None),
+                          "age_s": round(min(a for a in ages if a is not None), 1)})
+    return found
+
+
+def silent_ranks(agg: Aggregator, now: float) -> dict[int, float]:
+    """rank -> seconds without a report, for every live rank silent for :data:`SILENT_AFTER_S` or more."""
+    return {r: age for r, s in agg.ranks.items() if (age := silent_for(s, now)) is not None}
+
+
+def _wall(agg: Aggregator, monotonic: float) -> float:
+    return monotonic + agg.wall_offset
+
+
+def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
+             divergence: dict[str, Any] | None = None, stall: bool = False) -> dict[str, Any] | None:
+    """The ``failure`` object of a failed run: class, summary, evidence lines (who reported what, when),
+    next step, and whether advice about the user's code is warranted. None for a run that ended well.
+
+    ``here`` is the supervisor's host (rank 0's under a launcher); ``now`` the verdict's monotonic time."""
+    from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, MISMATCH
+
+    if status not in (CRASH, HANG, INIT_CONFLICT, MISMATCH):
+        return None
+    hosts = hosts_of(agg.ranks)
+    if here is None:
+        here = agg.ranks[0].host if 0 in agg.ranks else ""
+    verdict_at = _wall(agg, now)
+    multi = len(hosts) > 1
+
+    def on(ranks: list[int]) -> str:
+        where = {agg.ranks[r].host for r in ranks if agg.ranks[r].host}
+        return f"{rank_phrase(ranks)} on {', '.join(sorted(where))}" if multi and where else rank_phrase(ranks)
+
+    base: dict[str, Any] = {"hosts": [{"host": h, "ranks": r} for h, r in hosts.items()], "evidence": [],
+                            "lost_hosts": [], "silent_hosts": [], "silent_ranks": [], "user_code": False}
+    if status == INIT_CONFLICT:
+        return {**base, "class": INIT_CONFLICT_CLASS, "summary": (agg.conflict or {}).get("summary", ""),
+                "next_step": (agg.conflict or {}).get("remedy", "")}
+    # On one host a silent rank is a frozen process (its main thread holds the GIL: its stack is then read
+    # with py-spy); across hosts silence is first a question about the host and the link.
+    silent = silent_ranks(agg, now) if multi else {}
+    base["silent_ranks"] = [{"rank": r, "host": agg.ranks[r].host, "age_s": round(a, 1),
+                             "last_report": clock(verdict_at - a)} for r, a in sorted(silent.items())]
+    evidence: list[str] = base["evidence"]
+    others = sorted(agg.ranks)
+
+    gone = lost_hosts(agg, here)
+    if gone and status == CRASH:
+        lost = gone[0]
+        lost_at = lost["at"]
+        # Failures elsewhere that came before the host vanished are a crash of their own, not its echo.
+        earlier = [r for r, s in agg.ranks.items() if s.failed and r not in lost["ranks"] and not s.echo
+                   and s.ended_at is not None and s.ended_at < lost_at - HOST_WINDOW_S]
+        if not earlier:
+            base["lost_hosts"] = [{**g, "at": clock(_wall(agg, g["at"]))} for g in gone]
+            for g in gone:
+                evidence.append(f"the watch connections of {rank_phrase(g['ranks'])} on {g['host']} closed at "
+                                f"{clock(_wall(agg, g['at']))}, within {g['spread_s']:g} s of each other, and none "
+                                "of them sent an exit status (no exception, no exit code: the processes ended "
+                                "without running any more Python)")
+            echoes = [r for r in agg.failure_order() if r not in {x for g in gone for x in g["ranks"]}]
+            if echoes:
+                evidence.append(f"{rank_phrase(echoes)} then failed: "
+                                + "; ".join(f"rank {r} {agg.ranks[r].how_ended()}" for r in echoes[:4]))
+            names = ", ".join(g["host"] for g in gone)
+            lost_ranks = sorted(x for g in gone for x in g["ranks"])
+            return {**base, "class": HOST_LOST,
+                    "summary": f"host {names} lost: every one of its ranks ({rank_phrase(lost_ranks)}) vanished at "
+                               f"once without an exit status",
+                    "next_step": NEXT_STEP[HOST_LOST].format(host=names, here=here or "this host")}
+
+    quiet = silent_hosts(agg, here, now) if status == HANG else []
+    if quiet:
+        base["silent_hosts"] = [{"host": q["host"], "ranks": q["ranks"], "last_report": clock(_wall(agg, q["since"])),
+                                 "age_s": q["age_s"]} for q in quiet]
+        reporting = [r for r in others if r not in {x for q in quiet for x in q["ranks"]}
+                     and not agg.ranks[r].finished and r not in silent]
+        for q in quiet:
+            evidence.append(f"no report from {rank_phrase(q['ranks'])} on {q['host']} since "
+                            f"{clock(_wall(agg, q['since']))}, {q['age_s']:.0f} s before the verdict; their watch "
+                            "connections are still open (no close, no exit status): the processes are not known "
+                            "to be dead")
+        if reporting:
+            evidence.append(f"{on(reporting)} kept reporting until the verdict")
+        names = ", ".join(q["host"] for q in quiet)
+        return {**base, "class": PARTITION,
+                "summary": f"{names} stopped answering: a cut link or a partition between {here or 'this host'} and "
+                           f"{names} (or {names} froze as a whole); not a fault in the training code",
+                "next_step": NEXT_STEP[PARTITION].format(host=names, here=here or "this host")}
+
+    if status == CRASH:
+        order = agg.failure_order()
+        first = order[0] if order else None
+        if first is not None:
+            state = agg.ranks[first]
+            evidence.append(f"{on([first])} {state.how_ended()}")
+            if len(order) > 1:
+                evidence.append(f"then {rank_phrase(order[1:])} failed")
+        return {**base, "class": CRASH_CLASS, "user_code": True,
+                "summary": f"{on([first])} {agg.ranks[first].how_ended()}" if first is not None else "the script failed",
+                "next_step": NEXT_STEP[CRASH_CLASS]}
+
+    involved = _involved(divergence)
+    alive = not any(r in silent or agg.ranks[r].finished for r in involved)
+    if status == MISMATCH or (divergence and alive and not stall):
+        if silent:
+            evidence.append("no report from " + "; ".join(
+                f"{on([r])} since {clock(verdict_at - a)}" for r, a in sorted(silent.items())))
+        return {**base, "class": DESYNC, "user_code": alive,
+                "summary": "the ranks are alive and reporting, in different collectives" if alive else
+                           "the ranks are in different collectives, and not all of them are reporting",
+                "next_step": NEXT_STEP[DESYNC]}
+    if silent:
+        evidence.append("no report from " + "; ".join(
+            f"{on([r])} since {clock(verdict_at - a)}, {a:.0f} s before the verdict" for r, a in sorted(silent.items())))
+    return {**base, "class": STALL if stall else HANG_CLASS, "user_code": not silent,
+            "summary": "no rank made progress" if not stall else "every rank is busy in its own code",
+            "next_step": "where each rank waits, below"}
+
+
+def _involved(divergence: dict[str, Any] | None) -> list[int]:
+    if not divergence:
+        return []
+    ranks = [r for group in divergence.get("groups") or [] for r in group.get("ranks", [])]
+    ranks += [r for entry in divergence.get("behind") or [] for r in entry.get("ranks", [])]
+    return sorted(set(ranks))
+
+
+def lost_contact(host: str, ranks: list[int], supervisor: str, hosts: dict[str, list[int]], since_wall: float,
+                 waited_s: float) -> dict[str, Any]:
+    """The ``failure`` object a host writes for itself when the supervisor (rank 0's host, the job's store)
+    went silent: ``supervisor`` is its address, ``hosts`` the rank map it last sent."""
+    theirs = next((h for h, r in hosts.items() if 0 in r), "")
+    their_ranks = hosts.get(theirs, [0]) if theirs else [0]
+    name = theirs or supervisor
+    who = f"{name} (the store and the watch supervisor at {supervisor}, {rank_phrase(their_ranks)})"
+    return {"class": LOST_CONTACT, "hosts": [{"host": h, "ranks": r} for h, r in hosts.items()],
+            "lost_hosts": [], "silent_hosts": [{"host": name, "ranks": their_ranks, "last_report": clock(since_wall),
+                                                "age_s": round(waited_s, 1)}],
+            "silent_ranks": [], "user_code": False,
+            "summary": f"lost contact with {who} at {clock(since_wall)}",
+            "evidence": [f"no word from {name}'s watch supervisor since {clock(since_wall)} ({waited_s:.0f} s, "
+                         f"--hang-timeout); {rank_phrase(ranks)} on {host or 'this host'} were still running"],
+            "next_step": NEXT_STEP[PARTITION].format(host=name, here=host or "this host")}

@@ -1,0 +1,191 @@
+"""Failure classes told apart by evidence (issue 32), as pure functions of the supervisor's picture.
+
+The aggregator is fed the messages ranks on two hosts send (no processes): a host whose ranks vanish at
+once, a host whose ranks go silent with their connections open, a crash with an exit status, a desync of
+ranks that all report. What a user reads (the report) and what a program reads (``failure`` in the JSON)
+are both checked; the real two-host jobs are in tests/lab/.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from ddpdoctor.watch.aggregate import CRASH, HANG, MISMATCH, Aggregator
+from ddpdoctor.watch.channel import Server
+from ddpdoctor.watch.recorder import Recorder
+from ddpdoctor.watch.report import render
+from ddpdoctor.watch.verdict import HOST_WINDOW_S, clock, lost_contact
+from ddpdoctor.watch.watchdog import Watchdog
+from tests.watch.test_aggregate import rec
+
+HOST_OF = {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
+ECHO = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.77.0.2]:1234"
+
+
+def two_hosts(now: float = 0.0) -> Aggregator:
+    """Four ranks under a launcher (ddpdoctor did not start them), two per host, each in all_reduce #5."""
+    agg = Aggregator(4, hang_timeout_s=8)
+    agg.here = "nodeA"
+    for rank, host in HOST_OF.items():
+        agg.feed(rank, {"t": "hello", "rank": rank, "pid": 100 + rank, "host": host}, now)
+    for rank in HOST_OF:
+        beat(agg, rank, now)
+    return agg
+
+
+def beat(agg: Aggregator, rank: int, now: float, cur: dict[str, Any] | None = None, seq: int = 5) -> None:
+    record = cur or rec("all_reduce", seq, "train.py:30", "float32[4]")
+    agg.feed(rank, {"t": "rec", "recs": [record]} if record.get("seq") else {"t": "beat", "progress": 0, "cur": None,
+                                                                              "last": None}, now)
+    agg.feed(rank, {"t": "beat", "progress": 9, "done": 4, "cur": record, "last": None, "seqs": {"WORLD": seq}}, now)
+
+
+def test_a_host_whose_ranks_vanish_together_is_lost_and_no_code_is_blamed() -> None:
+    agg = two_hosts()
+    for now in (1.0, 2.0, 3.0):
+        for rank in HOST_OF:
+            agg.feed(rank, {"t": "beat", "progress": 9, "done": 4, "cur": rec("all_reduce", 5, "train.py:30"),
+                            "last": None, "seqs": {"WORLD": 5}}, now)
+    # nodeB's two connections close within milliseconds, no exit message; rank 1's gloo call then fails.
+    agg.feed(2, None, 3.50)
+    assert agg.host_settling(3.51)  # rank 3 may follow: wait before naming a single rank
+    agg.feed(3, None, 3.52)
+    assert not agg.host_settling(3.53)
+    agg.feed(1, {"t": "exit", "code": 1, "crashed": True, "error": ECHO}, 3.6)
+    assert agg.verdict(20.0) == CRASH
+    result = agg.result(CRASH)
+    failure = result["failure"]
+    assert failure["class"] == "host_lost" and failure["user_code"] is False
+    assert [(h["host"], h["ranks"]) for h in failure["lost_hosts"]] == [("nodeB", [2, 3])]
+    assert result["hosts"] == [{"host": "nodeA", "ranks": [0, 1]}, {"host": "nodeB", "ranks": [2, 3]}]
+    text = render(result)
+    assert text.startswith("ddpdoctor watch: HOST LOST: host nodeB lost: every one of its ranks (ranks 2-3) vanished")
+    assert "hosts: nodeA: ranks 0-1; nodeB: ranks 2-3" in text
+    # Evidence first (who, what, when), then the conclusion, then the host's own next step.
+    assert text.index("evidence:") < text.index("conclusion:") < text.index("next step:")
+    assert "ranks 2-3 on nodeB closed at " + clock(3.5 + agg.wall_offset) in text
+    assert "rank 1 then failed" in text and "dmesg -T` on nodeB" in text
+    for blame in ("rank-dependent branch", "skipped", "running its own code", "now running"):
+        assert blame not in text
+
+
+def test_a_single_rank_that_vanishes_is_a_crash_of_that_rank_not_a_host() -> None:
+    agg = two_hosts()
+    agg.feed(2, None, 3.5)
+    assert agg.host_settling(3.6) and not agg.host_settling(3.5 + HOST_WINDOW_S + 0.1)
+    assert agg.verdict(20.0) == CRASH
+    result = agg.result(CRASH)
+    assert result["failure"]["class"] == "crash"
+    assert render(result).startswith("ddpdoctor watch: CRASH: rank 2 on nodeB lost its connection")
+
+
+def test_a_silent_host_with_open_connections_is_a_partition_with_its_last_report_time() -> None:
+    agg = two_hosts()
+    for now in (1.0, 2.0):
+        for rank in HOST_OF:
+            beat(agg, rank, now)
+    for now in range(3, 13):  # nodeA's ranks keep beating from inside all_reduce #5; nodeB is silent
+        for rank in (0, 1):
+            beat(agg, rank, float(now))
+    assert agg.verdict(12.0) == HANG
+    result = agg.result(HANG)
+    failure = result["failure"]
+    assert failure["class"] == "partition" and failure["user_code"] is False
+    assert [(h["host"], h["ranks"], h["last_report"]) for h in failure["silent_hosts"]] == [
+        ("nodeB", [2, 3], clock(2.0 + agg.wall_offset))]
+    text = render(result)
+    assert text.startswith("ddpdoctor watch: LINK OR PARTITION: no progress for 8 s and nodeB stopped answering")
+    assert f"no report from ranks 2-3 on nodeB since {clock(2.0 + agg.wall_offset)}, 10 s before the verdict" in text
+    assert "ranks 0-1 on nodeA kept reporting until the verdict" in text
+    assert "ip -s link" in text and "not a fault in the training code" in text
+    # The table says what is known about a silent rank: its last report's age, not a place.
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("2 "))
+    assert "nodeB" in row and "no report since" in row and "10 s before the verdict" in row
+    for blame in ("rank-dependent branch", "skipped", "running its own code", "make the branch"):
+        assert blame not in text
+
+
+def test_a_desync_of_reporting_ranks_names_each_host_and_points_at_the_code() -> None:
+    agg = two_hosts()
+    agg.feed(0, {"t": "rec", "recs": [rec("barrier", 6, "train.py:40")]}, 1.0)
+    for rank in (1, 2, 3):
+        agg.feed(rank, {"t": "rec", "recs": [rec("all_reduce", 6, "train.py:30", "float32[4]")]}, 1.0)
+    assert agg.verdict(1.0) == MISMATCH
+    result = agg.result(MISMATCH)
+    assert result["failure"]["class"] == "desync" and result["failure"]["user_code"] is True
+    text = render(result)
+    assert ("collective #6: rank 0 on nodeA in barrier at train.py:40; rank 1 on nodeA, ranks 2-3 on nodeB in "
+            "all_reduce float32[4] at train.py:30") in text
+    assert "rank-dependent branch" in text
+
+
+def test_a_hang_with_one_host_silent_and_the_other_reporting_never_blames_a_skip() -> None:
+    """A rank whose last report is old is not 'behind' (its issue count is old news) and never 'running
+    its own code': the old wording sent users to their code for a network fault."""
+    agg = two_hosts()
+    for rank in (0, 1):
+        agg.feed(rank, {"t": "rec", "recs": [rec("all_reduce", 6, "train.py:30", "float32[4]")]}, 1.0)
+    for now in range(2, 12):
+        for rank in (0, 1):
+            beat(agg, rank, float(now), seq=6)
+    assert agg.verdict(12.0) == HANG
+    result = agg.result(HANG)
+    assert result["divergence"] is None or not result["divergence"]["behind"]
+    text = render(result)
+    assert "never issued" not in text and "its own code" not in text
+
+
+def test_one_host_jobs_keep_their_wording() -> None:
+    agg = Aggregator(2, hang_timeout_s=8)
+    for rank in (0, 1):
+        agg.feed(rank, {"t": "hello", "rank": rank, "pid": 10 + rank, "host": "h"}, 0.0)
+    agg.feed(0, {"t": "exit", "code": 3, "crashed": False, "error": ""}, 1.0)
+    assert agg.verdict(20.0) == CRASH
+    result = agg.result(CRASH)
+    assert result["failure"]["class"] == "crash" and result["hosts"] == [{"host": "h", "ranks": [0, 1]}]
+    text = render(result)
+    assert text.startswith("ddpdoctor watch: CRASH: rank 0 exited with code 3") and "hosts:" not in text
+
+
+def test_the_cut_off_hosts_own_verdict_names_the_lost_host_and_its_ranks() -> None:
+    failure = lost_contact("nodeB", [2, 3], "10.77.0.1", {"nodeA": [0, 1], "nodeB": [2, 3]}, 1000.0, 8.2)
+    assert failure["class"] == "lost_contact"
+    assert failure["summary"] == (f"lost contact with nodeA (the store and the watch supervisor at 10.77.0.1, "
+                                  f"ranks 0-1) at {clock(1000.0)}")
+    text = render({"status": "lost_contact", "host": "nodeB", "world_size": 4, "hang_timeout_s": 8, "failure": failure,
+                   "hosts": failure["hosts"], "ranks": []})
+    assert text.startswith("ddpdoctor watch on nodeB: LOST CONTACT: lost contact with nodeA")
+    assert "no word from nodeA's watch supervisor since" in text and "ip -s link" in text
+
+
+def test_a_rank_calls_its_lost_contact_verdict_when_the_supervisors_pings_stop() -> None:
+    """Real sockets: the supervisor pings once (arming the rank), then goes silent with its connection open
+    (as behind a cut link); the rank's watchdog calls on_lost after lost_after_s, with the rank map."""
+    server = Server("127.0.0.1", 0)
+    called: list[tuple[float, float, dict[str, list[int]]]] = []
+    done = threading.Event()
+
+    def on_lost(since: float, silent: float, hosts: dict[str, list[int]]) -> None:
+        called.append((since, silent, hosts))
+        done.set()
+
+    dog = Watchdog(Recorder(2, 4), None, f"127.0.0.1:{server.port}", exit_on_lost=False, lost_after_s=1.0,
+                   on_lost=on_lost)
+    dog.start()
+    try:
+        deadline = time.monotonic() + 30
+        while 2 not in server.ranks and time.monotonic() < deadline:
+            server.poll(0.05)
+        server.keepalive({"nodeA": [0, 1], socket.gethostname(): [2, 3]}, decided=False)
+        started = time.monotonic()
+        assert done.wait(30), "on_lost was never called"
+        assert time.monotonic() - started >= 0.9
+        since, silent, hosts = called[0]
+        assert abs(time.time() - silent - since) < 5
+        assert silent >= 1.0 and hosts == {"nodeA": [0, 1], socket.gethostname(): [2, 3]}
+    finally:
+        dog.stopping.set()
+        server.close()
