@@ -164,6 +164,7 @@ pytest_step env-stacks-ras 150 tests/gpu/test_gpu_env_stacks_ras.py
 # Issue 29 item 5: bench's row against a plain all_reduce loop on NCCL, interleaved in one process, several
 # rounds per size; the median ratios (target >= 0.97x at every size) are in bench-vs-raw.log.
 pytest_step bench 150 tests/gpu/test_gpu_bench.py tests/gpu/test_bench_vs_plain.py
+pytest_step expect 120 tests/gpu/test_gpu_expect.py  # issue 34: host-device and memory bandwidth vs expectations
 step bench-vs-raw 120 "$PY" benchmarks/bench_vs_raw.py --backend nccl --nproc 1 --rounds 7 --max-mib 256
 tail -n 7 "$OUT/bench-vs-raw.log" 2>/dev/null || true
 
