@@ -28,6 +28,13 @@ def free_port() -> int:
     return pick("127.0.0.1")
 
 
+# What PyTorch prints when a process group was neither destroyed nor aborted before its destructor ran
+# (``~ProcessGroupNCCL``, "WARNING: destroy_process_group() was not called before program exit, which can
+# leak resources"): our own ranks must never make it print, failure paths included (issue 35). Gloo's
+# destructor is silent, so on CPU this guards the teardown paths; tests/gpu checks it on NCCL.
+PG_NOT_DESTROYED = "destroy_process_group() was not called"
+
+
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment without any launcher variables, so the CLI does not think it is a rank."""
     drop_prefixes = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "GROUP_", "ROLE_")

@@ -124,11 +124,19 @@ def _out_of_memory(exc: BaseException) -> bool:
 def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
     from ddpdoctor.check import RankRun, RunConfig
-    from ddpdoctor.outputs import emit_json, json_to_stdout
-    from ddpdoctor.runtime.selflaunch import write_result_file
 
     run = RankRun(info, RunConfig(checks=[], backend=config.backend, process_group=True,
                                   options=CheckOptions(timeout_s=config.timeout_s)))
+    try:
+        return _bench(run, info, config)
+    finally:
+        run.close()  # destroyed when healthy, aborted (NCCL) after a failed collective; bounded (issue 35)
+
+
+def _bench(run: RankRun, info: LaunchInfo, config: BenchConfig) -> int:
+    from ddpdoctor.outputs import emit_json, json_to_stdout
+    from ddpdoctor.runtime.selflaunch import write_result_file
+
     if not run.join():
         return EXIT_PROBLEM
     pg_problem = run.pg_problem
@@ -213,6 +221,7 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
         if analysis is not None:
             out(render_pairs(analysis, config.pair_bytes, assessment))
     except Exception as exc:  # a collective failed or timed out: that is the result, named by its step
+        run.pg_problem = f"{step} failed"  # the group is not shut down as a healthy one (close())
         progress.clear()
         first = short_error(exc)
         if _out_of_memory(exc):

@@ -53,6 +53,9 @@ from ddpdoctor.runtime.progress import SHOW_AFTER_S, WaitDisplay
 from ddpdoctor.runtime.selflaunch import write_result_file
 
 CLAIM_SETTLE_S = 0.3
+# Tearing the process group under test down as a rank leaves (issue 35) takes at most this long: NCCL's
+# shutdown and abort can block on a broken communicator, and the rank leaves through os._exit regardless.
+TEARDOWN_S = 10.0
 # More ranks than this that went silent are reported one row per check they stopped in, not one row each.
 MAX_SILENT_NAMED = 4
 
@@ -276,6 +279,8 @@ class RankRun:
             return None
         why = (f"did not finish within {timeout:g} s" if outcome.timed_out
                else _backend_error(outcome.error) if outcome.error else "failed")
+        if outcome.error is not None:
+            abort_half_made_groups(outcome.error)
         self.runtime_findings.append(Finding(
             "connectivity", FAIL, f"init_process_group({self.backend}) failed: {why}", [self.info.rank],
             "the ranks reached each other's store but not each other: check firewalls between nodes and "
@@ -338,6 +343,7 @@ class RankRun:
                     # A failed collective leaves the process group in an unknown state (gloo pairs closed,
                     # NCCL communicators aborted): later checks would only fail again, slower.
                     pg_problem = f"the {check.id} check failed"
+            self.pg_problem = pg_problem  # what close() goes by: a group a check broke is aborted, not shut down
             # Posted after every check: if this rank dies later, rank 0 still has what it found so far.
             self.post(final=False)
 
@@ -356,6 +362,28 @@ class RankRun:
         if final:
             self.control.put(f"progress/{self.info.rank}", "done")
             self.control.put(f"done/{self.info.rank}", True)
+
+    def close(self) -> str:
+        """Tear the process group under test down before this rank leaves; what was done, in a word.
+
+        PyTorch asks for ``destroy_process_group()`` before exit; its NCCL group prints "WARNING:
+        destroy_process_group() was not called before program exit, which can leak resources" from its
+        destructor otherwise (``~ProcessGroupNCCL``). A healthy group is destroyed; one a check broke (or
+        a signal interrupted) is aborted on NCCL -- its shutdown can wait forever on a peer that is gone --
+        and left to ``os._exit`` on gloo, which has nothing to release that the exit does not. Either way
+        within :data:`TEARDOWN_S`: past it the rank leaves anyway (``"abandoned"``).
+        """
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return "none"
+        if self.pg_problem is None:
+            work, done = dist.destroy_process_group, "destroyed"
+        elif self.backend == "nccl":
+            work, done = dist.distributed_c10d._abort_process_group, "aborted"
+        else:
+            return "left"
+        outcome = run_with_deadline(work, TEARDOWN_S, "ddpdoctor-teardown")
+        return done if outcome.ok else "abandoned" if outcome.timed_out else "failed"
 
     # -- rank 0 ------------------------------------------------------------------------------------
 
@@ -489,6 +517,57 @@ class RankRun:
         return code
 
 
+def abort_half_made_groups(error: BaseException) -> list[str]:
+    """Abort the process groups a failed ``init_process_group`` left in its exception's frames; their names.
+
+    With ``device_id`` NCCL connects eagerly inside ``_new_process_group_helper``; when that raises (two
+    ranks on one GPU, no socket interface) the group it made is never registered, and lives on in the
+    traceback until the frames are freed -- then its destructor prints PyTorch's "destroy_process_group()
+    was not called" warning (the H200 run's failure paths, issue 35). Aborted first (``abort()`` marks it
+    terminated, so the destructor is quiet), within :data:`TEARDOWN_S`, and the frames cleared so it goes
+    now. A group the world registered is not touched: :meth:`RankRun.close` owns that one.
+    """
+    import traceback
+
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import Backend  # the C++ base of ProcessGroupNCCL/Gloo (not c10d's names)
+
+    registered = {id(pg) for pg in dist.distributed_c10d._world.pg_map}
+    kinds = (dist.ProcessGroup, Backend)
+    found: dict[int, Any] = {}
+    chain: list[BaseException] = []
+    exc: BaseException | None = error
+    while exc is not None and all(exc is not e for e in chain):  # the exception and those it was raised from
+        chain.append(exc)
+        tb = exc.__traceback__
+        while tb is not None:
+            for value in tb.tb_frame.f_locals.values():
+                if isinstance(value, kinds) and id(value) not in registered:
+                    found.setdefault(id(value), value)
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    groups = [g for g in found.values() if isinstance(g, dist.ProcessGroup)]
+    # A group's abort() aborts its backends; a backend found without its group is aborted on its own.
+    targets = groups or list(found.values())
+    if not targets:
+        return []
+
+    def abort_all() -> None:
+        for target in targets:
+            with contextlib.suppress(Exception):  # a backend without abort(): its destructor is all there is
+                target.abort()
+
+    if run_with_deadline(abort_all, TEARDOWN_S, "ddpdoctor-abort").ok:
+        targets_named = [type(t).__name__ for t in targets]
+        found.clear()
+        targets.clear()
+        groups.clear()
+        for raised in chain:
+            traceback.clear_frames(raised.__traceback__)
+        return targets_named
+    return []  # still aborting after the deadline: left alive (os._exit runs no destructor)
+
+
 def _phrase(ranks: list[int]) -> str:
     """'rank 3' / 'ranks 1,5' in full while short, else the count and the start of the list."""
     return rank_phrase(ranks) if len(ranks) <= MAX_SILENT_NAMED else f"{len(ranks)} ranks ({short_rank_list(ranks)})"
@@ -551,6 +630,7 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
     except Terminated as exc:
         # Signals stay raised as Terminated only once: a second one must not interrupt the report.
         _ignore_signals()
+        run.pg_problem = run.pg_problem or f"stopped by {exc}"
         if info.rank != 0 or run.control is None:
             return EXIT_PROBLEM
         run.runtime_findings.append(Finding(
@@ -564,3 +644,6 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
             run.control = None
             report = run.collect(time.monotonic())
         return run.finish(report)
+    finally:
+        _ignore_signals()  # the teardown is bounded; a signal must not turn it into a traceback
+        run.close()

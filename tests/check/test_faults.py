@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from tests.support import REPO, clean_env, free_port, torchrun_cmd
+from tests.support import PG_NOT_DESTROYED, REPO, clean_env, free_port, torchrun_cmd
 
 FAULT = str(REPO / "tests" / "faults" / "rank_fault.py")
 
@@ -75,6 +75,7 @@ def test_rank_that_never_starts_is_named_within_the_deadline(tmp_path: Path) -> 
     assert "never joined" in by_check["connectivity"]["summary"]
     # Rendezvous, checks and collection each have the 4 s deadline; allow for a slow, loaded machine.
     assert time.monotonic() - start < 3 * 4 + 60
+    assert PG_NOT_DESTROYED not in proc.stderr
     assert leftover_processes(str(tmp_path)) == []
 
 
@@ -89,6 +90,7 @@ def test_rank_killed_inside_a_check_is_named(tmp_path: Path) -> None:
     host_pid = report["ranks"][1]
     assert host_pid["rank"] == 1 and host_pid["pid"] > 0
     assert str(host_pid["pid"]) in missing[0]["summary"]
+    assert PG_NOT_DESTROYED not in proc.stderr  # rank 0 left with its group broken by the dead peer
     assert leftover_processes(str(tmp_path)) == []
 
 
