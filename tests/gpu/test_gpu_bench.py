@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.support import clean_env, run_cli
+from tests.support import PG_NOT_DESTROYED, clean_env, run_cli
 
 pytestmark = pytest.mark.requires_cuda
 
@@ -18,6 +18,7 @@ def test_bench_nccl_one_rank_sweep_is_correct() -> None:
     res = run_cli(["bench", "--backend", "nccl", "--nproc", "1", "-b", "1M", "-e", "16M", "-f", "4", "-n", "5",
                    "-w", "2", "--json", "-"], env=clean_env({"CUDA_VISIBLE_DEVICES": "0"}), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert PG_NOT_DESTROYED not in res.stderr, res.stderr[-3000:]  # the rank destroyed its NCCL group
     doc = json.loads(res.stdout)
     assert doc["backend"] == "nccl"
     assert [r["bytes"] for r in doc["rows"]] == [1 << 20, 4 << 20, 16 << 20]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ddpdoctor.runtime.device import device_guess_lines
-from tests.support import clean_env, run_cli
+from tests.support import PG_NOT_DESTROYED, clean_env, run_cli
 
 pytestmark = pytest.mark.requires_cuda
 
@@ -65,6 +65,9 @@ def test_two_ranks_on_one_gpu_are_one_fail_with_nccls_refusal_folded_under_it() 
     res = run_cli(["check", "--backend", "nccl", "--nproc", "2", "--timeout", "60", "--json", "-"],
                   env=clean_env(ONE_GPU), timeout=400)
     assert res.returncode == 1, res.stdout + res.stderr
+    # NCCL's eager connect failed inside init_process_group: the half-made group is aborted, not left to
+    # its destructor's "destroy_process_group() was not called" (issue 35).
+    assert PG_NOT_DESTROYED not in res.stderr, res.stderr[-3000:]
     doc = json.loads(res.stdout)
     [dup] = _roots(doc, "fail")
     assert dup["check"] == "gpu" and dup["details"]["kind"] == "duplicate_gpu" and dup["ranks"] == [0, 1]
@@ -82,6 +85,7 @@ def test_nccl_socket_ifname_ib0_is_one_root_cause() -> None:
     res = run_cli(["check", "--timeout", "60", "--json", "-"],
                   env=clean_env({**ONE_GPU, "NCCL_SOCKET_IFNAME": "ib0"}), timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
+    assert PG_NOT_DESTROYED not in res.stderr, res.stderr[-3000:]
     doc = json.loads(res.stdout)
     [root] = _roots(doc, "fail")
     assert root["check"] == "env" and root["details"]["variable"] == "NCCL_SOCKET_IFNAME", doc["findings"]
@@ -90,8 +94,14 @@ def test_nccl_socket_ifname_ib0_is_one_root_cause() -> None:
     # NCCL's failed bootstrap (init_process_group) is under it too, not a failure of its own.
     assert all(f["caused_by"] is not None for f in doc["findings"] if f["check"] == "connectivity"
                and f["status"] == "fail"), doc["findings"]
-    text = run_cli(["check", "--timeout", "60"], env=clean_env({**ONE_GPU, "NCCL_SOCKET_IFNAME": "ib0"}),
-                   timeout=300).stdout
+    shown = run_cli(["check", "--timeout", "60"], env=clean_env({**ONE_GPU, "NCCL_SOCKET_IFNAME": "ib0"}),
+                    timeout=300)
+    text = shown.stdout
+    assert PG_NOT_DESTROYED not in shown.stderr, shown.stderr[-3000:]
+    # One host, one list of interfaces: the env finding's "(have: ...)" is the gpu finding's "(interfaces: ...)".
+    have = re.search(r"\(have: ([^)]*)\)", json.dumps(doc))
+    listed = re.search(r"\(interfaces: ([^)]*)\)", json.dumps(doc))
+    assert have and listed and have.group(1) == listed.group(1), doc["findings"]
     todo = text.split("What to do:")[1].split("\n\n")[0].strip().splitlines()
     # One remedy for the variable (the host may add its own warnings' remedies, e.g. an old hardware Xid).
     about_it = [line for line in todo if "NCCL_SOCKET_IFNAME" in line]
