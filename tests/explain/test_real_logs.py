@@ -2,15 +2,18 @@
 
 The corpus is what users paste into issue threads: quote marks, app-logger and Ray prefixes, pasted line
 numbers, tracebacks of several ranks interleaved, tqdm bars glued to error lines, plus logs with no
-distributed problem at all.
+distributed problem at all. It has two sets: the older logs (issue 26 and before, found while the knowledge
+base was written) and issue 33's set, collected by a rule fixed before any run to measure generalisation
+(`"set": "issue-33"` in index.json). Each is scored on its own and both together.
 
-The corpus is split in two by a rule fixed before any tuning (issue 26): a log is *held out* when the
+Each set is split in two by a rule fixed before any tuning (issue 26): a log is *held out* when the
 SHA-256 of its file name is odd (`held_out`), so a new log falls into a half by itself and nobody picks
-which. The knowledge base is tuned on the other half; the issue's thresholds (right root cause first
->= 90 %, no false alarm) are asserted on the held-out half only, and the tuning half's score is reported
-next to it. Both are printed at the end of the pytest run and in the assertion messages. Which held-out
-logs miss is not printed unless DDPDOCTOR_SHOW_HELD_OUT=1 is set: whoever tunes the knowledge base should
-see the held-out figures, not the logs behind them (docs/internals/explain-corpus.md).
+which. The knowledge base is tuned on the other half; thresholds are asserted on the held-out halves only
+(issue 26's on the older corpus, issue 33's floor and its target, an xfail until met, on issue 33's set), and
+the tuning halves' scores are reported next to them. All are printed at the end of the pytest run and in the
+assertion messages. Which held-out logs miss is not printed unless DDPDOCTOR_SHOW_HELD_OUT=1 is set: whoever
+tunes the knowledge base should see the held-out figures, not the logs behind them
+(docs/internals/explain-corpus.md).
 """
 
 from __future__ import annotations
@@ -62,19 +65,62 @@ class Score:
         return [f"  miss: {m}" for m in self.misses] + [f"  false alarm: {f}" for f in self.false_alarms]
 
 
+# The sets of the corpus: issue 33's logs were collected by a rule fixed before any run (seed repositories new to
+# the corpus, fixed queries, results in search order) to measure generalisation; the older logs came from threads
+# found while the knowledge base was written. Each set is split by the same rule and scored on its own.
+SETS = {"older": "older corpus (issue 26 and before)", "issue-33": "issue 33's set (collected by a rule)"}
+
+
+def corpus_set(entry: dict) -> str:
+    """The set a log belongs to: its `set` field in index.json, the older corpus when it has none."""
+    return str(entry.get("set", "older"))
+
+
 @dataclass
 class CorpusScore:
-    tuning: Score
-    held: Score
+    parts: dict[tuple[str, bool], Score]  # (set, held out?) -> its score
+
+    def part(self, name: str, held: bool) -> Score:
+        return self.parts[(name, held)]
+
+    @property
+    def tuning(self) -> Score:
+        """Both sets' tuning halves together."""
+        return _merged("tuning half, both sets", [s for (_, h), s in self.parts.items() if not h])
+
+    @property
+    def held(self) -> Score:
+        """Both sets' held-out halves together."""
+        return _merged("held-out half, both sets", [s for (_, h), s in self.parts.items() if h])
 
     def summary(self) -> str:
-        lines = self.tuning.figures() + self.held.figures() + self.tuning.details()
+        lines = []
+        for name in SETS:
+            lines += self.part(name, False).figures() + self.part(name, True).figures()
+        lines += self.tuning.figures() + self.held.figures()
+        for name in SETS:
+            lines += self.part(name, False).details()
+        held = [self.part(name, True) for name in SETS]
         if SHOW_HELD_OUT:
-            lines += self.held.details()
-        elif self.held.misses or self.held.false_alarms:
-            lines.append(f"  ({len(self.held.misses)} held-out misses and {len(self.held.false_alarms)} held-out "
-                         "false alarms not listed: DDPDOCTOR_SHOW_HELD_OUT=1 lists them)")
+            for score in held:
+                lines += score.details()
+        elif any(s.misses or s.false_alarms for s in held):
+            lines.append(f"  ({sum(len(s.misses) for s in held)} held-out misses and "
+                         f"{sum(len(s.false_alarms) for s in held)} held-out false alarms not listed: "
+                         "DDPDOCTOR_SHOW_HELD_OUT=1 lists them)")
         return "\n".join(lines)
+
+
+def _merged(name: str, scores: list[Score]) -> Score:
+    total = Score(name)
+    for s in scores:
+        total.positives += s.positives
+        total.recognised += s.recognised
+        total.right_first += s.right_first
+        total.negatives += s.negatives
+        total.false_alarms += s.false_alarms
+        total.misses += s.misses
+    return total
 
 
 @cache
@@ -146,10 +192,11 @@ def _score_entry(entry: dict, score: Score) -> None:
 
 
 def score_corpus() -> CorpusScore:
-    scores = CorpusScore(tuning=Score("tuning half"), held=Score("held-out half"))
+    parts = {(name, held): Score(f"{title}, {'held-out' if held else 'tuning'} half")
+             for name, title in SETS.items() for held in (False, True)}
     for entry in INDEX:
-        _score_entry(entry, scores.held if held_out(entry["file"]) else scores.tuning)
-    return scores
+        _score_entry(entry, parts[(corpus_set(entry), held_out(entry["file"]))])
+    return CorpusScore(parts)
 
 
 def _thread(url: str) -> str:
@@ -193,6 +240,24 @@ def test_corpus_is_big_enough_and_sourced() -> None:
     assert len({e["project"] for e in INDEX}) >= 30
     assert sum(e["expected"] is None for e in INDEX) >= 30
     assert sum(e["expected"] is not None for e in INDEX) >= 100
+    assert {corpus_set(e) for e in INDEX} <= set(SETS)
+
+
+def test_issue33_set_follows_its_rule() -> None:
+    """Issue 33's set: every log says which query found it, and every thread is in a repository the older corpus
+    never drew on, at most 3 from one repository (the collection rule in docs/internals/explain-corpus.md)."""
+    older = {e["project"] for e in INDEX if corpus_set(e) == "older"}
+    new = [e for e in INDEX if corpus_set(e) == "issue-33"]
+    assert len(new) >= 60
+    assert all(e.get("query", "").endswith(("distributed training multi-GPU error log",
+                                            "torchrun NCCL DDP RuntimeError traceback")) for e in new)
+    assert not {e["project"] for e in new} & older
+    per_repo: dict[str, int] = {}
+    for e in new:
+        per_repo[e["project"]] = per_repo.get(e["project"], 0) + 1
+    assert max(per_repo.values()) <= 3, per_repo
+    held = [e for e in new if held_out(e["file"])]
+    assert any(e["expected"] is None for e in held) and any(e["expected"] is not None for e in held)
 
 
 def test_every_label_is_a_diagnosis_id_or_listed_as_unlabeled() -> None:
@@ -209,37 +274,72 @@ def test_every_label_is_a_diagnosis_id_or_listed_as_unlabeled() -> None:
 
 
 def test_real_logs_score(request: pytest.FixtureRequest) -> None:
-    """Issue 26's thresholds on the held-out half: right root cause first >= 90 %, no false alarm. Counts only,
-    so a failure names no held-out log."""
+    """Issue 26's thresholds on the older corpus' held-out half: right root cause first >= 90 %, no false alarm.
+    Counts only, so a failure names no held-out log. The summary printed with it has every set and half."""
     scores = _scores()
     summary = scores.summary()
     request.config.stash[SUMMARY_KEY] = summary
     report_summary(request, SUMMARY_TITLE, summary)
-    held = scores.held
+    held = scores.part("older", True)
     assert held.positives > 0 and held.negatives > 0, summary
     assert len(held.false_alarms) == 0, summary
     assert held.right_first >= 0.90 * held.positives, summary
 
 
+# What holds on issue 33's set today, asserted so that it cannot slip back: no false alarm on its held-out half,
+# and at least half of that half's failures with the right cause first (12/24 with the knowledge base at 77af24a,
+# when the set was committed; figures by date in docs/internals/explain-corpus.md).
+ISSUE33_HELD_RIGHT_FIRST_FLOOR = 0.50
+
+
+def test_issue33_set_score_does_not_slip() -> None:
+    """Issue 33's set (collected by a rule, labelled before any run): its held-out half keeps no false alarm and
+    at least the share of right first causes it had when it was committed. Counts only."""
+    scores = _scores()
+    held = scores.part("issue-33", True)
+    assert held.positives > 0 and held.negatives > 0, scores.summary()
+    assert len(held.false_alarms) == 0, scores.summary()
+    assert held.right_first >= ISSUE33_HELD_RIGHT_FIRST_FLOOR * held.positives, scores.summary()
+
+
+# Issue 33's target on the logs nobody tuned to: >= 90 % right cause first on the held-out half of its set, no
+# false alarm. Not met yet; the reason has the figures when this mark was last updated (the knowledge-base work of
+# issue 33 is meant to raise them). raises=AssertionError: a crash or a broken corpus still fails the test.
+ISSUE33_TARGET_XFAIL = pytest.mark.xfail(
+    strict=False, raises=AssertionError,
+    reason="issue 33's set, held-out half: right cause first 12/24 (50.0 %), recognised 16/24, false alarms 0/3 "
+           "with the knowledge base at 77af24a (2026-11-27); target >= 90 % and no false alarm")
+
+
+@ISSUE33_TARGET_XFAIL
+def test_issue33_set_target() -> None:
+    """Issue 33: at least 90 % of the failures in its set's held-out half with the right cause first, and no false
+    alarm there."""
+    scores = _scores()
+    held = scores.part("issue-33", True)
+    assert len(held.false_alarms) == 0, scores.summary()
+    assert held.right_first >= 0.90 * held.positives, scores.summary()
+
+
 # The older bar kept from before issue 26 (at least 95 % of the failures recognised at all, whichever diagnosis
-# comes first) is not reached on the held-out half; the figures below are the held-out half's when this mark was
-# last updated. raises=AssertionError: a crash or a broken corpus still fails the test.
+# comes first) is not reached on the older corpus' held-out half; the figures below are that half's when this mark
+# was last updated. raises=AssertionError: a crash or a broken corpus still fails the test.
 RECOGNISED_XFAIL = pytest.mark.xfail(
     strict=False, raises=AssertionError,
-    reason="held-out half: recognised 70/74 (94.6 %), below 95 % (right cause first 67/74, 90.5 %, and false "
-           "alarms 0/21 meet issue 26's thresholds; corpus of 173 logs, knowledge base at e4ac3fe)")
+    reason="older corpus, held-out half: recognised 70/74 (94.6 %), below 95 % (right cause first 67/74, 90.5 %, "
+           "and false alarms 0/21 meet issue 26's thresholds; 173 logs, knowledge base at e4ac3fe)")
 
 
 @RECOGNISED_XFAIL
 def test_real_logs_recognised() -> None:
-    """At least 95 % of the held-out half's failures recognised (exit 1 with some diagnosis)."""
-    held = _scores().held
+    """At least 95 % of the older corpus' held-out failures recognised (exit 1 with some diagnosis)."""
+    held = _scores().part("older", True)
     assert held.recognised >= 0.95 * held.positives, _scores().summary()
 
 
 @cache
 def _scores() -> CorpusScore:
-    """The corpus scored once per session (both tests above read it)."""
+    """The corpus scored once per session (the tests above read it)."""
     return score_corpus()
 
 
