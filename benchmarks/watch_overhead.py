@@ -1,7 +1,8 @@
 """How much `ddpdoctor watch` slows a small DDP training loop, and what one recorded collective costs.
 
     python benchmarks/watch_overhead.py [--rounds 3] [--steps 150]
-    python benchmarks/watch_overhead.py --gpu [--rounds 2] [--steps 100]     # on a machine with a GPU
+    python benchmarks/watch_overhead.py --gpu [--rounds 2] [--steps 200]     # on a machine with a GPU
+    python benchmarks/watch_overhead.py --cpu-standin [--rounds 1] [--steps 20]   # --gpu's harness, on CPU
 
 1. A small DDP training loop (gloo, 2 ranks, one explicit all_reduce per step plus DDP's own) runs bare under
    torchrun and under `ddpdoctor watch`, alternating, ``--rounds`` times each; rank 0 prints its mean step
@@ -15,8 +16,14 @@
    the cost of one step boundary (the optimizer post-hook's bookkeeping) and of the per-step medians.
 
 3. ``--gpu``: a small transformer (6 encoder layers, d_model 512, batch 16 x 256 tokens) trained with DDP on
-   NCCL, one rank, bare under torchrun against watched, alternating; rank 0 prints the mean step time.
-   Watched, every step's collectives are tracked to completion with CUDA events (issue 25; target: <= 1 %).
+   NCCL, one rank, bare under torchrun against ``watch --quiet``, alternating, with a second bare run per
+   round as the noise floor; the ratio watched/bare and bare/bare, best and median. Watched, every step's
+   collectives are tracked to completion with CUDA events (issue 25; target: <= 1 %). ``--cpu-standin``
+   runs the same harness on gloo with a small model, to check the script on a machine without a GPU.
+
+Every job records its own step time: rank 0 writes it to a file the harness names (watch's console, or
+``--quiet``, never decides what is measured; issue 35: ``--gpu`` read the job's stdout, which ``--quiet``
+keeps to itself).
 
 The completion tracking (issue 25: what each rank issued and what completed) is part of every watched
 run above; its own cost per call is printed separately in 2. Prints ratios; asserts nothing (timings on a
@@ -72,17 +79,28 @@ for _ in range(steps):
     dist.all_reduce(logged)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 if dist.get_rank() == 0:
-    print(f"STEP_US {wall / steps * 1e6:.1f} CPU_US {cpu / steps * 1e6:.1f}", flush=True)
+    with open(sys.argv[2], "w") as out:  # the job's own record, whatever the console shows (watch --quiet)
+        out.write(f"STEP_US {wall / steps * 1e6:.1f} CPU_US {cpu / steps * 1e6:.1f}\\n")
 dist.destroy_process_group()
 """
 
 
-def step_times(cmd: list[str]) -> tuple[float, float]:
-    """(wall, CPU) microseconds per step of rank 0, as the loop prints them."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env(), cwd=str(REPO))
-    match = re.search(r"STEP_US ([\d.]+) CPU_US ([\d.]+)", proc.stdout)
-    if proc.returncode != 0 or not match:
-        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+def job_result(cmd: list[str], result: Path, env: dict[str, str], cwd: str) -> str:
+    """Run a job whose rank 0 writes its timing line into ``result`` (the job's own output: a launcher or
+    ``watch --quiet`` may keep its stdout from us); that line."""
+    result.unlink(missing_ok=True)
+    proc = subprocess.run([*cmd, str(result)], capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+    text = result.read_text() if result.exists() else ""
+    if proc.returncode != 0 or "STEP_US" not in text:
+        raise SystemExit(f"run failed ({proc.returncode}, result file {'empty' if result.exists() else 'missing'}): "
+                         f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return text
+
+
+def step_times(cmd: list[str], result: Path) -> tuple[float, float]:
+    """(wall, CPU) microseconds per step of rank 0, as the loop records them."""
+    match = re.search(r"STEP_US ([\d.]+) CPU_US ([\d.]+)", job_result(cmd, result, clean_env(), str(REPO)))
+    assert match is not None  # job_result checked for STEP_US
     return float(match.group(1)), float(match.group(2))
 
 
@@ -97,13 +115,15 @@ def loop_overhead(rounds: int, steps: int, per_call_us: float) -> None:
         script = Path(folder) / "ddp_loop.py"
         script.write_text(LOOP)
 
+        result = Path(folder) / "result.txt"
+
         def bare_run() -> tuple[float, float]:
             return step_times([*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                               "--master-port", str(free_port()), str(script), str(steps)])
+                               "--master-port", str(free_port()), str(script), str(steps)], result)
 
         def watched_run() -> tuple[float, float]:
             return step_times([sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "2", str(script),
-                               str(steps)])
+                               str(steps)], result)
 
         bare, watched, again = [], [], []
         for round_number in range(rounds):
@@ -322,13 +342,21 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 steps = int(sys.argv[1])
-torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-dist.init_process_group("nccl")
-device = torch.device("cuda", torch.cuda.current_device())
-layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True)
-model = DDP(torch.nn.TransformerEncoder(layer, num_layers=6).to(device), device_ids=[device.index])
+if os.environ.get("OVERHEAD_DEVICE", "cuda") == "cuda":
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", device_id=device)
+    d_model, layers, batch, tokens = 512, 6, 16, 256
+else:  # --cpu-standin: the same harness on gloo with a small model, to check the script without a GPU
+    device = torch.device("cpu")
+    dist.init_process_group("gloo")
+    d_model, layers, batch, tokens = 64, 2, 4, 32
+layer = torch.nn.TransformerEncoderLayer(d_model=d_model, nhead=8, dim_feedforward=4 * d_model, batch_first=True)
+model = DDP(torch.nn.TransformerEncoder(layer, num_layers=layers).to(device),
+            device_ids=[device.index] if device.type == "cuda" else None)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-x = torch.randn(16, 256, 512, device=device)
+x = torch.randn(batch, tokens, d_model, device=device)
+sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
 def step():
@@ -342,49 +370,61 @@ def step():
 
 for _ in range(10):
     step()
-torch.cuda.synchronize()
+sync()
 start = time.perf_counter()
 for _ in range(steps):
     step()
-torch.cuda.synchronize()
-print(f"STEP_US {(time.perf_counter() - start) / steps * 1e6:.1f}", flush=True)
+sync()
+if dist.get_rank() == 0:
+    with open(sys.argv[2], "w") as out:  # the job's own record: `watch --quiet` keeps the job's stdout to itself
+        out.write(f"STEP_US {(time.perf_counter() - start) / steps * 1e6:.1f}\\n")
 dist.destroy_process_group()
 """
 
 
-def gpu_overhead(rounds: int, steps: int) -> None:
-    """A transformer DDP step on one GPU (NCCL): bare torchrun against watch, alternating; a second bare
-    run per round is the noise floor."""
+def gpu_overhead(rounds: int, steps: int, device: str = "cuda") -> None:
+    """A transformer DDP step on one GPU (NCCL): bare torchrun against ``watch --quiet``, alternating who
+    goes first, and a second bare run per round as the noise floor (bare against bare). The step time is
+    what the job itself records (rank 0 writes it to a file), not what a console shows. ``device="cpu"``
+    runs the same harness on gloo with a small model (``--cpu-standin``): the figures then say nothing
+    about a GPU step, only that the harness works."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder) / "transformer_ddp.py"
         script.write_text(TRANSFORMER)
+        result = Path(folder) / "result.txt"
+        env = clean_env({"CUDA_VISIBLE_DEVICES": "0", "OVERHEAD_DEVICE": device})
 
         def run(cmd: list[str]) -> float:
-            proc = subprocess.run([*cmd, str(script), str(steps)], capture_output=True, text=True, timeout=600,
-                                  env=clean_env({"CUDA_VISIBLE_DEVICES": "0"}), cwd=folder)
-            match = re.search(r"STEP_US ([\d.]+)", proc.stdout)
-            if proc.returncode != 0 or not match:
-                raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            match = re.search(r"STEP_US ([\d.]+)", job_result([*cmd, str(script), str(steps)], result, env, folder))
+            assert match is not None  # job_result checked for STEP_US
             return float(match.group(1))
 
-        bare_cmd = [*torchrun_cmd(), "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
-        watch_cmd = [sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "1", "--quiet"]
+        def bare_cmd() -> list[str]:
+            return [*torchrun_cmd(), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                    "--master-port", str(free_port())]
+
+        def watch_cmd() -> list[str]:
+            return [sys.executable, "-m", "ddpdoctor", "watch", "--nproc", "1", "--quiet"]
+
         bare: list[float] = []
         watched: list[float] = []
         again: list[float] = []
         for round_number in range(rounds):
             order = ((bare, bare_cmd), (watched, watch_cmd)) if round_number % 2 == 0 else \
                 ((watched, watch_cmd), (bare, bare_cmd))
-            for into, cmd in order:
-                into.append(run([*cmd, "--master-port", str(free_port())] if cmd is bare_cmd else cmd))
-            again.append(run([*bare_cmd, "--master-port", str(free_port())]))
-    b, w, a = min(bare), min(watched), min(again)
-    print(f"GPU transformer DDP step (NCCL, 1 rank, {steps} steps), best of {rounds}: bare {b:.0f} us/step, "
-          f"watched {w:.0f} us/step, overhead {100 * (w - b) / b:+.2f} % (target <= 1 %; noise: bare vs bare "
-          f"{100 * (a - b) / b:+.2f} %)")
-    print(f"  runs: bare {[round(x) for x in bare]}, watched {[round(x) for x in watched]}, bare again {[round(x) for x in again]}")
+            for into, make in order:
+                into.append(run(make()))
+            again.append(run(bare_cmd()))
+    what = "GPU transformer DDP step (NCCL" if device == "cuda" else "CPU STAND-IN for the GPU step (gloo, small model"
+    for label, pick in (("best", min), ("median", statistics.median)):
+        b, w, a = pick(bare), pick(watched), pick(again)
+        print(f"{what}, 1 rank, {steps} steps), {label} of {rounds}: bare {b:.0f} us/step, watched {w:.0f} us/step, "
+              f"watched/bare {w / b:.4f} ({100 * (w - b) / b:+.2f} %; target <= +1 %); noise floor bare/bare "
+              f"{a / b:.4f} ({100 * (a - b) / b:+.2f} %)")
+    print(f"  runs (us/step): bare {[round(x) for x in bare]}, watched {[round(x) for x in watched]}, "
+          f"bare again {[round(x) for x in again]}")
 
 
 def main() -> None:
@@ -393,9 +433,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--gpu", action="store_true", help="the transformer DDP step on one GPU (NCCL) instead")
+    parser.add_argument("--cpu-standin", action="store_true",
+                        help="--gpu's harness on gloo with a small model (checks the script; no GPU figures)")
     args = parser.parse_args()
-    if args.gpu:
-        gpu_overhead(args.rounds or 1, args.steps or 100)
+    if args.gpu or args.cpu_standin:
+        gpu_overhead(args.rounds or 2, args.steps or 200, "cpu" if args.cpu_standin else "cuda")
         return
     args.rounds, args.steps = args.rounds or 3, args.steps or 150
     per_call = recording_cost(args.calls)
