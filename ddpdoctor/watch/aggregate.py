@@ -668,6 +668,10 @@ class Aggregator:
         warnings = merge_pitfalls({r: s.pitfalls for r, s in self.ranks.items()}, self.world_size)
         stall = status == HANG and is_stall([w for w in waits.values() if w["kind"] not in (NOT_STARTED, ENDED)])
         failure = classify(self, status, now, self.here, divergence, stall)
+        silent = {entry["rank"] for entry in (failure or {}).get("silent_ranks") or []}
+        for entry in ranks:
+            if entry["rank"] in silent:
+                entry["state"] = "silent"  # alive by every fact we have, but its last report is old
         return {"tool": "ddpdoctor", "version": __version__, "command": "watch", "status": status,
                 "failure": failure, "hosts": [{"host": h, "ranks": r} for h, r in hosts_of(self.ranks).items()],
                 "exit_code": self.exit_code(status), "world_size": self.world_size,

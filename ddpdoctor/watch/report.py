@@ -159,7 +159,7 @@ def failure_headline(result: dict[str, Any]) -> str | None:
                 f"{failure['summary']}; the job was torn down")
     if kind == LOST_CONTACT:
         host = result.get("host") or "this host"
-        return f"ddpdoctor watch on {host}: LOST CONTACT: {failure['summary']}; this host's ranks were ended"
+        return f"ddpdoctor watch on {host}: LOST CONTACT: {failure['summary']}; ending this host's ranks"
     return None
 
 
@@ -168,7 +168,7 @@ def failure_lines(result: dict[str, Any]) -> list[str]:
     failure = result.get("failure") or {}
     lines = []
     if failure.get("evidence"):
-        lines += ["", "evidence:", *(f"  {line}" for line in failure["evidence"])]
+        lines += ["", "what was seen (who reported what, when):", *(f"  {line}" for line in failure["evidence"])]
     if failure.get("class") in (HOST_LOST, PARTITION, LOST_CONTACT):
         lines += ["", f"conclusion: {failure['summary']}"]
     return lines
@@ -221,7 +221,7 @@ def headline(result: dict[str, Any]) -> str:
         text = f"ddpdoctor watch: CRASH: rank {first['rank']}{where} {ended_text(first)}"
         if len(order) > 1:
             text += f" first; then {rank_phrase(order[1:])} failed"
-        if any(r["state"] in ("waiting", "running") for r in result["ranks"]):
+        if any(r["state"] in ("waiting", "running", "silent") for r in result["ranks"]):
             text += "; the rest were torn down"
         return text
     if result.get("launch") == "script" and not ws:

@@ -426,6 +426,8 @@ class RankZeroSupervisor(threading.Thread):
             print(f"ddpdoctor watch: the supervisor failed ({type(exc).__name__}: {short_error(exc)}); the job runs unwatched from here",
                   file=sys.stderr, flush=True)
             self.exit_code = EXIT_BUG
+            for rank in list(self.server.ranks):  # its keep-alive stops: that must not read as a lost host
+                self.server.send(rank, {"t": "unwatched"})
         finally:
             self.done.set()
 
@@ -519,6 +521,10 @@ def _published_channel_port(info: LaunchInfo) -> int | None:
 # A rank that lost the supervisor but is not its host's first (LOCAL_RANK 0, which writes the host's verdict)
 # ends itself this much later: normally the launcher has ended it by then, after the first one's exit.
 FOLLOWER_GRACE_S = 10.0
+# Set while this process writes its lost-contact verdict (in the watchdog thread): the script may end meanwhile
+# (its collective fails once the peer's connection resets), and the process must not exit under the verdict.
+REPORTING = threading.Event()
+REPORT_WAIT_S = 30.0
 
 
 def lost_contact_report(info: LaunchInfo, config: WatchConfig, since: float, silent_s: float,
@@ -534,6 +540,7 @@ def lost_contact_report(info: LaunchInfo, config: WatchConfig, since: float, sil
     from ddpdoctor.watch.verdict import lost_contact
     from ddpdoctor.watch.watchdog import _end, dump_flight_recorder
 
+    REPORTING.set()
     host = socket.gethostname()
     if info.local_rank != 0:
         time.sleep(FOLLOWER_GRACE_S)
@@ -613,6 +620,8 @@ def run_under_launcher(info: LaunchInfo, config: WatchConfig) -> int:
     on_lost = None if info.rank == 0 else functools.partial(lost_contact_report, info, config)
     code = run_script(config.script, config.args, info.rank, info.world_size, address, exit_on_lost=False,
                       lost_after_s=config.hang_timeout_s, on_lost=on_lost)
+    if REPORTING.is_set():
+        time.sleep(REPORT_WAIT_S)  # the verdict ends this process (os._exit) when it is written
     if supervisor is None:
         return code
     supervisor.done.wait()

@@ -222,10 +222,13 @@ class Watchdog(threading.Thread):
             if messages is None:
                 if self.exit_on_lost:
                     _end(f"ddpdoctor watch: rank {self.recorder.rank}: the supervisor is gone; ending this rank")
-                # Closed while this script runs (a verdict ends every rank first): the supervisor's process
-                # is gone. Its deadline still applies: a script ending on its own meanwhile ends it.
-                while self.on_lost is not None and self.sup_heard is not None and not self.stopping.wait(TICK_S):
-                    self._check_contact()
+                # Closed while this script runs: the supervisor's process is gone (a verdict would have ended
+                # every rank first, a clean end comes after this rank's own exit message): rank 0 was killed,
+                # or its host went down and reset the connection. Nothing more will come: say so now.
+                if self.on_lost is not None and self.sup_heard is not None and not self.stopping.is_set():
+                    on_lost, self.on_lost = self.on_lost, None
+                    silent = time.monotonic() - self.sup_heard
+                    on_lost(time.time() - silent, silent, dict(self.sup_hosts))
                 return
             if messages and (self.sup_heard is not None or any(m.get("t") == "ping" for m in messages)):
                 self.sup_heard = time.monotonic()  # any word from the supervisor; armed by its first ping
@@ -276,6 +279,8 @@ class Watchdog(threading.Thread):
             self.client.send(reply)
         elif message.get("t") == "exit":
             _end("", int(message.get("code", 1)))
+        elif message.get("t") == "unwatched":
+            self.on_lost = None  # the supervisor failed and the job runs on unwatched: its silence means nothing
         elif message.get("t") == "ping":
             hosts = message.get("hosts")
             if isinstance(hosts, dict):
@@ -317,9 +322,28 @@ class Watchdog(threading.Thread):
         self.join(timeout=2 * TICK_S + 1)
         if self.client is None or not self.connected.is_set():
             return
+        if code != 0 and self.on_lost is not None and self.sup_heard is not None and self._supervisor_gone():
+            # The script failed because the supervisor's host went away (its collective's peer reset the
+            # connection): this host's verdict, before the launcher sees the failure.
+            on_lost, self.on_lost = self.on_lost, None
+            silent = time.monotonic() - self.sup_heard
+            on_lost(time.time() - silent, silent, dict(self.sup_hosts))
         self.flush(force=True)
         self.client.send({"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at,
                           "pitfalls": self.findings()})
+
+    def _supervisor_gone(self) -> bool:
+        """The supervisor's end of the channel has closed (read what is left of it, without waiting)."""
+        assert self.client is not None
+        for _ in range(4):
+            if self.client.closed:
+                return True
+            messages = self.client.receive(0.05)
+            if messages is None:
+                return True
+            if not messages:
+                return False
+        return False
 
 
 FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")

@@ -117,6 +117,11 @@ def link_cut(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     yield _job(tmp_path_factory, "steady-link", lambda hosts: hosts.link_down(1))
 
 
+@pytest.fixture(scope="module")
+def supervisor_host_killed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    yield _job(tmp_path_factory, "steady-killA", lambda hosts: hosts.kill_host(0))
+
+
 def test_cross_host_desync_names_the_host_of_every_rank(desync: Job) -> None:
     report = desync.reports.get("nodeA")
     assert report is not None, desync.why()
@@ -182,3 +187,16 @@ def test_the_cut_off_host_reaches_its_own_verdict_and_keeps_its_evidence(link_cu
     # torchrun on nodeB ended its ranks and failed, as it does for any failed worker.
     assert link_cut.codes["nodeB"] != 0
     assert os.path.exists(bundle / "stack_rank_2.txt")
+
+
+def test_the_host_that_loses_rank_0s_host_says_so_itself(supervisor_host_killed: Job) -> None:
+    """nodeA (rank 0: the supervisor and the store) killed whole: nobody is left to report for the job, so
+    nodeB reports for itself, at once (its connections were reset), instead of a bare gloo error."""
+    job = supervisor_host_killed
+    report = job.reports.get("nodeB")
+    assert report is not None, job.why()
+    assert report["status"] == "lost_contact" and report["failure"]["class"] == "lost_contact"
+    assert "LOST CONTACT: lost contact with nodeA (the store and the watch supervisor at 10.78.0.1, ranks 0-1)" \
+        in job.text("nodeB"), job.why()
+    assert job.written_after_fault_s["nodeB"] <= BOUND_S, job.why()
+    assert job.codes["nodeB"] != 0

@@ -65,7 +65,7 @@ def test_a_host_whose_ranks_vanish_together_is_lost_and_no_code_is_blamed() -> N
     assert text.startswith("ddpdoctor watch: HOST LOST: host nodeB lost: every one of its ranks (ranks 2-3) vanished")
     assert "hosts: nodeA: ranks 0-1; nodeB: ranks 2-3" in text
     # Evidence first (who, what, when), then the conclusion, then the host's own next step.
-    assert text.index("evidence:") < text.index("conclusion:") < text.index("next step:")
+    assert text.index("what was seen (who reported what, when):") < text.index("conclusion:") < text.index("next step:")
     assert "ranks 2-3 on nodeB closed at " + clock(3.5 + agg.wall_offset) in text
     assert "rank 1 then failed" in text and "dmesg -T` on nodeB" in text
     for blame in ("rank-dependent branch", "skipped", "running its own code", "now running"):
@@ -103,7 +103,8 @@ def test_a_silent_host_with_open_connections_is_a_partition_with_its_last_report
     assert "ip -s link" in text and "not a fault in the training code" in text
     # The table says what is known about a silent rank: its last report's age, not a place.
     row = next(line for line in text.splitlines() if line.lstrip().startswith("2 "))
-    assert "nodeB" in row and "no report since" in row and "10 s before the verdict" in row
+    assert "nodeB" in row and "silent" in row and "no report since" in row and "10 s before the verdict" in row
+    assert [r["state"] for r in result["ranks"]] == ["waiting", "waiting", "silent", "silent"]
     for blame in ("rank-dependent branch", "skipped", "running its own code", "make the branch"):
         assert blame not in text
 
