@@ -245,7 +245,7 @@ class Evidence:
         return {"cause": self.cause, "evidence": self.text, "limit_gbps": self.limit_gbps}
 
 
-def _fmt(gbps: float) -> str:
+def fmt_gbps(gbps: float) -> str:
     """Two decimals from 1 GB/s, else three significant digits (a 200 Mbit/s link is 0.025 GB/s, not 0.03)."""
     return f"{gbps:.2f}" if gbps >= 1 else f"{gbps:.3g}"
 
@@ -288,7 +288,7 @@ def bottlenecks(path: LinkPath, facts: Mapping[int, Mapping[str, Any]], hosts: M
                 if q.get("rate_bytes_per_s"):
                     rate = float(q["rate_bytes_per_s"])
                     found.append(Evidence("qdisc", f"a {q['kind']} qdisc on {iface['name']} of {host} shapes the "
-                                          f"link to {_rate_text(rate)} ({_fmt(rate / 1e9)} GB/s) "
+                                          f"link to {_rate_text(rate)} ({fmt_gbps(rate / 1e9)} GB/s) "
                                           f"(tc qdisc show dev {iface['name']})", rate / 1e9))
             if iface.get("operstate") not in (None, "up", "unknown"):
                 found.append(Evidence("link_down", f"{iface['name']} on {host} is {iface['operstate']} "
@@ -353,8 +353,8 @@ def bottlenecks(path: LinkPath, facts: Mapping[int, Mapping[str, Any]], hosts: M
         ordered = sorted(rows_busbw)
         (_, before), (size, last) = ordered[-2], ordered[-1]
         if before > 0 and last > 1.1 * before:
-            found.append(Evidence("short_sweep", f"busbw was still rising at the largest size ({_fmt(before)} -> "
-                                  f"{_fmt(last)} GB/s at {size} bytes): the sweep stopped before the peak; give a "
+            found.append(Evidence("short_sweep", f"busbw was still rising at the largest size ({fmt_gbps(before)} -> "
+                                  f"{fmt_gbps(last)} GB/s at {size} bytes): the sweep stopped before the peak; give a "
                                   "larger -e (NVLink peaks at 1-8 GB messages)"))
     # The cause that caps the path lowest comes first; then the others in the order found.
     found.sort(key=lambda e: (e.limit_gbps is None, e.limit_gbps or 0.0))
@@ -383,8 +383,8 @@ class Verdict:
     def line(self) -> str:
         """'0.02 of 1.25 GB/s expected (2 %) on Ethernet dd0 ...: FAIL', or 'no model applies: ...'."""
         if self.path.expected_gbps is None:
-            return f"{_fmt(self.measured_gbps)} GB/s; no expected figure: no model applies ({self.path.why})"
-        return (f"{_fmt(self.measured_gbps)} of {_fmt(self.path.expected_gbps)} GB/s expected "
+            return f"{fmt_gbps(self.measured_gbps)} GB/s; no expected figure: no model applies ({self.path.why})"
+        return (f"{fmt_gbps(self.measured_gbps)} of {fmt_gbps(self.path.expected_gbps)} GB/s expected "
                 f"({fmt_pct(self.pct)} %) on {self.path.description}")
 
     @property
@@ -510,7 +510,7 @@ class Assessment:
 def failure_text(v: Verdict, thresholds: Thresholds) -> str:
     """'peak busbw 0.02 of 1.25 GB/s expected (2 %, below --min-busbw-pct 50) on ...; bottleneck: ...'."""
     cause = v.cause()
-    return (f"busbw {_fmt(v.measured_gbps)} GB/s is {fmt_pct(v.pct)} % of the {_fmt(v.path.expected_gbps or 0)} GB/s "
+    return (f"busbw {fmt_gbps(v.measured_gbps)} GB/s is {fmt_pct(v.pct)} % of the {fmt_gbps(v.path.expected_gbps or 0)} GB/s "
             f"expected on {v.path.description} (below --min-busbw-pct {thresholds.fail_pct:g})"
             + (f"; bottleneck: {cause}" if cause else "; no bottleneck found in the facts"))
 

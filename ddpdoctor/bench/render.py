@@ -24,7 +24,15 @@ from ddpdoctor.bench.analysis import (
     human_bytes,
     wrong_total,
 )
-from ddpdoctor.bench.expect import Assessment, Thresholds, Verdict, fmt_pct, host_groups, host_groups_text
+from ddpdoctor.bench.expect import (
+    Assessment,
+    Thresholds,
+    Verdict,
+    fmt_gbps,
+    fmt_pct,
+    host_groups,
+    host_groups_text,
+)
 from ddpdoctor.errors import DoctorError
 
 
@@ -152,9 +160,9 @@ def render_expectation(v: Verdict, thresholds: Thresholds, label: str = "peak bu
         verdict += f" (below {thresholds.warn_pct:g} %)"
     elif v.status == "note":
         verdict += " (a virtual interface's nominal speed, and no fact shows what limits it)"
-    lines = [f"# {'Expected busbw':<20} : {fmt_bw(v.path.expected_gbps)} GB/s on {v.path.description} "
+    lines = [f"# {'Expected busbw':<20} : {fmt_gbps(v.path.expected_gbps)} GB/s on {v.path.description} "
              f"[{v.path.source}]",
-             f"# {label.capitalize():<20} : {fmt_bw(v.measured_gbps)} GB/s = {fmt_pct(v.pct)} % of expected: {verdict}"]
+             f"# {label.capitalize():<20} : {fmt_gbps(v.measured_gbps)} GB/s = {fmt_pct(v.pct)} % of expected: {verdict}"]
     if v.status in ("warn", "fail", "note"):
         cause = v.cause()
         lines.append(f"# {'Bottleneck':<20} : {cause}" if cause else
