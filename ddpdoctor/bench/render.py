@@ -192,7 +192,8 @@ def render_pairs(analysis: PairAnalysis, size: int, assessment: Assessment | Non
                 extra = f" {'-':>9} {'-':>5}  no model: {v.path.description}"
             else:
                 extra = (f" {fmt_bw(v.path.expected_gbps):>9} {fmt_pct(v.pct):>5}  {v.path.description}"
-                         + (f"  <- {_STATUS_WORD[v.status]}" if v.status in ("warn", "fail") else ""))
+                         + (f"  <- {_STATUS_WORD[v.status]}" if v.status in ("warn", "fail") else
+                            "  (nominal: not judged)" if v.status == "note" else ""))
         lines.append(f"{p.a:>8} {p.b:>7} {p.host_a:>16} {p.host_b:>16} {fmt_bw(p.busbw_gbps):>12} "
                      f"{p.time_us:>10.1f}{extra}{mark}")
     if assessment is not None:
