@@ -11,7 +11,8 @@ its trees in that order, a file of the first hiding the same path in the next)::
 
     T=.venv/lib/python3.11/site-packages/torch   # the installed torch (2.13.0 here)
     python scripts/build_explain_inventory.py \\
-        torch-python=$T torch-cpp=$T torch-cpp=/work/.mirror/jizhuoran+EasyFHE/repo \\
+        torch-python=$T torch-data=$T torch-cuda=$T torch-dynamo=$T \\
+        torch-cpp=$T torch-cpp=/work/.mirror/jizhuoran+EasyFHE/repo \\
         nccl=/work/.mirror/NVIDIA+nccl/repo@v2.28.9-1 \\
         nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.27.7-1 nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.26.2-1 \\
         nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.21.5-1 nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.20.5-1 \\
@@ -20,6 +21,7 @@ its trees in that order, a file of the first hiding the same path in the next)::
         nccl+=/work/.mirror/NVIDIA+nccl/repo@v2.4.8-1 gloo=/work/.mirror/pytorch+gloo/repo \\
         lightning=/work/.mirror/Lightning-AI+pytorch-lightning/repo \\
         accelerate=/work/.mirror/huggingface+accelerate/repo deepspeed=/work/.mirror/deepspeedai+DeepSpeed/repo \\
+        aws-ofi-nccl=/work/.mirror/aws+aws-ofi-nccl/repo aws-ofi-nccl+=/work/.mirror/aws+aws-ofi-nccl/repo@v1.7.4-aws \\
         transformers=/tmp/transformers-5.24.0  # the wheel, unpacked
 
 ``SOURCE+=PATH@REV`` names an earlier release of a source given before it (newest first): only the messages
@@ -61,6 +63,11 @@ SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "torch-python": ("pytorch", ("distributed/*.py", "distributed/**/*.py", "nn/parallel/*.py",
                                  "nn/modules/batchnorm.py", "nn/modules/_functions.py",  # SyncBatchNorm
                                  "multiprocessing/*.py")),
+    # The neighbours a DDP job meets, from the same installed torch (issue 33): DataLoader workers
+    # (torch.utils.data), CUDA's lazy initialisation (torch.cuda), Dynamo's DDPOptimizer (torch.compile + DDP).
+    "torch-data": ("pytorch", ("utils/data/*.py", "utils/data/_utils/*.py")),
+    "torch-cuda": ("pytorch", ("cuda/__init__.py",)),
+    "torch-dynamo": ("pytorch", ("_dynamo/backends/distributed.py",)),
     "torch-cpp": ("pytorch", ("torch/csrc/distributed/**/*.cpp", "torch/csrc/distributed/**/*.hpp",
                               "torch/csrc/distributed/**/*.h")),
     "nccl": ("nccl", ("src/**/*.cc", "src/**/*.h", "src/**/*.cu", "src/*.cc")),
@@ -76,10 +83,15 @@ SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "accelerate": ("accelerate", ("src/accelerate/state.py", "src/accelerate/commands/launch.py",
                                   "src/accelerate/utils/launch.py", "src/accelerate/utils/environment.py",
                                   "src/accelerate/utils/other.py")),
+    # The AWS libfabric (EFA) network plugin of NCCL: src/ in C up to 1.7, C++ since.
+    "aws-ofi-nccl": ("aws-ofi-nccl", ("src/*.c", "src/*.cpp", "src/**/*.c", "src/**/*.cpp", "include/*.h",
+                                      "include/**/*.h")),
     "deepspeed": ("DeepSpeed", ("deepspeed/launcher/*.py", "deepspeed/comm/*.py", "deepspeed/utils/distributed.py")),
     "transformers": ("transformers", ("transformers/training_args.py", "transformers/trainer.py",
                                       "transformers/integrations/deepspeed.py")),
 }
+# Sources read from the installed torch package like torch-python, each reported on its own.
+TORCH_NEIGHBOURS = ("torch-data", "torch-cuda", "torch-dynamo")
 # Python files of torch that belong to torchrun / elastic (reported as their own source).
 ELASTIC = ("distributed/elastic/", "distributed/run.py", "distributed/launch.py", "distributed/launcher/")
 LOG_LEVELS = {"error": "error", "exception": "error", "critical": "error", "fatal": "error",
@@ -373,9 +385,36 @@ def nccl_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
                    _cpp_piece(cm.group(2)))
 
 
-def gloo_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
+def ofi_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
+    """aws-ofi-nccl's ``NCCL_OFI_WARN(fmt, ...)`` (include/nccl_ofi_log.h): NCCL's logger prints it as an NCCL
+    WARN line with "NET/OFI " in front of the format (``host:pid:tid [0] NCCL WARN NET/OFI Unable to register
+    memory ...``)."""
     text = _strip_comments(text)
-    for line, name, args in _macro_calls(text, r"GLOO_ENFORCE(?:_[A-Z]+)?|GLOO_THROW(?:_[A-Z_]+)?|GLOO_ERROR|GLOO_WARN"):
+    for line, _name, args in _macro_calls(text, r"NCCL_OFI_WARN"):
+        parts = _split_args(args)
+        if parts and parts[0].startswith('"') and "__VA_ARGS__" not in args:
+            yield line, "nccl-warn", "error", "", "NET/OFI " + _cpp_piece(parts[0], printf=True)
+
+
+def gloo_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
+    """gloo's ``GLOO_ENFORCE*``, ``GLOO_THROW*``, ``GLOO_ERROR``/``GLOO_WARN``, and every other
+    ``GLOO_ERROR_MSG(...)``: the tcp transport's I/O errors are built with it and handed to
+    ``signalException``, which throws them as ``gloo::IoException`` (transport/tcp/pair.cc): "connect {}: {}",
+    "Connection closed by peer {}", "Read error {}: {}", what an uncaught IoException's ``what():`` shows."""
+    text = _strip_comments(text)
+    spans: list[tuple[int, int]] = []
+    for line, name, args, span in _macro_spans(
+            text, r"GLOO_ENFORCE(?:_[A-Z]+)?|GLOO_THROW(?:_[A-Z_]+)?|GLOO_ERROR|GLOO_WARN|GLOO_ERROR_MSG"):
+        if "__VA_ARGS__" in args:
+            continue  # the macros' own definitions (common/error.h)
+        if name == "GLOO_ERROR_MSG":
+            if not any(a <= span[0] < b for a, b in spans):
+                yield line, "gloo-throw", "error", "IoException", "".join(_cpp_piece(p) for p in _split_args(args))
+            continue
+        spans.append(span)
+        inner = re.fullmatch(r"\s*GLOO_ERROR_MSG\s*\((.*)\)\s*", args, re.S)
+        if inner is not None:  # GLOO_THROW_IO_EXCEPTION(GLOO_ERROR_MSG("...", x)): the message is the inner one
+            args = inner.group(1)
         parts = _split_args(args)
         if name.startswith("GLOO_ENFORCE"):
             skip = 1 if name in ("GLOO_ENFORCE", "GLOO_ENFORCE_THAT") else 2
@@ -424,6 +463,10 @@ def _version(source: str, tree: Tree) -> str:
         return m.group(1) if m else ""
     if source == "deepspeed":
         return show("version.txt").strip()
+    if source == "aws-ofi-nccl":
+        # Releases write the version into AC_INIT; the main branch computes it (m4/get_version.sh from git tags).
+        m = re.search(r"AC_INIT\(\[aws-ofi-nccl\],\s*\[([\w.-]+)\]", show("configure.ac"))
+        return m.group(1) if m else "main"
     if source == "transformers":
         m = re.search(r'__version__ = "([^"]+)"', show("transformers/__init__.py"))
         return m.group(1) if m else ""
@@ -451,7 +494,7 @@ def provenance(source: str, tree: Tree) -> tuple[Tree, str, str]:
     A git tree that is not PyTorch's own repository (a copy inside another project) says so in the version,
     with the commit of the repository it was read from: the provenance is that copy, not upstream.
     """
-    if source in ("torch-python", "torch-cpp") and (tree.root / "version.py").is_file():
+    if source in ("torch-python", "torch-cpp", *TORCH_NEIGHBOURS) and (tree.root / "version.py").is_file():
         m = re.search(r"__version__ = '([^']+)'", tree.read("version.py"))
         version, commit = (m.group(1) if m else ""), _torch_commit(tree)
         if source == "torch-cpp":
@@ -474,7 +517,8 @@ def build(source: str, trees: list[Tree], older: list[Tree] | None = None) -> li
     releases ("Connect to {} failed" in include/socket.h up to 2.11, "socketStartConnect: Connect to {}
     failed" in misc/socket.cc since): a text only an older release prints is still what users paste."""
     project, globs = SCOPES[source]
-    extract = {"torch-cpp": torch_cpp_messages, "nccl": nccl_messages, "gloo": gloo_messages}.get(source,
+    extract = {"torch-cpp": torch_cpp_messages, "nccl": nccl_messages, "gloo": gloo_messages,
+               "aws-ofi-nccl": ofi_messages}.get(source,
                                                                                                   python_messages)
     entries: list[dict[str, object]] = []
     seen: set[tuple[str, int, str]] = set()
@@ -494,7 +538,7 @@ def build(source: str, trees: list[Tree], older: list[Tree] | None = None) -> li
                 if is_older and template.strip() in known:
                     continue
                 # torch's Python files are listed by their place in the PyTorch repository (torch/...).
-                shown = f"torch/{path}" if source == "torch-python" else path
+                shown = f"torch/{path}" if source in ("torch-python", *TORCH_NEIGHBOURS) else path
                 src = "torch-elastic" if source == "torch-python" and path.startswith(ELASTIC) else source
                 template = template.strip()
                 key = (shown, line, template)

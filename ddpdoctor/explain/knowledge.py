@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 
 # "note": a hint, not a failure (a performance warning); reported with exit 0. Entries written before notes
@@ -25,6 +25,8 @@ ROLE_ALIASES = {"warning": "note"}
 # Which ranks a link relates (see Link): the same rank (a rank's own exception and its exit code), another
 # rank (an echo on a survivor), or any.
 RANK_RELATIONS = ("same", "other", "any")
+# How a needs_distributed signature is reported without a sign of a distributed job (see Signature.alone).
+ALONE_AS = ("failure", "note", "none")
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,27 @@ class Signature:
     # Made by the ranking from facts of the whole input (a log that ends inside a start-up phase), never
     # matched on a line: it has no keywords or patterns.
     derived: bool = False
+    # How a ``needs_distributed`` diagnosis is reported in a log with no sign of a distributed job (issue 33:
+    # the gate may change the wording and the ranking, never hide a known message): ``failure`` (the default;
+    # worded for one process by ``alone_title``/``alone_cause`` where given), ``note`` (a failure of that one
+    # process that is no DDP problem: a single-GPU script's OOM or device-side assert; exit 0, no false alarm)
+    # or ``none`` (a catch-all that knows no message: a plain script's NameError is not reported at all).
+    alone: str = "failure"
+    alone_title: str = ""
+    alone_cause: str = ""
 
     @property
     def is_note(self) -> bool:
         """A hint, not a failure: never the reason for exit 1."""
         return self.role == "note"
+
+    def for_one_process(self) -> Signature | None:
+        """This signature as reported in a log with no sign of a distributed job (see ``alone``), or None
+        when it is not reported there at all."""
+        if not self.needs_distributed or self.alone == "none":
+            return None if self.needs_distributed else self
+        return replace(self, role="note" if self.alone == "note" else self.role,
+                       title=self.alone_title or self.title, cause=self.alone_cause or self.cause)
 
 
 def _links(raw: dict, own_id: str) -> list[Link]:
@@ -130,6 +148,9 @@ def parse_kb(text: str) -> list[Signature]:
         if role not in ROLE_ORDER:
             raise ValueError(f"explain KB entry {raw['id']!r}: role must be one of {ROLE_ORDER}")
         derived = bool(raw.get("derived", False))
+        alone = raw.get("alone", {})
+        if alone.get("as", "failure") not in ALONE_AS:
+            raise ValueError(f"explain KB entry {raw['id']!r}: alone.as must be one of {ALONE_AS}")
         if derived and (raw.get("keywords") or raw.get("patterns")):
             raise ValueError(f"explain KB entry {raw['id']!r}: a derived diagnosis matches no line")
         sigs.append(Signature(
@@ -144,7 +165,8 @@ def parse_kb(text: str) -> list[Signature]:
             needs_distributed=bool(raw.get("needs_distributed", False)),
             notes={k: dict(v) for k, v in raw.get("notes", {}).items()},
             catch_all=bool(raw.get("catch_all", False)),
-            links=tuple(_links(raw, raw["id"])), derived=derived))
+            links=tuple(_links(raw, raw["id"])), derived=derived, alone=alone.get("as", "failure"),
+            alone_title=alone.get("title", ""), alone_cause=alone.get("cause", "")))
     ids = [s.id for s in sigs]
     if len(set(ids)) != len(ids):
         raise ValueError("explain KB: duplicate signature ids")

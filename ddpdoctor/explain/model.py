@@ -65,6 +65,8 @@ class Diagnosis:
     caused_by: str | None = None
     first_rank: int | None = None
     first_rank_by: str | None = None
+    # What the diagnosis's own values say, each quoting its line (see .hints); shown with the notes.
+    hints: list[str] = field(default_factory=list)
     _evidence_keys: set[tuple[int, int | None]] = field(default_factory=set)
 
     @property
@@ -106,6 +108,7 @@ class Diagnosis:
                 note = table.get(value)
                 if note and note not in out:
                     out.append(note)
+        out.extend(h for h in self.hints if h not in out)
         return out
 
     @property

@@ -69,8 +69,17 @@ def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts
                     kb: dict[str, Signature] | None = None) -> list[Diagnosis]:
     """The diagnoses, root cause first, each consequence right after its cause (see the module docstring)."""
     facts = facts or Facts()
-    diags = [d for d in found.values() if not any(s in found for s in d.signature.suppressed_by)
-             and (distributed or not d.signature.needs_distributed)]
+    diags = [d for d in found.values() if not any(s in found for s in d.signature.suppressed_by)]
+    if not distributed:
+        # No sign of a distributed job: a known message is still named, worded for one process, or shown as a
+        # note when it is that process's own failure (a single-GPU OOM); only a catch-all is left out.
+        alone = []
+        for d in diags:
+            sig = d.signature.for_one_process()
+            if sig is not None:
+                d.signature = sig
+                alone.append(d)
+        diags = alone
     hang = _probable_hang(facts, kb or {})
     if hang is not None:
         diags.append(hang)

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from functools import partial
 from typing import IO, Any
 
+from ddpdoctor.explain.hints import add_hints
 from ddpdoctor.explain.knowledge import Signature, load_kb
 from ddpdoctor.explain.lines import (
     DIST_CONTEXT,
@@ -60,6 +61,7 @@ from ddpdoctor.explain.model import (
 from ddpdoctor.explain.phases import TAIL_BYTES, where_input_ends
 from ddpdoctor.explain.prefilter import build_prefilter
 from ddpdoctor.explain.ranking import Facts, order_diagnoses
+from ddpdoctor.explain.sources import MAX_RAISE_LINES, RAISE_KEYWORDS, RAISE_START, raise_message
 from ddpdoctor.explain.templates import Template, matcher_for
 
 CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
@@ -152,7 +154,10 @@ class Scanner:
         self._by_id = {s.id: s for s in self.kb}
         # The inventory's templates (see .templates) for this KB's signatures; their anchors join the one pass.
         self._templates = matcher_for(frozenset(self._by_id))
-        self._prefilter = build_prefilter([*(k for s in self.kb for k in s.keywords), *self._templates.keywords])
+        # RAISE_KEYWORDS: a traceback's `raise SomeError("...")` source line (see .sources and _match_raise).
+        self._prefilter = build_prefilter([*(k for s in self.kb for k in s.keywords), *self._templates.keywords,
+                                           *RAISE_KEYWORDS])
+        self._specific = [s for s in self.kb if not s.catch_all]  # what a raise line's message may be credited to
         # Which keywords a line holds is found once per line, not once per signature (many signatures
         # share 'Error: ' / 'NCCL WARN'); a line without a signature's keyword is not tried against it.
         self._keywords = tuple(sorted({k for s in self.kb for k in s.keywords}))
@@ -347,6 +352,10 @@ class Scanner:
                     return sig, start, 0
             return None, start, 0
         text = _decode(block, start, end)
+        if gate and "raise" in text:
+            raised = self._match_raise(block, start, end, size, text, name, file_index, line_no, file_rank, tail)
+            if raised is not None:
+                return raised
         joined = self._rejoin(block, start, end, size, text, sigs, gate, floor)
         if joined is not None:
             whole, first, back, last, used = joined
@@ -360,6 +369,51 @@ class Scanner:
         if sig is None:
             self._floor = floor  # a line credited to nothing may still be the first piece of the next one's
         return sig, start, 0
+
+    def _match_raise(self, block: bytearray, start: int, end: int, size: int, text: str, name: str,
+                     file_index: int, line_no: int, file_rank: int | None,
+                     tail: bytes) -> tuple[Signature | None, int, int] | None:
+        """A traceback's ``raise SomeError("...")`` source line (and the lines its call continues on), matched
+        as the exception line Python would have printed (see :mod:`.sources`), or None if it is not one or
+        its message is no known one (the catch-all is not tried: the exception's own line, when pasted, is).
+        The evidence quotes the source lines."""
+        bare = strip_paste(text)
+        prefix = LINE_PREFIX_RANK.match(bare)
+        body = bare[prefix.end():] if prefix else bare
+        if RAISE_START.match(body) is None:
+            return None
+        following: list[str] = []
+        offsets: list[int] = []
+        raws: list[str] = []
+        pos = end + 1
+        while len(following) < MAX_RAISE_LINES - 1 and pos < size:
+            nend = _line_end(block, pos, size)
+            if nend - pos > MAX_MATCH_CHARS:
+                break
+            raw = _decode(block, pos, nend)
+            piece = strip_paste(raw)
+            p = LINE_PREFIX_RANK.match(piece)
+            if (p.group(0) if p else None) != (prefix.group(0) if prefix else None):
+                break  # another rank's line, interleaved: not this statement
+            following.append(piece[p.end():] if p else piece)
+            offsets.append(pos)
+            raws.append(raw)
+            pos = nend + 1
+        lookback = partial(self._lookback, block, start, tail)
+        back = [LINE_PREFIX_RANK.sub("", ln, count=1) for ln in lookback(4)]
+        got = raise_message([body, *following], back)
+        if got is None:
+            return None
+        message, used = got
+        quote = " ".join(x.strip() for x in (text, *raws[:used]) if x.strip(" ^~"))
+        head = prefix.group(0) + " " if prefix else ""
+        sig = self._match_line(head + message, self._specific, True, name, file_index, line_no + 1, file_rank,
+                               lookback, quote=quote)
+        if sig is None:
+            return None
+        last = offsets[used - 1] if used else start
+        self._floor = _line_end(block, last, size) + 1
+        return sig, last, used
 
     def _rejoin(self, block: bytearray, start: int, end: int, size: int, text: str,
                 sigs: tuple[Signature, ...] | list[Signature], gate: bool,
@@ -490,8 +544,11 @@ class Scanner:
         return -1, None
 
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
-                    line_no: int, file_rank: int | None, lookback: Any) -> Signature | None:
-        """Credit the line to the first signature that matches it; return that signature (or None)."""
+                    line_no: int, file_rank: int | None, lookback: Any, quote: str | None = None) -> Signature | None:
+        """Credit the line to the first signature that matches it; return that signature (or None).
+
+        ``quote``: what the evidence shows instead of the line (the source lines a raise's message was read
+        from)."""
         raw = text
         label = SRUN_LABEL.match(text.lstrip("> "))
         if label is not None and self._wrapped_label(lookback, text):
@@ -542,7 +599,7 @@ class Scanner:
             diag = self._found.get(sig.id)
             if diag is None:
                 diag = self._found[sig.id] = Diagnosis(sig)
-            ev = Evidence(name, line_no, raw.strip()[:MAX_EVIDENCE_CHARS])
+            ev = Evidence(name, line_no, (quote or raw).strip()[:MAX_EVIDENCE_CHARS])
             # A warning printed on the way (a UserWarning, a glog W line, an INFO line) is not why a rank ended.
             fatal = not quiet_level(raw)
             seq = (file_index, line_no)
@@ -679,4 +736,5 @@ class Scanner:
     # -- result ------------------------------------------------------------------------------------
     def result(self) -> ExplainResult:
         ordered = order_diagnoses(self._found, self._distributed, self._facts, self._by_id)
+        add_hints(ordered)
         return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned, self.lines_windowed)

@@ -1,0 +1,215 @@
+"""`explain` says what it knows, however the error reaches it (issue 33).
+
+* a known message pasted alone (no launcher lines around it) is named, worded for one process; only the
+  catch-all for an unknown exception stays silent in a log with no sign of a distributed job;
+* a traceback whose last line was not pasted: the `raise` source line (literals joined), a helper's raise with
+  its variable in the caller's frame, the C++ frames and "Exception raised from X at FILE:LINE";
+* older releases' wordings: torch 1.x's THC messages, the store-based barrier's 1.x text, gloo's uncaught
+  `gloo::IoException` as torch 1.x printed it;
+* the log's own numbers and addresses as details of the diagnosis (a loopback address, a short timeout).
+
+Each text is quoted from the source that prints it (named next to it); no log is the only source of a text.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddpdoctor.explain import explain_text, render_text
+from tests.support import run_cli
+
+# --- no silence when a known message is present ----------------------------------------------------------
+
+# c10/cuda/CUDAException.cpp: "CUDA error: " + cudaGetErrorString(cudaErrorInvalidDevice); a bare paste.
+INVALID_ORDINAL = "RuntimeError: CUDA error: invalid device ordinal\n"
+# NCCL src/misc/shmutils.cc (2.12+): "Error while creating shared memory segment %s (size %ld)", here behind a
+# loguru-style line prefix an application adds, with no launcher line around it.
+SHM_BEHIND_PREFIX = ("2024-05-01 10:00:00.123 | ERROR    | __main__:main:42 - node1:2871:2960 [0] "
+                     "include/shm.h:... Error while creating shared memory segment /dev/shm/nccl-ZoemSg "
+                     "(size 9637888)\n")
+# torch/distributed/distributed_c10d.py (init_process_group on a build without NCCL).
+NO_NCCL = "RuntimeError: Distributed package doesn't have NCCL built in\n"
+
+
+@pytest.mark.parametrize(("text", "want", "words"), [
+    (INVALID_ORDINAL, "invalid-device-ordinal", "The process asked for a GPU that does not exist"),
+    (SHM_BEHIND_PREFIX, "shared-memory", "too small or full for this process"),
+    (NO_NCCL, "nccl-not-available", "has no NCCL"),
+], ids=["invalid-device-ordinal", "nccl-shm-behind-a-prefix", "no-nccl-built-in"])
+def test_a_known_message_pasted_alone_is_named(text: str, want: str, words: str) -> None:
+    proc = run_cli(["explain", "--json", "-"], input_text=text)
+    first = json.loads(proc.stdout)["diagnoses"][0]
+    assert (proc.returncode, first["id"], first["level"]) == (1, want, "error")
+    assert words in first["title"]
+
+
+def test_the_same_line_in_a_job_keeps_the_distributed_wording() -> None:
+    got = explain_text("[rank5]: " + INVALID_ORDINAL).diagnoses[0]
+    assert got.id == "invalid-device-ordinal" and got.signature.title.startswith("A rank asked for a GPU")
+
+
+def test_a_plain_scripts_exception_is_no_false_alarm() -> None:
+    """The false alarm of issue 33: a NameError in a script's non-DDP branch was 'A rank raised a Python
+    exception', exit 1. No known message, no sign of a distributed job: nothing to report."""
+    text = ('Traceback (most recent call last):\n  File "/home/u/proj/train.py", line 88, in <module>\n'
+            "    main(args)\n  File \"/home/u/proj/train.py\", line 61, in main\n    model = build(cfg)\n"
+            "NameError: name 'build' is not defined\n")
+    proc = run_cli(["explain", "-"], input_text=text)
+    assert proc.returncode == 0 and "no known DDP/NCCL/torchrun error found" in proc.stdout
+
+
+# --- what tracebacks and crash dumps show ------------------------------------------------------------------
+
+# distributed_c10d.py raises it on one line in torch 2.x; written here as two literals the compiler joins.
+RAISE_TWO_LITERALS = '''Traceback (most recent call last):
+  File "C:\\work\\train.py", line 10, in <module>
+    dist.init_process_group("nccl")
+  File "C:\\Python39\\lib\\site-packages\\torch\\distributed\\distributed_c10d.py", line 727, in _new_process_group_helper
+    raise RuntimeError("Distributed package doesn't have NCCL " "built in")
+'''
+# torch/nn/parallel/distributed.py (torch 1.x forward): reducer's unused-parameters message as a raise whose
+# literals continue on the lines below it (a multi-line statement, shown whole in the paste).
+RAISE_OVER_LINES = '''[rank1]:   File "/opt/conda/lib/python3.8/site-packages/torch/nn/parallel/distributed.py", line 692, in forward
+[rank1]:     raise RuntimeError(
+[rank1]:         "Expected to have finished reduction in the prior iteration before starting a new one. "
+[rank1]:         "This error indicates that your module has parameters that were not used in producing loss. "
+[rank1]:     )
+'''
+# torch/distributed/rendezvous.py: _get_env_or_raise(env_var) raises _env_error(env_var); the variable is in the
+# caller's frame.
+RAISE_THROUGH_HELPER = '''  File "/usr/lib/python3/dist-packages/torch/distributed/rendezvous.py", line 236, in _env_rendezvous_handler
+    master_addr = _get_env_or_raise("MASTER_ADDR")
+  File "/usr/lib/python3/dist-packages/torch/distributed/rendezvous.py", line 214, in _get_env_or_raise
+    raise _env_error(env_var)
+'''
+
+
+@pytest.mark.parametrize(("text", "want", "detail", "rank"), [
+    (RAISE_TWO_LITERALS, "nccl-not-available", None, None),
+    (RAISE_OVER_LINES, "unused-parameters", None, 1),
+    (RAISE_THROUGH_HELPER, "env-not-set", ("variable", ["MASTER_ADDR"]), None),
+], ids=["two-literals", "over-lines", "through-helper"])
+def test_a_traceback_without_its_last_line_is_read_from_the_raise(text: str, want: str,
+                                                                   detail: tuple[str, list[str]] | None,
+                                                                   rank: int | None) -> None:
+    result = explain_text(text)
+    first = result.diagnoses[0]
+    assert first.id == want
+    assert "raise " in first.evidence[0].text  # the evidence quotes the source line itself
+    if detail is not None:
+        assert first.details[detail[0]] == detail[1]
+    if rank is not None:
+        assert first.ranks == {rank}
+
+
+def test_a_raise_of_an_unknown_message_is_not_a_diagnosis() -> None:
+    text = '  File "train.py", line 3, in <module>\n    raise ValueError("the config has no \'model\' section")\n'
+    assert explain_text("[rank0]: " + text.replace("\n", "\n[rank0]: ")).diagnoses == []
+
+
+# c10/util/Exception.cpp appends "Exception raised from <function> at <file>:<line> (most recent call first):"
+# and the C++ frames; ProcessGroupNCCL.cpp's WorkNCCL::checkTimeout throws the watchdog's timeout.
+WATCHDOG_FRAMES = """terminate called after throwing an instance of 'c10::DistBackendError'
+Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:565 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x57 (0x7f1c in /usr/local/lib/python3.10/dist-packages/torch/lib/libc10.so)
+frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f1d in /usr/local/lib/python3.10/dist-packages/torch/lib/libtorch_cuda.so)
+frame #2: c10d::ProcessGroupNCCL::watchdogHandler() + 0x233 (0x7f1d in /usr/local/lib/python3.10/dist-packages/torch/lib/libtorch_cuda.so)
+"""
+# socket.cpp: SocketConnectOp::throwTimeoutError.
+CONNECT_FRAMES = ("Exception raised from throwTimeoutError at ../torch/csrc/distributed/c10d/socket.cpp:1021 "
+                  "(most recent call first):\n")
+
+
+def test_the_watchdogs_cpp_frames_alone_name_the_timeout() -> None:
+    first = explain_text(WATCHDOG_FRAMES).diagnoses[0]
+    assert first.id == "nccl-timeout"
+    assert first.details["cpp_source"] == ["../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:565"]
+    assert any("WorkNCCL::checkTimeout" in e.text for e in first.evidence)
+
+
+def test_the_connect_timeouts_cpp_frame_names_it() -> None:
+    assert [d.id for d in explain_text(CONNECT_FRAMES).diagnoses] == ["master-connect-timeout"]
+
+
+# --- older releases' wordings --------------------------------------------------------------------------------
+
+# torch 1.x aten/src/THC/THCGeneral.cpp __THCudaCheck: the fprintf line, then _THError's "cuda runtime error (%d)
+# : %s" raised as a RuntimeError with " at FILE:LINE".
+THC_OOM = ("THCudaCheck FAIL file=/pytorch/aten/src/THC/THCCachingHostAllocator.cpp line=278 error=2 : out of memory\n"
+           "RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/THCCachingAllocator.cpp:510\n")
+THC_ASSERT = ("RuntimeError: cuda runtime error (59) : device-side assert triggered at "
+              "/pytorch/aten/src/THC/generic/THCTensorMath.cu:26\n")
+THC_ORDINAL = "THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=47 error=101 : invalid device ordinal\n"
+# gloo transport/tcp/pair.cc at 2b91c6b (2020): handleConnecting's GLOO_ERROR_MSG("connect ", peer_.str(), ": ",
+# strerror(optval)) thrown as gloo::IoException, uncaught in torch 1.x's gloo threads.
+GLOO_CONNECT = ("terminate called after throwing an instance of 'gloo::IoException'\n"
+                "  what():  [/opt/conda/conda-bld/pytorch_1591914880026/work/third_party/gloo/gloo/transport/tcp/"
+                "pair.cc:769] connect [127.0.1.1]:36297: Connection refused\n")
+GLOO_CLOSED = ("terminate called after throwing an instance of 'gloo::IoException'\n"
+               "  what():  [../third_party/gloo/gloo/transport/tcp/pair.cc:575] Connection closed by peer "
+               "[10.1.1.2]:62451\n")
+GLOO_READ_TIMEOUT = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read timeout [10.0.0.2]:1234\n"
+# torch 1.x distributed_c10d.py _store_based_barrier (2.x says "on rank {}" and num_workers_joined).
+BARRIER_1X = ("RuntimeError: Timed out initializing process group in store based barrier on rank: 3, for key: "
+              "store_based_barrier_key:1 (world_size=4, worker_count=2, timeout=0:00:30)\n")
+
+
+@pytest.mark.parametrize(("text", "want", "details"), [
+    ("[rank1]: " + THC_OOM.replace("\n", "\n[rank1]: ", 1), "cuda-oom", {}),
+    ("[rank0]: " + THC_ASSERT, "cuda-kernel-error", {"cuda_error": ["device-side assert triggered"]}),
+    (THC_ORDINAL, "invalid-device-ordinal", {}),
+    (GLOO_CONNECT, "gloo-connect-failed", {"peer": ["127.0.1.1"], "port": ["36297"], "reason": ["Connection refused"]}),
+    (GLOO_CLOSED, "remote-process-exited", {"peer": ["10.1.1.2"]}),
+    (GLOO_READ_TIMEOUT, "gloo-timeout", {"operation": ["Read"], "peer": ["10.0.0.2"]}),
+    (BARRIER_1X, "rendezvous-incomplete", {"world_size": ["4"], "joined": ["2"], "timeout": ["0:00:30"]}),
+], ids=["thc-oom", "thc-device-assert", "thc-ordinal", "gloo-connect", "gloo-closed-by-peer", "gloo-read-timeout",
+        "store-barrier-1x"])
+def test_older_releases_wordings(text: str, want: str, details: dict[str, list[str]]) -> None:
+    first = explain_text(text).diagnoses[0]
+    assert (first.id, first.level) == (want, "error")
+    for name, values in details.items():
+        assert first.details[name] == values
+
+
+def test_the_inventory_holds_gloos_older_io_errors_with_their_commit() -> None:
+    """scripts/build_explain_inventory.py reads gloo's GLOO_ERROR_MSG calls (the tcp transport's IoExceptions),
+    and gloo at 2b91c6b (2020-06-01) as an older release: the texts only it prints carry that commit."""
+    from tests.explain.test_inventory_coverage import INVENTORY
+
+    rows = [json.loads(line) for line in (INVENTORY / "gloo.jsonl").read_text().splitlines()]
+    connect = [r for r in rows if r["template"] == "connect {}: {}"]
+    assert connect and connect[0]["commit"].startswith("2b91c6b") and connect[0]["exception"] == "IoException"
+    mapping = [json.loads(line) for line in (INVENTORY / "mapping.jsonl").read_text().splitlines()]
+    closed = [m for m in mapping if m["source"] == "gloo" and m["file"] == "gloo/transport/tcp/pair.cc"
+              and m["line"] == 553]
+    assert [m["to"] for m in closed] == ["remote-process-exited"]
+
+
+# --- the log's own numbers and addresses -------------------------------------------------------------------
+
+def test_a_loopback_connect_address_says_hostname_and_ifname() -> None:
+    result = explain_text("[rank1]: " + GLOO_CONNECT.replace("\n", "\n[rank1]: ", 1))
+    notes = result.diagnoses[0].notes
+    assert len(notes) == 1 and "127.0.1.1" in notes[0] and "GLOO_SOCKET_IFNAME" in notes[0]
+    assert "/etc/hosts" in notes[0] and "pair.cc:769] connect [127.0.1.1]" in notes[0]  # quotes its line
+    assert "loopback" in render_text(result)
+
+
+def test_a_short_barrier_timeout_is_named_and_the_default_is_not() -> None:
+    short = explain_text(BARRIER_1X).diagnoses[0]
+    assert short.ranks == {3}
+    assert any("0:00:30 (30 s), shorter than the 30-minute default" in n for n in short.notes)
+    default = explain_text(BARRIER_1X.replace("0:00:30", "0:30:00")).diagnoses[0]
+    assert not any("shorter than" in n for n in default.notes)
+
+
+def test_a_short_nccl_timeout_is_named() -> None:
+    line = ("[rank1]:[E1122 01:39:40.561000 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=60000) ran for 60001 "
+            "milliseconds before timing out.\n")
+    first = explain_text(line).diagnoses[0]
+    assert first.id == "nccl-timeout" and any("60000 (60 s), shorter than NCCL's 10-minute default" in n
+                                              for n in first.notes)
+    assert not any("shorter" in n for n in explain_text(line.replace("60000", "600000")).diagnoses[0].notes)
