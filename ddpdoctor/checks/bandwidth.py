@@ -276,7 +276,7 @@ def _expected_note(v: Verdict | None) -> str:
     if v is None:
         return ""
     if v.path.expected_gbps is None:
-        return f"; no expected figure: no model for {v.path.description} (details: expected)"
+        return f"; no expected figure: no model for {v.path.description}"
     nominal = " (a virtual interface's nominal speed: not judged)" if v.status == "note" else ""
     return (f"; peak {v.measured_gbps:.3g} GB/s is {fmt_pct(v.pct)} % of the {v.path.expected_gbps:.3g} GB/s expected "
             f"on {v.path.description}{nominal}")
