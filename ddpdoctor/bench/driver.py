@@ -77,21 +77,29 @@ def _devices(run: RankRun, device: object) -> list[tuple[int, int, str, str]]:
     return [(r, p.pid, p.host, "cpu" if kind == "cpu" else f"{kind}:{p.local_rank}") for r, p in sorted(run.peers.items())]
 
 
-def _link_facts(run: RankRun, device: object) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
+def _link_facts(run: RankRun, device: object,
+                nccl_log: str | None = None) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
     """Every rank's link facts (bench.expect's input) and the hosts whose cores or GPUs are crowded.
 
-    Every rank takes part in the gather whatever happened locally: a rank whose facts could not be read
-    sends the error, and the model says "no model" for its paths instead of guessing.
+    Every rank takes part in the gathers whatever happened locally: a rank whose facts could not be read
+    sends the error, and the model says "no model" for its paths instead of guessing. On NCCL a first
+    gather makes NCCL set up its communicator, so its NCCL_DEBUG=INFO lines (the network it chose) are
+    in ``nccl_log`` before the facts are read.
     """
     from ddpdoctor.bench.measure import gather
-    from ddpdoctor.env.links import gpu_of, placement, rank_link_facts
+    from ddpdoctor.env.links import gpu_of, parse_nccl_info, placement, rank_link_facts
 
     ours = {p.pid for p in run.peers.values() if p.host == run.me.host} | {os.getppid()}
     mine: dict[str, Any] = {}
+    if nccl_log is not None and run.backend == "nccl":
+        gather(None)
     try:
         place = placement(run.me.host, str(device), ours)
         mine = {"placement": place, "facts": rank_link_facts(run.backend, os.environ, place["cpus"],
                                                              gpu_of(str(device)))}
+        if nccl_log is not None and run.backend == "nccl" and os.path.exists(nccl_log):
+            with open(nccl_log, encoding="utf-8", errors="replace") as f:
+                mine["facts"]["nccl"] = parse_nccl_info(f.read(1 << 20))
     except Exception as exc:  # a fact we could not read must not cost the measurement
         mine = {"error": short_error(exc)}
     everyone = gather(mine)
@@ -125,15 +133,42 @@ def run_bench(info: LaunchInfo, config: BenchConfig) -> int:
     """The whole bench on one rank; returns the exit code (the caller leaves with os._exit)."""
     from ddpdoctor.check import RankRun, RunConfig
 
+    nccl_log = _capture_nccl_info(config.backend, info.rank)
     run = RankRun(info, RunConfig(checks=[], backend=config.backend, process_group=True,
                                   options=CheckOptions(timeout_s=config.timeout_s)))
     try:
-        return _bench(run, info, config)
+        return _bench(run, info, config, nccl_log)
     finally:
         run.close()  # destroyed when healthy, aborted (NCCL) after a failed collective; bounded (issue 35)
+        if nccl_log is not None:
+            import shutil
+
+            shutil.rmtree(os.path.dirname(nccl_log), ignore_errors=True)
 
 
-def _bench(run: RankRun, info: LaunchInfo, config: BenchConfig) -> int:
+def _capture_nccl_info(backend: str, rank: int) -> str | None:
+    """Where NCCL will write its NCCL_DEBUG=INFO lines (the transports it chose), or None when not captured.
+
+    Only when the user set no NCCL_DEBUG (NCCL then prints nothing at all: debug.cc's default level is NONE),
+    so nothing the user asked to see is diverted. NCCL reads NCCL_DEBUG and NCCL_DEBUG_FILE when it first
+    initialises, after this. The file is in a private (0700) folder of ours, removed at the end.
+    """
+    if backend == "gloo" or "NCCL_DEBUG" in os.environ or "NCCL_DEBUG_FILE" in os.environ:
+        return None
+    import torch
+
+    if backend == "auto" and not torch.cuda.is_available():  # auto picks gloo: no NCCL to listen to
+        return None
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ddpdoctor-nccl-")
+    path = os.path.join(folder, f"rank{rank}.log")
+    os.environ["NCCL_DEBUG"] = "INFO"
+    os.environ["NCCL_DEBUG_FILE"] = path
+    return path
+
+
+def _bench(run: RankRun, info: LaunchInfo, config: BenchConfig, nccl_log: str | None = None) -> int:
     from ddpdoctor.outputs import emit_json, json_to_stdout
     from ddpdoctor.runtime.selflaunch import write_result_file
 
@@ -167,7 +202,7 @@ def _bench(run: RankRun, info: LaunchInfo, config: BenchConfig) -> int:
     assessment: Assessment | None = None
     try:
         step = "reading the links' facts"
-        facts, crowded = _link_facts(run, device)
+        facts, crowded = _link_facts(run, device, nccl_log)
         step = "checking which types and reductions this backend runs"
         plan, skipped = _plan(config, device)
         if lead:
@@ -241,7 +276,10 @@ def _bench(run: RankRun, info: LaunchInfo, config: BenchConfig) -> int:
     if config.nccl_json_path:
         from ddpdoctor.outputs import NCCL_TESTS_JSON, resolve, write_bytes
 
-        document = nccl_tests_json(config, rows, devices, start_time, _now(), os.environ, _nccl_version(run.backend))
+        # The NCCL_DEBUG/NCCL_DEBUG_FILE bench set to read NCCL's choices are ours, not the user's environment.
+        environ = {k: v for k, v in os.environ.items()
+                   if not (nccl_log is not None and k in ("NCCL_DEBUG", "NCCL_DEBUG_FILE"))}
+        document = nccl_tests_json(config, rows, devices, start_time, _now(), environ, _nccl_version(run.backend))
         write_bytes(resolve("-J/--output_file", config.nccl_json_path, NCCL_TESTS_JSON),
                     (json.dumps(document, indent=2) + "\n").encode("utf-8"))
     if config.plot_path:

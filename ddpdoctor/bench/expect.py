@@ -489,11 +489,14 @@ class Assessment:
     thresholds: Thresholds
     per_op: dict[str, Verdict] = field(default_factory=dict)
     pairs: dict[tuple[int, int], Verdict] = field(default_factory=dict)
+    # What NCCL said it chose on each rank (NCCL_DEBUG=INFO, when bench could listen): net, transports.
+    nccl: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"thresholds": self.thresholds.to_json(),
                 "per_op": {op: v.to_json() for op, v in self.per_op.items()},
-                "pairs": [{"a": a, "b": b, **v.to_json()} for (a, b), v in sorted(self.pairs.items())]}
+                "pairs": [{"a": a, "b": b, **v.to_json()} for (a, b), v in sorted(self.pairs.items())],
+                "nccl": {str(r): info for r, info in sorted(self.nccl.items())}}
 
     def failures(self) -> list[str]:
         """One line per figure below the FAIL threshold: what, how far below, on which path, and why."""
@@ -519,7 +522,8 @@ def assess(rows_by_op: Mapping[str, Sequence[Any]], pairs: Sequence[Any], facts:
            hosts: Mapping[int, str], thresholds: Thresholds,
            crowded: Sequence[Mapping[str, Any]] = ()) -> Assessment:
     """Each op's peak busbw against the collective's path; each pair's busbw against its own path."""
-    result = Assessment(dict(hosts), thresholds)
+    result = Assessment(dict(hosts), thresholds,
+                        nccl={r: dict(f["nccl"]) for r, f in facts.items() if isinstance(f.get("nccl"), Mapping)})
     whole = collective_path(facts, hosts)
     for op, rows in rows_by_op.items():
         if not rows:

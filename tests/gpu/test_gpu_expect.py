@@ -87,3 +87,17 @@ def test_real_check_reports_both_figures() -> None:
     assert set(found) == {"pcie_bandwidth", "memory_bandwidth"}
     assert all(f["status"] in ("pass", "warn", "fail") for f in found.values())
     assert "expected" in found["pcie_bandwidth"]["summary"] or "no expected figure" in found["pcie_bandwidth"]["summary"]
+
+
+def test_real_one_rank_nccl_bench_listens_to_nccl_without_printing_it() -> None:
+    """bench sets NCCL_DEBUG=INFO into a private file (the user set none): NCCL's choice is in the JSON and
+    none of its lines reach the user's stdout; one rank has no link, so no expectation is invented."""
+    proc = run_cli(["bench", "--nproc", "1", "--backend", "nccl", "-b", "1M", "-e", "4M", "-n", "5", "-w", "1",
+                    "--json", "-"], timeout=180, env=one_rank_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(proc.stdout)  # nothing but the JSON on stdout: NCCL's INFO lines went to the file
+    print("\nNCCL said:", data["expectation"]["nccl"])
+    assert "NCCL INFO" not in proc.stdout + proc.stderr
+    assert set(data["expectation"]["nccl"]) == {"0"}
+    assert data["per_op"]["all_reduce"]["expected"]["status"] == "none"
+    assert "one rank" in data["per_op"]["all_reduce"]["expected"]["path"]["no_model"]
