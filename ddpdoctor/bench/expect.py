@@ -290,6 +290,18 @@ def bottlenecks(path: LinkPath, facts: Mapping[int, Mapping[str, Any]], hosts: M
                     found.append(Evidence("qdisc", f"a {q['kind']} qdisc on {iface['name']} of {host} shapes the "
                                           f"link to {_rate_text(rate)} ({fmt_gbps(rate / 1e9)} GB/s) "
                                           f"(tc qdisc show dev {iface['name']})", rate / 1e9))
+            speed, top = iface.get("speed_mbps"), iface.get("speed_max_mbps")
+            if speed and top and speed < top:
+                found.append(Evidence("nic_speed", f"{iface['name']} on {host} negotiated {speed} Mb/s and supports "
+                                      f"{top} Mb/s (ethtool {iface['name']}: Supported link modes)",
+                                      nic_gbps(float(speed))))
+            elif speed and not iface.get("virtual"):
+                peers = [int((facts.get(o) or {}).get("interface", {}).get("speed_mbps") or 0) for o in facts
+                         if hosts.get(o) != host and not ((facts.get(o) or {}).get("interface") or {}).get("virtual")]
+                if peers and speed < max(peers):
+                    found.append(Evidence("nic_speed", f"{iface['name']} on {host} runs at {speed} Mb/s, the other "
+                                          f"hosts' at up to {max(peers)} Mb/s (/sys/class/net/*/speed): a NIC "
+                                          "negotiated below its rated speed, or a slower NIC", nic_gbps(float(speed))))
             if iface.get("operstate") not in (None, "up", "unknown"):
                 found.append(Evidence("link_down", f"{iface['name']} on {host} is {iface['operstate']} "
                                       f"(/sys/class/net/{iface['name']}/operstate)"))
@@ -562,6 +574,8 @@ def thresholds_from_options(fail_pct: float | None, warn_pct: float | None) -> T
 REMEDIES: dict[str, str] = {
     "qdisc": "remove or raise the shaping qdisc (tc qdisc show dev IF; tc qdisc del dev IF root) or ask who set it",
     "link_down": "bring the interface up and check its cable and switch port (ip link; ethtool IF)",
+    "nic_speed": "check the NIC's cable, transceiver and switch port and its negotiated speed (ethtool IF); "
+                 "renegotiate (ethtool -s IF autoneg on) or replace the cable",
     "ib_port": "bring the InfiniBand/RoCE port to ACTIVE (ibstat: cable, switch port, subnet manager)",
     "sockets": "let NCCL use InfiniBand/RoCE: unset NCCL_IB_DISABLE and NCCL_NET=Socket, install the network plugin "
                "the fabric needs, and read NCCL_DEBUG=INFO's NET/ lines",

@@ -107,6 +107,19 @@ def parse_qdiscs(tc_json: str | None) -> list[dict[str, Any]]:
     return out
 
 
+def parse_ethtool_max_mbps(text: str | None) -> int | None:
+    """``ethtool IF``'s "Supported link modes" -> the fastest in Mb/s (``100000baseSR4/Full`` -> 100000).
+
+    What the NIC and its cable can do; ``/sys/class/net/IF/speed`` is what it negotiated. None when ethtool is
+    missing or lists no modes (virtual devices).
+    """
+    if not text:
+        return None
+    block = re.search(r"Supported link modes:(.*?)(?:\n\s*[A-Z][\w ]*:|\Z)", text, re.S)
+    speeds = [int(m) for m in re.findall(r"(\d+)base", block.group(1))] if block else []
+    return max(speeds) if speeds else None
+
+
 def net_link(name: str, root: str | os.PathLike[str] = "/sys", with_tools: bool = True) -> dict[str, Any]:
     """One interface's facts: speed (Mb/s or None), operstate, kind, virtual, NUMA node, PCI address, qdiscs."""
     base = Path(root) / "class" / "net" / name
@@ -121,7 +134,10 @@ def net_link(name: str, root: str | os.PathLike[str] = "/sys", with_tools: bool 
     kind = parse_link_kind(_tool(["ip", "-j", "-d", "link", "show", "dev", name])) if with_tools else None
     if kind is None and name == "lo":
         kind = "loopback"
+    virtual = not device.exists()
+    supported = parse_ethtool_max_mbps(_tool(["ethtool", name])) if with_tools and not virtual else None
     return {"name": name, "exists": base.exists(), "speed_mbps": parse_speed_mbps(_read(base / "speed")),
+            "speed_max_mbps": supported,
             "operstate": _read(base / "operstate"), "kind": kind, "virtual": not device.exists(),
             "numa_node": parse_numa_node(_read(device / "numa_node")), "pci": pci,
             "qdiscs": parse_qdiscs(_tool(["tc", "-j", "qdisc", "show", "dev", name])) if with_tools else []}

@@ -264,3 +264,21 @@ def test_bad_pct_flag_is_one_line_exit_2() -> None:
 def test_hosts_are_grouped_as_people_think_of_a_cluster() -> None:
     assert host_groups_text({0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB", 4: "nodeC"}) == \
         "nodeA: ranks 0-1; nodeB: ranks 2-3; nodeC: rank 4"
+
+
+def test_a_nic_negotiated_below_its_rating_or_its_peers_is_named() -> None:
+    # ethtool's own layout (net/ethtool: "Supported link modes:" then one mode per continuation line).
+    text = ("Settings for eth0:\n\tSupported ports: [ FIBRE ]\n\tSupported link modes:   25000baseCR/Full\n"
+            "\t                        100000baseSR4/Full\n\tSupported pause frame use: Symmetric\n"
+            "\tAdvertised link modes:  200000baseCR4/Full\n\tSpeed: 25000Mb/s\n")
+    assert links.parse_ethtool_max_mbps(text) == 100000
+    assert links.parse_ethtool_max_mbps("Settings for lo:\n\tLink detected: yes\n") is None
+    hosts = {0: "a", 1: "b", 2: "c"}
+    facts = {0: _eth("a", 100000), 1: _eth("b", 100000), 2: _eth("c", 25000)}
+    path = collective_path(facts, hosts)
+    assert path.expected_gbps == 3.125
+    [cause] = bottlenecks(path, facts, hosts, [0, 1, 2])
+    assert cause.cause == "nic_speed" and "eth0 on c runs at 25000 Mb/s, the other hosts' at up to 100000" in cause.text
+    rated = {**facts, 2: {**facts[2], "interface": {**facts[2]["interface"], "speed_max_mbps": 100000}}}
+    first = bottlenecks(path, rated, hosts, [0, 1, 2])[0]
+    assert first.cause == "nic_speed" and "negotiated 25000 Mb/s and supports 100000 Mb/s" in first.text

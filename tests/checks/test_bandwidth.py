@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.bench import Row
+from ddpdoctor.bench import PairResult, Row
 from ddpdoctor.checks.bandwidth import ONE_RANK, _judge, crowding
 from ddpdoctor.env.load import other_runnable, parse_task_stat, runnable_threads
 from ddpdoctor.findings import FAIL
@@ -99,3 +99,32 @@ def test_real_min_busbw_fail_on_cores_busy_with_other_processes_says_so() -> Non
     assert "while the cores were shared" in fail["summary"], fail["summary"]
     assert "runnable thread" in fail["summary"] and "of other processes (not this job's)" in fail["summary"]
     assert fail["remedy"].startswith("rerun when nothing else runs on those cores")
+
+
+def test_below_expectation_is_one_fail_with_the_bottleneck_and_its_remedy() -> None:
+    """The judgement on gathered data: two hosts on 25 Gb/s NICs, one shaped by a tbf qdisc (the facts a rank
+    reads with env.links, written out here); the collective is one FAIL, its pair folded under it."""
+    def facts(qdisc: float | None) -> dict[str, object]:
+        return {"backend": "gloo", "interface": {"name": "eth0", "speed_mbps": 25000, "operstate": "up",
+                                                 "virtual": False, "qdiscs": [{"kind": "tbf", "rate_bytes_per_s": qdisc}]
+                                                 if qdisc else []},
+                "ib_ports": [], "env": {}, "cpu_numa_nodes": [0], "gpu": None}
+    row = Row("all_reduce", 4 << 20, 1 << 20, "float", 40000.0, 41000.0, 1, 0.1, 0.2, 0)
+    pair = PairResult(0, 1, "a", "b", 0.12, 8000.0, [0.12])
+    found = _judge([row], [pair], 2, [0, 1], {}, None, [], facts={0: facts(None), 1: facts(125e6)},
+                   hosts={0: "a", 1: "b"})
+    [fail] = [f for f in found if f.status == FAIL]
+    assert "6.4 % of the 3.12 GB/s expected on Ethernet eth0 at 25000 Mb/s on a, b" in fail.summary
+    assert "bottleneck: a tbf qdisc on eth0 of b shapes the link to 1 Gbit/s (0.125 GB/s)" in fail.summary
+    assert fail.remedy.startswith("remove or raise the shaping qdisc")
+    assert not [f for f in found if f.summary.startswith("link rank")]  # one cause, one finding
+    # Within the margin: a WARN; above it: the pass line says how far it got.
+    near = Row("all_reduce", 4 << 20, 1 << 20, "float", 1.0, 1.0, 1, 2.0, 2.0, 0)
+    [warn] = [f for f in _judge([near], [], 2, [0, 1], {}, None, [], facts={0: facts(None), 1: facts(None)},
+                                hosts={0: "a", 1: "b"}) if f.status == "warn"]
+    assert "64 % of the 3.12 GB/s expected" in warn.summary and "below --warn-busbw-pct 80" in warn.summary
+    assert "no bottleneck found in the facts" in warn.summary
+    fine = Row("all_reduce", 4 << 20, 1 << 20, "float", 1.0, 1.0, 1, 3.0, 3.0, 0)
+    [ok] = _judge([fine], [], 2, [0, 1], {}, None, [], facts={0: facts(None), 1: facts(None)},
+                  hosts={0: "a", 1: "b"})
+    assert ok.status == "pass" and "is 96 % of the 3.12 GB/s expected" in ok.summary
