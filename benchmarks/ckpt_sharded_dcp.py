@@ -17,9 +17,13 @@ Then times, each in its own process with its peak RSS (``os.wait4``), interleave
 - DCP: ``cp -r``; the plain way, ``dcp_to_torch_save`` + ``torch.load`` + rename + ``torch.save`` (the
   usual recipe for one loadable file); ``ddpdoctor ckpt strip DIR -o out.pt`` and ``-o DIR2``.
 
-Prints medians, ratios against the plain way, and peak RSS per size, so "flat in the size" is visible
-from two sizes. Outputs are verified (untimed) to load and equal the input tensor for tensor. Asserts
-nothing about speed.
+Each strip alternates with its baselines within a round (the same page cache and load for both), and
+every output is removed and the disk flushed before each run (untimed), as in ``benchmarks/ckpt_strip.py``.
+Prints medians, ratios of medians against ``cp -r`` and the plain way, peak RSS per size (so "flat in the
+size" is visible from two sizes), and where each strip's time goes: its ``--json`` ``phases_s`` (``open``,
+``plan``, ``copy``: the whole write, kernel copies and rename included) and ``start-up``, the rest of the
+wall time. Outputs are verified (untimed) to load and equal the input tensor for tensor. Asserts nothing
+about speed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.ckpt_strip import RUN_TIMEOUT_S, run
+from benchmarks.ckpt_strip import RUN_TIMEOUT_S, Method
 from benchmarks.common import cli_command, user_env
 
 SHARDS = 4
@@ -122,35 +125,42 @@ def _remove(path: Path) -> None:
         extra.unlink()
 
 
-def measure(size_mib: int, tensors: int, repeat: int) -> dict[str, tuple[float, int]]:
+def measure(size_mib: int, tensors: int, repeat: int) -> dict[str, Method]:
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-perf-"))
     me = [sys.executable, __file__, "--dir", str(work), "--sizes", str(size_mib), "--tensors", str(tensors)]
     try:
         subprocess.run([*me, "--phase", "build"], check=True, timeout=RUN_TIMEOUT_S)
         strip = [*cli_command(), "ckpt", "strip"]
-        methods = {
-            "shards: cp -r": ["cp", "-r", str(work / "shards"), str(work / "cp_shards")],
-            "shards: plain": [sys.executable, "-c", PLAIN_SHARDS, str(work / "shards"), str(work / "plain_shards")],
-            "shards: strip": [*strip, str(work / "shards"), "-o", str(work / "strip_shards")],
-            "dcp: cp -r": ["cp", "-r", str(work / "dcp"), str(work / "cp_dcp")],
-            "dcp: plain": [sys.executable, "-c", PLAIN_DCP, str(work / "dcp"), str(work / "plain_dcp.pt")],
-            "dcp: strip -> .pt": [*strip, str(work / "dcp"), "-o", str(work / "strip_dcp.pt")],
-            "dcp: strip -> dir": [*strip, str(work / "dcp"), "-o", str(work / "strip_dcp_dir")],
-        }
-        outputs = {name: Path(cmd[-1]) for name, cmd in methods.items()}
+
+        def strip_to(src: str, out: str, report: str) -> Method:
+            return Method(f"{src}: strip -> {out.split('_', 1)[-1]}",
+                          [*strip, str(work / src), "-o", str(work / out), "--json", str(work / report)],
+                          remove=work / out, report=work / report)
+
+        methods = [
+            Method("shards: cp -r", ["cp", "-r", str(work / "shards"), str(work / "cp_shards")], work / "cp_shards"),
+            strip_to("shards", "strip_shards", "s.json"),
+            Method("shards: plain", [sys.executable, "-c", PLAIN_SHARDS, str(work / "shards"),
+                                     str(work / "plain_shards")], work / "plain_shards"),
+            Method("dcp: cp -r", ["cp", "-r", str(work / "dcp"), str(work / "cp_dcp")], work / "cp_dcp"),
+            strip_to("dcp", "strip_dcp_dir", "d.json"),
+            strip_to("dcp", "strip_dcp.pt", "p.json"),
+            Method("dcp: plain", [sys.executable, "-c", PLAIN_DCP, str(work / "dcp"), str(work / "plain_dcp.pt")],
+                   work / "plain_dcp.pt"),
+        ]
         env = user_env()
-        times: dict[str, list[float]] = {name: [] for name in methods}
-        rss: dict[str, list[int]] = {name: [] for name in methods}
-        for cmd in (methods["shards: strip"], methods["dcp: cp -r"]):  # untimed: bytecode and page cache warm
-            run(cmd, None, env)
+        for method in methods[:2]:  # untimed: bytecode and page cache warm
+            method.once(env)
+            method.times.clear()
+            method.rss.clear()
+            method.phases.clear()
         for _ in range(repeat):
-            for name, cmd in methods.items():
-                _remove(outputs[name])
-                t, r = run(cmd, None, env)
-                times[name].append(t)
-                rss[name].append(r)
+            for method in methods:
+                if method.remove is not None:
+                    _remove(method.remove)
+                method.once(env)
         subprocess.run([*me, "--phase", "verify"], check=True, timeout=RUN_TIMEOUT_S)
-        return {name: (statistics.median(times[name]), max(rss[name])) for name in methods}
+        return {m.name: m for m in methods}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -171,16 +181,21 @@ def main() -> None:
         verify(Path(args.dir))
         return
     results = {size: measure(size, args.tensors, args.repeat) for size in sizes}
-    print(f"{'method':<20} " + " ".join(f"{f'{s} MiB: s':>11} {'RSS MB':>7}" for s in sizes))
+    print(f"{'method':<26} " + " ".join(f"{f'{s} MiB: s':>11} {'RSS MB':>7}" for s in sizes))
     for name in results[sizes[0]]:
-        print(f"{name:<20} " + " ".join(f"{results[s][name][0]:11.2f} {results[s][name][1] / 1e6:7.0f}"
+        print(f"{name:<26} " + " ".join(f"{results[s][name].median:11.2f} {max(results[s][name].rss) / 1e6:7.0f}"
                                          for s in sizes))
     for s in sizes:
-        r = results[s]
-        print(f"{s} MiB: plain/strip time: shards {r['shards: plain'][0] / r['shards: strip'][0]:.2f}x, "
-              f"dcp -> .pt {r['dcp: plain'][0] / r['dcp: strip -> .pt'][0]:.2f}x; "
-              f"strip/cp -r: shards {r['shards: strip'][0] / r['shards: cp -r'][0]:.2f}, "
-              f"dcp -> dir {r['dcp: strip -> dir'][0] / r['dcp: cp -r'][0]:.2f}")
+        r = {name: m.median for name, m in results[s].items()}
+        print(f"{s} MiB, ratios of medians: strip/cp -r: shards {r['shards: strip -> shards'] / r['shards: cp -r']:.2f}, "
+              f"dcp -> dir {r['dcp: strip -> dcp_dir'] / r['dcp: cp -r']:.2f}, "
+              f"dcp -> .pt {r['dcp: strip -> dcp.pt'] / r['dcp: cp -r']:.2f}; plain/strip: "
+              f"shards {r['shards: plain'] / r['shards: strip -> shards']:.2f}x, "
+              f"dcp -> .pt {r['dcp: plain'] / r['dcp: strip -> dcp.pt']:.2f}x")
+        for m in results[s].values():
+            if m.phases:
+                print(f"  {m.name} where the time goes (medians, s): "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in m.phase_medians().items() if v >= 0.0005))
     print("outputs verified: every tensor equal to the input, loaded with safetensors / torch.load(weights_only=True)")
 
 

@@ -39,6 +39,7 @@ import secrets
 import shutil
 import stat
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -512,7 +513,7 @@ def replaces_existing(target: Target) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_output(target: Target) -> Iterator[BinaryIO]:
+def atomic_output(target: Target, phases: dict[str, float] | None = None) -> Iterator[BinaryIO]:
     """Yield a new temp file next to ``target``; on success rename it over ``target``.
 
     The target is checked again first (something may have appeared under the name since the plan). On
@@ -527,6 +528,9 @@ def atomic_output(target: Target) -> Iterator[BinaryIO]:
     ``torch.save`` do not: everything ddpdoctor writes can be written again from its input, which a power
     loss never touches, and waiting for a 10 GB checkpoint to reach the disk would double the time of a
     strip (see benchmarks/ckpt_strip.py). Run ``sync FILE`` when a new file must be on disk now.
+
+    ``phases``, when given, gets the seconds spent waiting for the disk (``"flush"``: the fsync of the
+    data) and in ``"rename"`` (the rename and the folder's fsync), so a slow write shows where it waits.
     """
     fresh = resolve(target.flag, target.given, target.kind, command=target.command, in_place=target.in_place,
                     like=target.like)
@@ -543,10 +547,12 @@ def atomic_output(target: Target) -> Iterator[BinaryIO]:
         fcntl.flock(fd, fcntl.LOCK_EX)  # "a writer is alive": the sweep of a concurrent run leaves it be
         with os.fdopen(fd, "w+b") as fh:
             yield fh
+            start = time.perf_counter()
             fh.flush()
             if existing is not None:
                 _keep_owner_and_mode(fh.fileno(), existing, fresh)
                 os.fsync(fh.fileno())
+            renamed = time.perf_counter()
             os.replace(tmp, real)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -555,6 +561,9 @@ def atomic_output(target: Target) -> Iterator[BinaryIO]:
     if existing is not None:
         # Without it the rename itself may not survive a power loss (the old name would come back).
         _fsync_dir(directory)
+    if phases is not None:
+        phases["flush"] = round(phases.get("flush", 0.0) + renamed - start, 6)
+        phases["rename"] = round(phases.get("rename", 0.0) + time.perf_counter() - renamed, 6)
 
 
 def _keep_owner_and_mode(fd: int, existing: os.stat_result, target: Target) -> None:

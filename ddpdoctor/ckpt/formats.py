@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ddpdoctor.ckpt import dcp, sharded
 from ddpdoctor.ckpt.files import FileCheckpoint, open_file
 from ddpdoctor.ckpt.model import FORMAT_DCP, FORMAT_SHARDED
 from ddpdoctor.errors import DoctorError
+
+if TYPE_CHECKING:
+    from ddpdoctor.ckpt import dcp, sharded
 
 
 @dataclass
@@ -40,6 +43,13 @@ def open_checkpoint(path: str | Path, *, trust: bool = False, for_rewrite: bool 
 
 def _open_checkpoint(path: str | Path, *, trust: bool, for_rewrite: bool) -> Checkpoint:
     directory = Path(path)
+    if not directory.is_dir() and directory.suffix != ".json":
+        # One file (a shard set may be named by its .index.json): the folder formats are not even
+        # imported, which is start-up time every single-file command would pay.
+        f = open_file(path, trust=trust, for_rewrite=for_rewrite)
+        return Checkpoint(f.path, f.format, f.root, f.size_bytes, f.unsafe_globals, f.zip, f.safetensors)
+    from ddpdoctor.ckpt import dcp, sharded
+
     if dcp.is_dcp_dir(directory):
         d = dcp.open_dcp(directory)
         return Checkpoint(directory, FORMAT_DCP, dcp.tree(d), sum(d.files.values()) + (directory / dcp.METADATA)

@@ -10,7 +10,8 @@ Findings are :class:`ddpdoctor.findings.Finding` with check id ``state_dict``, t
 from __future__ import annotations
 
 import reprlib
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddpdoctor.errors import DoctorError
@@ -171,9 +172,36 @@ class StripReport:
     renamed_keys: int
     converted_from_legacy: bool = False
     written: bool = True
+    # Where the run's time went, in seconds (:class:`Phases`): a slow strip shows whether it waited on
+    # reading the checkpoint's pickle, the kernel copy, the disk (flush) or the rename.
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class Phases:
+    """Seconds per phase of a command, measured back to back: each :meth:`lap` ends the running phase.
+
+    The phases of ``ckpt strip`` are ``open`` (the input's format, zip directory and pickle), ``plan``
+    (the renames and the output's checks), ``prepare`` (the temp file), ``pickle`` (the renamed pickle
+    written and checked), ``copy`` (headers and the kernel copy of the tensor bytes), then ``flush`` (the
+    fsync, only when a file is replaced) and ``rename``, which the output policy reports itself.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """The time since the last lap (or the start) goes to ``name``."""
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._since, 6)
+        self._since = now
+
+    def restart(self) -> None:
+        """Start the next phase now (what happened since the last lap was counted elsewhere)."""
+        self._since = time.perf_counter()
 
 
 @dataclass

@@ -12,16 +12,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ddpdoctor import outputs
-from ddpdoctor.ckpt import dcp, safetensors_file, sharded, unpickler, zip_rewrite
+from ddpdoctor.ckpt import safetensors_file, unpickler, zip_rewrite
 from ddpdoctor.ckpt.files import FileCheckpoint
 from ddpdoctor.ckpt.formats import Checkpoint, open_checkpoint
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
-from ddpdoctor.ckpt.model import FORMAT_LEGACY, StripReport
+from ddpdoctor.ckpt.model import FORMAT_LEGACY, Phases, StripReport
 from ddpdoctor.ckpt.prefixes import normalize_prefixes, plan_renames, rename_node
 from ddpdoctor.errors import DoctorError
+
+if TYPE_CHECKING:
+    from ddpdoctor.ckpt import sharded
 
 
 def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterable[str] | None = None,
@@ -34,27 +37,31 @@ def strip_file(path: str | Path, output: str | Path | None, *, prefixes: Iterabl
     anything is written. A DCP directory becomes a DCP directory, or one ``torch.save`` file when OUT ends
     in a name of ``outputs.TORCH_FILE``; a shard set becomes a shard set with the same sharding and every other file.
     """
+    phases = Phases()
     plan = plan if plan is not None else outputs.Plan("ckpt strip")
     plan.reads("PATH", path)
     ckpt = open_checkpoint(path, trust=trust, for_rewrite=True)
+    phases.lap("open")
     if ckpt.dcp is not None or ckpt.shards is not None:
-        return _strip_directory(ckpt, output, normalize_prefixes(prefixes), key, in_place, trust, plan)
+        return _strip_directory(ckpt, output, normalize_prefixes(prefixes), key, in_place, trust, plan, phases)
     target = _file_target(ckpt, Path(path), output, in_place, plan)
     plist = normalize_prefixes(prefixes)
     summary, _, all_renames, total = _plan(ckpt, plist, key)
     shown = str(output if output is not None else path)
+    phases.lap("plan")
     if total == 0 and target.in_place:
         # --in-place with nothing to strip: leave the file (and its mtime) alone.
-        return StripReport(str(ckpt.path), shown, ckpt.format, summary, 0, written=False)
+        return StripReport(str(ckpt.path), shown, ckpt.format, summary, 0, written=False, phases_s=phases.seconds)
     # An output that will be fsynced is pushed to disk as it is copied, so the fsync waits for little.
     replacing = outputs.replaces_existing(target)
     try:
-        with outputs.atomic_output(target) as fh:
-            _write_renamed(ckpt, fh, all_renames, replacing)
+        with outputs.atomic_output(target, phases.seconds) as fh:
+            phases.lap("prepare")
+            _write_renamed(ckpt, fh, all_renames, replacing, phases)
     except OSError as exc:
         raise outputs.write_error(shown, exc) from None
     return StripReport(str(ckpt.path), shown, ckpt.format, summary, total,
-                       converted_from_legacy=ckpt.format == FORMAT_LEGACY)
+                       converted_from_legacy=ckpt.format == FORMAT_LEGACY, phases_s=phases.seconds)
 
 
 def _file_target(ckpt: Checkpoint, given: Path, output: str | Path | None, in_place: bool,
@@ -101,11 +108,13 @@ def _plan(ckpt: Checkpoint, plist: tuple[str, ...], key: str | None
     return summary, path_map, all_renames, total
 
 
-def _write_renamed(ckpt: FileCheckpoint, fh: BinaryIO, renames: dict[str, str], replacing: bool) -> None:
+def _write_renamed(ckpt: FileCheckpoint, fh: BinaryIO, renames: dict[str, str], replacing: bool,
+                   phases: Phases) -> None:
     """One file with its (already renamed) tree: zip and safetensors rewritten, legacy saved by torch."""
     if ckpt.zip is not None:
         new_pickle = unpickler.dumps_or_refuse(ckpt.root, ckpt.path)
         unpickler.loads(new_pickle, trust=True)  # cheap self-check before anything is renamed
+        phases.lap("pickle")
         zip_rewrite.rewrite(ckpt.zip, fh, new_pickle, start_writeback=replacing)
     elif ckpt.safetensors is not None:
         safetensors_file.rewrite(ckpt.safetensors, fh, renames, start_writeback=replacing)
@@ -113,11 +122,14 @@ def _write_renamed(ckpt: FileCheckpoint, fh: BinaryIO, renames: dict[str, str], 
         import torch
 
         torch.save(ckpt.root, fh)
+    phases.lap("copy")
 
 
 def _strip_directory(ckpt: Checkpoint, output: str | Path | None, plist: tuple[str, ...], key: str | None,
-                     in_place: bool, trust: bool, plan: outputs.Plan) -> StripReport:
+                     in_place: bool, trust: bool, plan: outputs.Plan, phases: Phases) -> StripReport:
     """A DCP directory or a shard set: the output is a new directory (or, from DCP, one torch file)."""
+    from ddpdoctor.ckpt import dcp, sharded  # only folders need them: not imported for one file
+
     kind = "a torch.distributed.checkpoint directory" if ckpt.dcp is not None else "a shard set"
     if in_place or output is None:
         raise DoctorError(f"{ckpt.path} is {kind}: give a new output with -o (--in-place is for single files)")
@@ -144,6 +156,8 @@ def _strip_directory(ckpt: Checkpoint, output: str | Path | None, plist: tuple[s
     elif ckpt.dcp is not None:
         dcp.check_complete(ckpt.dcp)
     summary, path_map, all_renames, total = _plan(ckpt, plist, key)
+    phases.lap("plan")
+    # One phase for the whole write ("copy": the new metadata or pickles, the kernel copies, the rename).
     if ckpt.dcp is not None:
         if as_file:
             dcp.write_torch_file(ckpt.dcp, target, path_map, trust=trust)
@@ -152,18 +166,21 @@ def _strip_directory(ckpt: Checkpoint, output: str | Path | None, plist: tuple[s
     else:
         assert ckpt.shards is not None
         _write_shards(ckpt.shards, target, plist, all_renames)
-    return StripReport(str(ckpt.path), name, ckpt.format, summary, total)
+    phases.lap("copy")
+    return StripReport(str(ckpt.path), name, ckpt.format, summary, total, phases_s=phases.seconds)
 
 
 def _write_shards(shards: sharded.ShardSet, target: outputs.Target, plist: tuple[str, ...],
                   renames: dict[str, str]) -> None:
+    from ddpdoctor.ckpt import sharded
+
     try:
         with outputs.atomic_folder(target) as tmp:
             for shard in shards.shards:
                 mine = {k: renames[k] for k in shard.keys if k in renames}
                 rename_node(shard.node, mine, plist, "")
                 with outputs.create_in(tmp, shard.name, like=shards.directory / shard.name) as fh:
-                    _write_renamed(shard.ckpt, fh, mine, False)
+                    _write_renamed(shard.ckpt, fh, mine, False, Phases())
             if shards.index_name is not None:
                 with outputs.create_in(tmp, shards.index_name, like=shards.directory / shards.index_name) as fh:
                     fh.write(sharded.new_index(shards, renames))

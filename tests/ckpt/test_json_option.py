@@ -80,7 +80,9 @@ def test_json_path_writes_the_document_and_still_prints_the_text_in_process(
         assert texts[name] in stdout and not stdout.lstrip().startswith("{")
         (tmp_path / "o.pt").unlink(missing_ok=True)  # strip never replaces a checkpoint (the output policy)
         _, dash = _invoke([*args, "--json", "-"])
-        assert json.loads(target.read_text()) == json.loads(dash), name  # the same document either way
+        written, printed = json.loads(target.read_text()), json.loads(dash)
+        written.pop("phases_s", None), printed.pop("phases_s", None)  # timings: each run has its own
+        assert written == printed, name  # the same document either way
     assert sorted(p.name for p in reports.iterdir()) == ["diff.json", "inspect.json", "strip.json"]  # no temp files
 
 
@@ -121,3 +123,23 @@ def test_json_into_a_missing_folder_is_one_line_exit_2_before_any_work(
                           env=clean_env(), cwd=REPO, timeout=120)
     assert real.returncode == 2 and real.stdout == "" and not out.exists()
     assert real.stderr.startswith("ddpdoctor: error: --json") and real.stderr.count("\n") == 1
+
+
+def test_strip_json_says_where_the_time_went(ddp_ckpt: Path, tmp_path: Path) -> None:
+    """``phases_s``: each phase of docs/ckpt.md, in seconds; only a replaced file waits for the disk
+    (``flush``), and the phases add up to no more than the run took."""
+    import time
+
+    from ddpdoctor.ckpt import strip_file
+
+    names = {"open", "plan", "prepare", "pickle", "copy", "flush", "rename"}
+    start = time.perf_counter()
+    new = strip_file(ddp_ckpt, tmp_path / "o.pt")
+    took = time.perf_counter() - start
+    assert set(new.phases_s) == names and all(v >= 0 for v in new.phases_s.values())
+    assert sum(new.phases_s.values()) <= took
+    assert new.to_json()["phases_s"] == new.phases_s
+    replaced = strip_file(ddp_ckpt, None, in_place=True)
+    assert set(replaced.phases_s) == names and replaced.written
+    unchanged = strip_file(ddp_ckpt, None, in_place=True)  # nothing left to strip: nothing written
+    assert not unchanged.written and set(unchanged.phases_s) == {"open", "plan"}

@@ -272,3 +272,54 @@ def test_a_checkpoint_saved_without_crcs_is_stripped(tmp_path: Path) -> None:
     loaded = torch.load(out, weights_only=True, mmap=True)
     assert list(loaded) == ["layer0.weight", "layer1.weight", "layer2.weight"]
     assert torch.equal(loaded["layer2.weight"], torch.full((1002,), 2.0))
+
+
+def _kernel_copy_refused(src_dir: Path, dst_dir: Path) -> str | None:
+    """The errno name when copy_file_range refuses to copy from ``src_dir`` to ``dst_dir``; None if it copies."""
+    import errno
+    import os
+
+    probe_in, probe_out = src_dir / ".probe-in", dst_dir / ".probe-out"
+    probe_in.write_bytes(b"x" * 4096)
+    try:
+        with probe_in.open("rb") as fin, probe_out.open("wb") as fout:
+            os.copy_file_range(fin.fileno(), fout.fileno(), 4096)
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    finally:
+        probe_in.unlink()
+        probe_out.unlink(missing_ok=True)
+    return None
+
+
+def test_strip_across_filesystems_where_the_kernel_copy_is_refused(tmp_path: Path) -> None:
+    """A checkpoint on tmpfs stripped to a folder on another filesystem: Linux >= 5.19 refuses
+    copy_file_range between filesystems of different types (EXDEV), so the copy falls back for real
+    (no mock), and the output is still torch's layout with every tensor equal."""
+    import os
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm (tmpfs) here")
+    if os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("the test's temp folder is on /dev/shm itself")
+    src_dir = shm / f"ddpdoctor-test-{os.getpid()}"
+    src_dir.mkdir()
+    try:
+        refused = _kernel_copy_refused(src_dir, tmp_path)
+        if refused is None:
+            pytest.skip("this kernel copies between tmpfs and the temp folder's filesystem: no fallback to test")
+        src = src_dir / "ddp.pt"
+        sd = _state_dict("module.", 40)
+        torch.save({"model": sd}, src)
+        out = tmp_path / "plain.pt"
+        report = strip_file(src, out)
+        assert report.renamed_keys == 40 and report.phases_s["copy"] >= 0
+        loaded = torch.load(out, weights_only=True, mmap=True)["model"]
+        assert list(loaded) == [k.removeprefix("module.") for k in sd]
+        assert all(torch.equal(loaded[k.removeprefix("module.")], v) for k, v in sd.items())
+        assert _data_offsets(out) == _data_offsets(src)  # the same layout as the kernel copy gives
+    finally:
+        for child in src_dir.iterdir():
+            child.unlink()
+        src_dir.rmdir()
