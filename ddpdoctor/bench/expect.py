@@ -163,15 +163,21 @@ def _gpu_path(a: Mapping[str, Any], b: Mapping[str, Any], host: str) -> LinkPath
         cc = ga.get("compute_capability") or gb.get("compute_capability")
         return LinkPath("nvlink", f"NVLink, {links} links up per GPU ({ga.get('name') or 'GPU'}) on {host}",
                         nvlink_gbps(cc, links), SRC_NVLINK, hosts=(host,))
-    bws = [(pcie_gbps(int(g.get("pcie_link_gen") or 0), int(g.get("pcie_link_width") or 0)), g) for g in (ga, gb)]
-    known = [(bw, g) for bw, g in bws if bw]
+    # The generation and width GPU and slot support (NVML's max), not the current ones: an idle GPU lowers its
+    # link generation to save power, and a link trained below its maximum is a bottleneck to name, not the
+    # expectation.
+    def built(g: Mapping[str, Any]) -> tuple[int, int]:
+        return (int(g.get("pcie_link_gen_max") or g.get("pcie_link_gen") or 0),
+                int(g.get("pcie_link_width_max") or g.get("pcie_link_width") or 0))
+
+    bws = [(pcie_gbps(*built(g)), built(g)) for g in (ga, gb)]
+    known = [(bw, gw) for bw, gw in bws if bw]
     if not known:
         return LinkPath("pcie", f"PCIe on {host}", why="NVML reports no PCIe generation/width for these GPUs",
                         hosts=(host,))
-    bw, g = min(known, key=lambda x: x[0] or 0.0)
+    bw, (gen, width) = min(known, key=lambda x: x[0] or 0.0)
     via = "SHM through host memory (P2P disabled)" if p2p_off else "PCIe"
-    return LinkPath("shm" if p2p_off else "pcie", f"{via}, Gen{g.get('pcie_link_gen')} x{g.get('pcie_link_width')} "
-                    f"on {host}", bw, SRC_PCI, hosts=(host,))
+    return LinkPath("shm" if p2p_off else "pcie", f"{via}, Gen{gen} x{width} on {host}", bw, SRC_PCI, hosts=(host,))
 
 
 def pair_path(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, host_a: str, host_b: str) -> LinkPath:

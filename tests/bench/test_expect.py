@@ -153,10 +153,12 @@ def test_mock_gpus_on_one_host_use_nvlink_or_name_what_holds_pcie_back() -> None
             1: _eth("g", None, backend="nccl", gpu=_gpu(uuid="GPU-2", nvlink_up=0, nvlink_total=0, pcie_link_gen=3,
                                                         numa_node=1), cpu_nodes=[0])}
     path = collective_path(slow, hosts)
-    assert path.kind == "pcie" and path.expected_gbps == 12.0
+    # Expected at what GPU and slot support (Gen5 x16: 48 GB/s); the link trained at Gen3 (12 GB/s) is named.
+    assert path.kind == "pcie" and path.expected_gbps == 48.0 and path.description == "PCIe, Gen5 x16 on g"
     causes = bottlenecks(path, slow, hosts, [0, 1])
     kinds = [c.cause for c in causes]
     assert kinds[0] == "pcie_downtrained" and "Gen3 x16, built for Gen5 x16" in causes[0].text
+    assert causes[0].limit_gbps == 12.0
     assert "numa" in kinds
     # NCCL_P2P_DISABLE: through host memory, and said.
     off = {r: {**f, "env": {"NCCL_P2P_DISABLE": "1"}} for r, f in nvl.items()}
