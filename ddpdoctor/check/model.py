@@ -12,6 +12,7 @@ from typing import Any
 from ddpdoctor import __version__
 from ddpdoctor.check.causes import cause_of, fold
 from ddpdoctor.findings import ERROR, FAIL, PASS, SKIP, WARN, Finding, RankInfo, overall_status
+from ddpdoctor.runtime.hosts import ranks_by_host
 
 # Failures first (they are what the user came for), then warnings, passes, and skips last.
 _DISPLAY_ORDER = {FAIL: 0, ERROR: 0, WARN: 1, PASS: 2, SKIP: 3}
@@ -89,6 +90,8 @@ class Report:
             "checks_s": round(self.checks_s, 3),
             "phases_s": dict(self.phases_s),
             "ranks": [r.to_json() for r in sorted(self.ranks, key=lambda r: r.rank)],
+            # host -> its ranks, as the report's "hosts:" line says it (ddpdoctor.runtime.hosts)
+            "hosts": ranks_by_host((r.rank, r.host) for r in self.ranks),
             "findings": _findings_json(self.ordered()),
         }
 

@@ -14,6 +14,7 @@ from ddpdoctor.check.causes import cause_of
 from ddpdoctor.check.model import MAX_TAGGED, Report
 from ddpdoctor.findings import ERROR, FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import format_rank_list
+from ddpdoctor.runtime.hosts import hosts_text, ranks_by_host
 
 MAX_HOSTS_NAMED = 4
 RANKS_WIDTH = 28  # the ranks column; a longer list wraps to at most two lines
@@ -77,6 +78,11 @@ def _took(report: Report) -> str:
     return f"{wall:.1f} s"
 
 
+def hosts_line(hosts: dict[str, list[int]]) -> str:
+    """'hosts: nodea: ranks 0-1; nodeb: ranks 2-3' (where each rank runs, for a job on several hosts)."""
+    return f"hosts: {hosts_text(hosts)}"
+
+
 def render_table(report: Report, verbose: bool = False) -> str:
     """The one screen a user reads: header, table, and what to do about every problem."""
     peers = {r.rank: r for r in report.ranks}
@@ -88,11 +94,14 @@ def render_table(report: Report, verbose: bool = False) -> str:
               f"backend {report.backend}, launcher {report.launcher}, {_took(report)}")
     ordered = report.ordered()
     folded = [f for f in ordered if cause_of(f, ordered) is not None]
+    lines = [header]
+    if len(hosts) > 1:
+        lines.append(hosts_line(ranks_by_host((r.rank, r.host) for r in report.ranks)))
     folded_ids = {id(f) for f in folded}
     rows = [_row(f, report.world_size, peers, id(f) in folded_ids) for f in ordered]
     table = tabulate(rows, headers=["check", "status", "ranks", "summary"], tablefmt="simple",
                      maxcolwidths=[None, None, RANKS_WIDTH, 90])
-    lines = [header, "", table]
+    lines += ["", table]
     todo = [f for f in ordered if f.remedy and f.status in (FAIL, ERROR, WARN) and id(f) not in folded_ids]
     if todo:
         lines += ["", "What to do:"]

@@ -27,6 +27,7 @@ from ddpdoctor.fr.model import (
     StackNow,
 )
 from ddpdoctor.ranks import rank_phrase
+from ddpdoctor.runtime.hosts import ranks_by_host
 
 # Ops whose tensors have the same shape on every rank (a different shape is a bug, and hangs or corrupts
 # on NCCL). all_to_all, gather and scatter may legitimately differ per rank: only dtypes are compared.
@@ -84,7 +85,8 @@ def analyze(dumps: Sequence[RankDump], table: CallTable, world_size: int | None 
     verdicts.sort(key=lambda v: (v.status != "fail", v.caused_by is not None, v.label != "the default group", v.name))
     missing = sorted(set(range(world)) - set(by_rank))
     return FrReport(dumps=sorted(dumps, key=lambda d: d.rank), missing=missing, world_size=world,
-                    groups=verdicts, stacks_files=list(stacks_files))
+                    groups=verdicts, stacks_files=list(stacks_files),
+                    hosts=ranks_by_host((rank, now.host) for rank, now in (stacks or {}).items() if now.host != "?"))
 
 
 def _link_causes(verdicts: Sequence[GroupVerdict], traces: Sequence[dict[int, GroupTrace]],

@@ -253,7 +253,7 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
 
     def add(path: str, explicit: bool) -> None:
         ours = json_command(path)
-        if ours is not None and ours != "stacks":
+        if ours is not None and ours not in ("stacks", "stacks merge"):
             # Our own outputs are never inputs: `fr DIR --json DIR/verdict.json`, then `fr DIR` again.
             if explicit:
                 raise DoctorError(f"{path}: a ddpdoctor `{ours}` document (an output of ddpdoctor), not a Flight "

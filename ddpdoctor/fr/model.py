@@ -248,6 +248,9 @@ class FrReport:
     world_size: int
     groups: list[GroupVerdict]
     stacks_files: list[str] = field(default_factory=list)
+    # host -> its ranks. Flight Recorder dumps carry no host name (torch 2.13's dump: version, pg_config,
+    # pg_status, entries, nccl_comm_state), so this comes from the `stacks --json` files read beside them.
+    hosts: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 from ddpdoctor import __version__
 from ddpdoctor.fr.model import FrReport
 from ddpdoctor.ranks import format_rank_list, rank_phrase
+from ddpdoctor.runtime.hosts import hosts_text
 
 
 def render_text(report: FrReport) -> str:
@@ -22,6 +23,8 @@ def render_text(report: FrReport) -> str:
              f"({formats}, Flight Recorder {versions}){frames}"]
     if report.stacks_files:
         lines.append(f"  stacks from {', '.join(report.stacks_files)}")
+    if len(report.hosts) > 1:
+        lines.append(f"  hosts: {hosts_text(report.hosts)}")
     if report.missing:
         lines.append(f"  no dump from {rank_phrase(report.missing)}: it died or could not write "
                      "(the verdict below uses the other ranks)")
@@ -66,5 +69,6 @@ def to_json(report: FrReport) -> dict[str, Any]:
         "missing_ranks": report.missing,
         "dumps": [d.to_dict() for d in report.dumps],
         "stacks_files": report.stacks_files,
+        "hosts": report.hosts,
         "groups": [g.to_dict() for g in report.groups],
     }

@@ -13,10 +13,15 @@ from typing import Any, TextIO
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
 from ddpdoctor.ras import RasVerdict
+from ddpdoctor.runtime.hosts import ranks_by_host
 from ddpdoctor.stacks.model import JobReport, ProcessStacks, analyze
+from ddpdoctor.stacks.remote import FETCH_S
 from ddpdoctor.stacks.report import load_json_files, render_text, to_json
 
 PathArg = str | os.PathLike[str]
+# The JSON documents' "command" (the output policy's kind, ddpdoctor.outputs): one host's capture, or a merge.
+CAPTURE_KIND = "stacks"
+MERGE_KIND = "stacks merge"
 
 @dataclass
 class StacksOptions:
@@ -59,7 +64,53 @@ def run(opts: StacksOptions) -> int:
                           "--pid PID, or run as the job's user or root to read other users' processes")
     processes = dump_all(cands, native=opts.native, timeout=opts.timeout, locals_level=opts.locals_level,
                          nonblocking=opts.nonblocking)
-    return finish(processes, "py-spy", opts.json_path, opts.all_threads, ras=_ask_ras() if opts.ras else None)
+    others = reach_other_hosts(processes, min(opts.timeout, FETCH_S))
+    return finish(processes, "py-spy", opts.json_path, opts.all_threads, ras=_ask_ras() if opts.ras else None,
+                  others=others)
+
+
+def reach_other_hosts(processes: list[ProcessStacks], timeout: float) -> dict[str | None, dict[str, Any]]:
+    """For each job seen here whose other ranks run on other hosts: ask the job's store for their PyTorch
+    debug servers and read their stacks (and every rank's Flight Recorder entries) over HTTP; the ranks
+    read are appended to ``processes``. Per job: what was done, for the report (:func:`other_hosts_text`)."""
+    from ddpdoctor.stacks import remote
+    from ddpdoctor.stacks.rendezvous import read_store
+
+    found: dict[str | None, dict[str, Any]] = {}
+    for report in analyze(processes):
+        if not report.elsewhere:
+            continue
+        here = sorted({p.host for g in report.groups for p in g.members} | {p.host for p in report.failed})
+        info: dict[str, Any] = {"ranks": report.elsewhere, "here": here, "store": None, "fetched": [],
+                                "hosts": {}, "flight_recorder": None, "flight_recorder_summary": None,
+                                "why_not": None}
+        found[report.job] = info
+        members = [p for g in report.groups for p in g.members] + report.failed
+        address = next((p.store for p in members if p.store), None)
+        if address is None:
+            info["why_not"] = "the ranks here do not say where the job's store is (no MASTER_ADDR/MASTER_PORT)"
+            continue
+        host, _, port = address.rpartition(":")
+        view = read_store(host, int(port)) if port.isdigit() else None
+        info["store"] = address
+        if view is None or not view.reachable:
+            info["why_not"] = f"the job's store at {address} could not be read ({view.error if view else 'bad port'})"
+            continue
+        wanted = {rank: url for rank, url in view.debug.items() if rank in report.elsewhere}
+        if not wanted:
+            info["why_not"] = ("the job runs no PyTorch debug servers (torch.distributed.debug.start_debug_server "
+                               "registers none in its store)")
+            continue
+        answers = remote.fetch_all(wanted, "dump_traceback", timeout)
+        for rank, url in wanted.items():
+            proc = remote.remote_process(rank, url, answers[rank], report.world_size, report.job)
+            processes.append(proc)
+            if proc.error is None:
+                info["fetched"].append(rank)
+        info["hosts"] = ranks_by_host((rank, remote.host_of(url)) for rank, url in wanted.items())
+        info["flight_recorder"], info["flight_recorder_summary"] = remote.flight_recorder(
+            view.debug, report.world_size, timeout)
+    return found
 
 
 RAS_DEADLINE_S = 1.0  # stacks is run on a hung job: RAS may be slow or hung too, and must not cost the report
@@ -75,16 +126,19 @@ def _ask_ras() -> RasVerdict | None:
 
 def merge(files: Sequence[PathArg], all_threads: bool = False, json_path: str | None = None) -> int:
     """Group the stacks of several nodes' ``--json`` files as one job."""
-    plan = Plan("stacks")  # the same document as `stacks --json`: a merge may replace a merge
+    # A merge is its own kind of document ("stacks merge"): it replaces an earlier merge, never a host's
+    # capture (`stacks merge --json nodeA.json nodeB.json` would otherwise overwrite nodeA's stacks).
+    plan = Plan(MERGE_KIND)
     for path in files:
         plan.reads("FILES", path)
     plan.json("--json", json_path)
     processes, source = load_json_files(files)
-    return finish(processes, source, json_path, all_threads)
+    return finish(processes, source, json_path, all_threads, kind=MERGE_KIND)
 
 
 def finish(processes: list[ProcessStacks], source: str, json_path: str | None, all_threads: bool,
-           ras: RasVerdict | None = None) -> int:
+           ras: RasVerdict | None = None, kind: str = CAPTURE_KIND,
+           others: dict[str | None, dict[str, Any]] | None = None) -> int:
     """Group, then print the report and write ``--json PATH`` (``-``: the JSON on stdout instead of the
     report); exit 1 when the ranks disagree or could not all be seen, or RAS names dead/unresponsive ranks."""
     from ddpdoctor.ras import render_text as ras_text
@@ -94,6 +148,7 @@ def finish(processes: list[ProcessStacks], source: str, json_path: str | None, a
     if source == "py-spy":
         for report in reports:
             report.rendezvous = rendezvous_of(report)
+            report.other_hosts = (others or {}).get(report.job)
     ras_problem = ras is not None and bool(ras.dead_ranks or ras.unresponsive_ranks or ras.dead_processes
                                            or ras.unresponsive_processes)
     code = EXIT_PROBLEM if any(r.problem for r in reports) or ras_problem else EXIT_OK
@@ -103,10 +158,10 @@ def finish(processes: list[ProcessStacks], source: str, json_path: str | None, a
         if ras is not None:
             doc["ras"] = ras_json(ras)
         if json_to_stdout(json_path):
-            emit_json(json_path, doc, "stacks")
+            emit_json(json_path, doc, kind)
             return code
         try:  # first: the file is there even if stdout is a pipe that closes early
-            emit_json(json_path, doc, "stacks")
+            emit_json(json_path, doc, kind)
         except OSError as exc:
             raise DoctorError(f"cannot write --json {json_path}: {exc.strerror or exc}") from exc
     out.write(render_text(reports, all_threads=all_threads, source=source))

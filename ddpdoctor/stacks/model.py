@@ -103,10 +103,22 @@ class ProcessStacks:
     error: str | None = None
     store: str | None = None  # the job's c10d store (MASTER_ADDR:MASTER_PORT), read on a rendezvous hang
     agent_store: bool = False  # torchrun's agent hosts that store (TORCHELASTIC_USE_AGENT_STORE)
+    # Read over HTTP from the rank's PyTorch debug server (ddpdoctor.stacks.remote): its address; pid is 0 then
+    # (the server does not say it).
+    address: str | None = None
 
     @property
     def label(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+
+    @property
+    def where(self) -> str:
+        """'rank 0=pid 15268@vm'; read over HTTP: 'rank 2@nodeb (debug server)'; no rank: 'pid 4091@vm'."""
+        if self.rank is None:
+            return f"pid {self.pid}@{self.host}"
+        if self.address is not None:
+            return f"{self.label}@{self.host} (debug server)"
+        return f"{self.label}=pid {self.pid}@{self.host}"
 
     def main_thread(self) -> ThreadStack | None:
         for thread in self.threads:
@@ -117,7 +129,7 @@ class ProcessStacks:
     def to_dict(self) -> dict[str, Any]:
         return {"pid": self.pid, "rank": self.rank, "local_rank": self.local_rank,
                 "world_size": self.world_size, "local_world_size": self.local_world_size, "host": self.host, "job": self.job,
-                "cmdline": self.cmdline, "error": self.error,
+                "cmdline": self.cmdline, "error": self.error, "debug_server": self.address,
                 "threads": [t.to_dict() for t in self.threads]}
 
 
@@ -221,6 +233,10 @@ class JobReport:
     tie: bool
     # A job stuck in init_process_group: who waits there, who never arrived, what the job's store said.
     rendezvous: dict[str, Any] | None = None
+    # Ranks of this job on other hosts (looking at one host of several), and how they were reached
+    # (ddpdoctor.stacks.driver.reach_other_hosts): fetched over HTTP, or the commands to run there.
+    elsewhere: list[int] = field(default_factory=list)
+    other_hosts: dict[str, Any] | None = None
 
     @property
     def outliers(self) -> list[ProcessStacks]:
@@ -285,8 +301,9 @@ def analyze(processes: Sequence[ProcessStacks]) -> list[JobReport]:
         # of many, the other nodes' ranks are absent by design.
         single_node = bool(procs) and all(p.local_world_size == world for p in procs)
         merged = len({p.host for p in procs}) > 1
-        missing = sorted(set(range(world)) - seen) if world is not None and (single_node or merged) else []
-        reports.append(JobReport(job, groups, failed, world, missing, tie))
+        absent = sorted(set(range(world)) - seen) if world is not None else []
+        missing = absent if single_node or merged else []
+        reports.append(JobReport(job, groups, failed, world, missing, tie, elsewhere=[] if missing else absent))
     return reports
 
 

@@ -15,6 +15,13 @@ are the diagnosis. The job's TCPStore (``MASTER_ADDR:MASTER_PORT``) knows who ca
 - NCCL publishes no key per rank (rank 0 sets the unique id, the others read it): there the store says
   only that it is up.
 
+- PyTorch's debug worker servers (``torch.distributed.debug.start_debug_server``, torch 2.13
+  torch/distributed/debug/__init__.py) register each rank's HTTP address in the same store:
+  ``store.set(f"rank{RANK}", f"http://{socket.gethostname()}:{port}")`` through
+  ``PrefixStore("debug_server", ...)`` (debug/_store.py ``tcpstore_client``), so the key is
+  ``debug_server/rank<N>``. :mod:`ddpdoctor.stacks.remote` asks those servers for the stacks of ranks on
+  other hosts.
+
 The store is read by a short-lived ``python -c`` with torch (``TCPStore(..., is_master=False,
 wait_for_workers=False)``, ``list_keys()``: it never adds a key nor counts as a worker), so ``ddpdoctor
 stacks`` itself never imports torch and a store that does not answer costs at most the deadline.
@@ -33,16 +40,22 @@ from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 PROBE_S = 30.0  # the whole probe, torch's import included (seconds on a busy node)
 STORE_S = 5.0  # the store's own answer, once the probe has imported torch
 _GLOO_KEY = re.compile(r"(?:^|/)default_pg/\d+//cpu//\d+/(\d+)$")
+_DEBUG_KEY = re.compile(r"(?:^|/)debug_server/rank(\d+)$")
+_DEBUG_URL = re.compile(r"^https?://[A-Za-z0-9._:\[\]-]{1,300}$")
 _MAX_KEYS = 100_000
 
 _PROBE = r"""
-import datetime, json, sys
+import datetime, json, re, sys
 import torch.distributed as dist
 print("imported", flush=True)
 store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, wait_for_workers=False,
                       timeout=datetime.timedelta(seconds=float(sys.argv[3])))
 keys = store.list_keys() if hasattr(store, "list_keys") else None
-print(json.dumps({"keys": keys[:100000] if keys is not None else None}))
+debug = {}
+for key in (keys or [])[:100000]:
+    if re.search(r"(?:^|/)debug_server/rank\d+$", key) and len(debug) < 100000:
+        debug[key] = store.get(key)[:512].decode("utf-8", "replace")
+print(json.dumps({"keys": keys[:100000] if keys is not None else None, "debug": debug}))
 """
 
 
@@ -55,6 +68,8 @@ class StoreView:
     keys_listed: bool = False
     arrived: list[int] = field(default_factory=list)  # ranks whose gloo address is in the store
     error: str | None = None
+    # rank -> the HTTP address of its PyTorch debug worker server (``debug_server/rank<N>``), when it runs one
+    debug: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"store": self.address, "reachable": self.reachable, "keys_listed": self.keys_listed,
@@ -101,7 +116,21 @@ def read_store(host: str, port: int, timeout_s: float = PROBE_S, store_s: float 
     if isinstance(keys, list):
         view.keys_listed = True
         view.arrived = arrived_ranks([k for k in keys[:_MAX_KEYS] if isinstance(k, str)])
+    found = doc.get("debug") if isinstance(doc, dict) else None
+    if isinstance(found, dict):
+        view.debug = debug_addresses(found)
     return view
+
+
+def debug_addresses(values: dict[str, object]) -> dict[int, str]:
+    """rank -> debug server address from the store's ``debug_server/rank<N>`` keys; a value that is not an
+    http(s)://host:port address (anyone who can reach the store can write it) is left out."""
+    found: dict[int, str] = {}
+    for key, value in values.items():
+        match = _DEBUG_KEY.search(key) if isinstance(key, str) else None
+        if match and isinstance(value, str) and _DEBUG_URL.match(value):
+            found[int(match.group(1))] = value
+    return dict(sorted(found.items()))
 
 
 def never_arrived(world_size: int, seen: set[int], view: StoreView | None, rank0_hosts: bool) -> list[int]:

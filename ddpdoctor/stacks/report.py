@@ -6,12 +6,15 @@ Pure functions over :mod:`ddpdoctor.stacks.model`; no processes.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.fileio import read_regular
+from ddpdoctor.ranks import rank_phrase
+from ddpdoctor.runtime.hosts import hosts_text, ranks_by_host
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 from ddpdoctor.stacks.model import (
     MAX_WORLD_SIZE,
@@ -35,11 +38,14 @@ def render_text(reports: Sequence[JobReport], all_threads: bool = False, source:
                      + (f", world size {report.world_size}" if report.world_size else "")
                      + f" (stacks by {source})")
         lines.append(f"  {report.summary()}")
+        if len(hosts) > 1:
+            lines.append(f"  hosts: {hosts_text(job_hosts(report))}")
         by_error: dict[str, list[ProcessStacks]] = {}
         for proc in report.failed:  # one line per distinct reason: 8 ranks denied by ptrace is one problem
             by_error.setdefault(proc.error or "no Python threads", []).append(proc)
         for error, procs in by_error.items():
-            who = ", ".join(f"{p.label} (pid {p.pid} on {p.host})" if p.rank is not None
+            who = ", ".join(f"{p.label} ({p.address})" if p.address is not None
+                            else f"{p.label} (pid {p.pid} on {p.host})" if p.rank is not None
                             else f"pid {p.pid} on {p.host}" for p in procs)
             lines.append(f"  {who}: no stack: {error}")
         rendezvous = report.rendezvous
@@ -50,14 +56,13 @@ def render_text(reports: Sequence[JobReport], all_threads: bool = False, source:
         elif report.missing_ranks:
             lines.append(f"  {format_ranks(_fake(report.missing_ranks))} not found: not running on the "
                          "host(s) looked at (exited, or on a node whose JSON was not merged)")
+        lines.extend(other_hosts_lines(report))
         for group in report.groups:
             rep = group.representative
             lines.append("")
             lines.append(f"  {format_ranks(group.members)} ({_count(len(group.members))}): "
                          f"{group.position.describe()}")
-            # "rank 0=pid 15268@vm"; a process without a rank is its pid already: "pid 4091@vm".
-            lines.append("    " + ", ".join(f"{p.label}=pid {p.pid}@{p.host}" if p.rank is not None
-                                            else f"pid {p.pid}@{p.host}" for p in group.members))
+            lines.append("    " + ", ".join(p.where for p in group.members))
             main = rep.main_thread()
             threads = [t for t in [main] if t is not None]
             if all_threads:
@@ -88,6 +93,44 @@ def _local_line(local: Local) -> str:
     return f"{local.name} = {text}" + ("  (argument)" if local.arg else "")
 
 
+def other_hosts_commands(report: JobReport) -> list[str]:
+    """What to run for the ranks on other hosts: ``stacks`` on each of them, then ``stacks merge`` here."""
+    job = f" --job {shlex.quote(report.job)}" if report.job else ""
+    here = (report.other_hosts or {}).get("here") or sorted({p.host for g in report.groups for p in g.members})
+    mine = f"{here[0] if len(here) == 1 else 'this-host'}.json"
+    return [f'ddpdoctor stacks{job} --json "$(hostname).json"',
+            f"ddpdoctor stacks merge {shlex.quote(mine)} OTHER-HOST.json ..."]
+
+
+def other_hosts_lines(report: JobReport) -> list[str]:
+    """The ranks that run on other hosts: read over HTTP (which host holds which), or how to read them."""
+    info = report.other_hosts or {}
+    lines: list[str] = []
+    fetched = info.get("fetched") or []
+    if fetched:
+        where = hosts_text(info.get("hosts") or {})
+        lines.append(f"  {rank_phrase(fetched)} on other hosts ({where}): stacks read over HTTP from PyTorch's "
+                     f"debug servers (found in the job's store at {info.get('store')})")
+    if info.get("flight_recorder_summary"):
+        fr = info.get("flight_recorder") or {}
+        lines.append(f"  Flight Recorder of {rank_phrase(fr.get('fetched_ranks') or [])} (over HTTP): "
+                     f"{info['flight_recorder_summary']}")
+    if report.elsewhere:
+        why = f" ({info['why_not']})" if info.get("why_not") else ""
+        first, merge = other_hosts_commands(report)
+        lines.append(f"  {rank_phrase(report.elsewhere)} run on other hosts, not read from here{why}; on each "
+                     f"of those hosts run:")
+        lines.append(f"      {first}")
+        lines.append(f"    and with this host's --json as well, merge the files: {merge}")
+    return lines
+
+
+def job_hosts(report: JobReport) -> dict[str, list[int]]:
+    """host -> the ranks seen there (stacks taken or not), for "nodeB: ranks 2-3"."""
+    members = [p for g in report.groups for p in g.members] + report.failed
+    return ranks_by_host((p.rank, p.host) for p in members if p.rank is not None)
+
+
 def _count(n: int) -> str:
     return f"{n} process" if n == 1 else f"{n} processes"
 
@@ -107,9 +150,13 @@ def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], so
         "processes": [p.to_dict() for p in sorted(processes, key=rank_order)],
         "groups": [g.to_dict() for r in reports for g in r.groups],
         "outliers": sorted({p.rank for r in reports for p in r.outliers if p.rank is not None}),
-        "jobs": [{"job": r.job, "world_size": r.world_size, "summary": r.summary(),
+        "hosts": ranks_by_host((p.rank, p.host) for p in processes if p.rank is not None),
+        "jobs": [{"job": r.job, "world_size": r.world_size, "summary": r.summary(), "hosts": job_hosts(r),
                   "outliers": [p.rank for p in r.outliers], "missing_ranks": r.missing_ranks,
                   "rendezvous": r.rendezvous,
+                  "elsewhere": r.elsewhere,
+                  "other_hosts": ({**(r.other_hosts or {}), "commands": other_hosts_commands(r) if r.elsewhere else []}
+                                  if r.other_hosts is not None or r.elsewhere else None),
                   "failed": [{"pid": p.pid, "rank": p.rank, "host": p.host, "error": p.error}
                              for p in r.failed]} for r in reports],
     }
@@ -158,7 +205,10 @@ def _process(p: Mapping[str, Any]) -> ProcessStacks:
     threads = [ThreadStack(int(_int_field(t, "thread_id", optional=False) or 0), str(t["name"]),
                            bool(t["main"]), [_frame(f) for f in t["frames"]])
                for t in p["threads"]]
-    return ProcessStacks(pid=int(_int_field(p, "pid", optional=False, minimum=1) or 0), host=str(p["host"]),
+    address = _optional_str(p, "debug_server")
+    # A rank read over HTTP has no pid (0); every other process has a real one.
+    pid = int(_int_field(p, "pid", optional=False, minimum=0 if address else 1) or 0)
+    return ProcessStacks(pid=pid, host=str(p["host"]), address=address,
                          rank=rank_like["rank"], local_rank=rank_like["local_rank"],
                          world_size=rank_like["world_size"], local_world_size=rank_like["local_world_size"],
                          job=_optional_str(p, "job"), cmdline=str(p.get("cmdline") or ""),
@@ -200,5 +250,6 @@ def load_json_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Proce
             raise DoctorError(f"{path} is not a `ddpdoctor stacks --json` file (top level is not an object)")
         sources.add(str(doc.get("source", "py-spy")))
         for proc in processes_from_json(doc, str(path)):
-            seen.setdefault((proc.host, proc.pid), proc)
+            # Ranks read over HTTP have pid 0: their rank tells them apart (the same rank twice is kept once).
+            seen.setdefault((proc.host, proc.pid) if proc.address is None else (proc.host, -1 - (proc.rank or 0)), proc)
     return list(seen.values()), "+".join(sorted(sources))

@@ -49,6 +49,8 @@ def test_two_hosts_pass_and_are_named_per_host(tmp_path: Path) -> None:
     assert code0 == 0, out0 + err0 + err1
     assert code1 == 0
     assert "2 ranks on 2 hosts (nodea, nodeb)" in out0
+    assert "hosts: nodea: rank 0; nodeb: rank 1" in out0  # where each rank runs (issue 32)
+    assert report["hosts"] == {"nodea": [0], "nodeb": [1]}
     assert report["status"] == "pass"
     assert {r["host"] for r in report["ranks"]} == {"nodea", "nodeb"}
     connectivity = next(f for f in report["findings"] if f["check"] == "connectivity")

@@ -101,3 +101,19 @@ def test_rank_lists_read_the_same_in_every_column() -> None:
     tagged = format_ranks([5, 6, 7], 8, {5: peers[5]})
     assert tagged == "5 [node-b:1], 6-7"
     assert " " not in format_ranks([1, 2, 3, 4], 8, {})
+
+
+def test_ranks_on_several_hosts_are_named_per_host_in_text_and_json() -> None:
+    report = make_report([Finding("port", "pass", "ok", list(range(8)))])
+    table = render_table(report)
+    assert table.splitlines()[1] == "hosts: node-a: ranks 0-3; node-b: ranks 4-7"
+    assert report.to_json()["hosts"] == {"node-a": [0, 1, 2, 3], "node-b": [4, 5, 6, 7]}
+    one_host = Report(2, "gloo", "local", [RankInfo(r, r, "vm", 10 + r) for r in range(2)],
+                      [Finding("port", "pass", "ok", [0, 1])], ["port"], 1.0)
+    assert "hosts:" not in render_table(one_host)  # one host: the header names it, nothing more to say
+    many = Report(128, "nccl", "slurm", [RankInfo(r, r % 8, f"gpu{r // 8:02d}", 10 + r) for r in range(128)],
+                  [Finding("port", "pass", "ok", list(range(128)))], ["port"], 1.0)
+    # 16 hosts: the first two and the last show the naming and the layout; the JSON has every host.
+    assert render_table(many).splitlines()[1] == (
+        "hosts: gpu00: ranks 0-7; gpu01: ranks 8-15; ... gpu15: ranks 120-127 (16 hosts; the JSON's hosts lists all)")
+    assert len(many.to_json()["hosts"]) == 16

@@ -141,3 +141,19 @@ def test_a_damaged_sequence_jump_or_rank_is_refused_not_allocated(tmp_path: Path
     (tmp_path / "nccl_trace_rank_0.json").rename(tmp_path / "nccl_trace_rank_999999999999.json")
     with pytest.raises(DoctorError, match="more ranks than any job"):
         diagnose([str(tmp_path)])
+
+
+def test_ranks_on_several_hosts_are_named_per_host_from_the_stacks_files(tmp_path: Path) -> None:
+    # Flight Recorder dumps carry no host name; the `stacks --json` files of each host (a `stacks merge`
+    # document as well) say where each rank runs.
+    _write(tmp_path, 0, [_entry(1, "all_reduce", [[4]]), _entry(2, "all_reduce", [[4]])])
+    _write(tmp_path, 1, [_entry(1, "all_reduce", [[4]])])
+    frames = [{"function": "main", "file": "/job/train.py", "line": 9, "where": "train.py:9 in main"}]
+    for rank, host, command in ((0, "node-a", "stacks"), (1, "node-b", "stacks merge")):
+        doc = {"tool": "ddpdoctor", "command": command, "version": "0.1.0", "host": host, "source": "py-spy",
+               "processes": [{"pid": 100 + rank, "rank": rank, "host": host, "error": None,
+                              "threads": [{"thread_id": 1, "name": "MainThread", "main": True, "frames": frames}]}]}
+        (tmp_path / f"{host}.json").write_text(json.dumps(doc))
+    report = diagnose([str(tmp_path)])
+    assert "  hosts: node-a: rank 0; node-b: rank 1" in render_text(report).splitlines()
+    assert to_json(report)["hosts"] == {"node-a": [0], "node-b": [1]}

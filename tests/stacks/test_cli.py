@@ -171,3 +171,24 @@ def test_help_lists_the_options_and_the_merge_command() -> None:
     for text in ("--pid", "--job", "--native", "--all-threads", "--json", "- prints the JSON", "--signal",
                  "--stack-dir", "--timeout", "merge"):
         assert text in result.stdout, text
+
+
+def test_merge_never_replaces_a_hosts_capture(blocked: int, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: `stacks merge --json nodeA.json nodeB.json` took nodeA.json as its output (--json's value)
+    and replaced that host's capture with a merge of nodeB alone. A merge is its own kind of document."""
+    node_a, node_b, merged = tmp_path / "nodeA.json", tmp_path / "nodeB.json", tmp_path / "merged.json"
+    assert main(["stacks", "--pid", str(blocked), "--json", str(node_a)]) == 0
+    node_b.write_bytes(node_a.read_bytes())
+    before = node_a.read_bytes()
+    capsys.readouterr()
+    assert main(["stacks", "merge", "--json", str(node_a), str(node_b)]) == 2
+    err = capsys.readouterr().err
+    assert "exists and is a ddpdoctor `stacks` document; stacks merge replaces only its own documents" in err, err
+    assert node_a.read_bytes() == before
+    assert main(["stacks", "merge", str(node_a), str(node_b), "--json", str(merged)]) == 0
+    assert json.loads(merged.read_text(encoding="utf-8"))["command"] == "stacks merge"
+    assert main(["stacks", "merge", str(node_a), str(node_b), "--json", str(merged)]) == 0  # a merge replaces a merge
+    capsys.readouterr()
+    assert main(["stacks", "--pid", str(blocked), "--json", str(merged)]) == 2  # a capture never replaces a merge
+    assert "is a ddpdoctor `stacks merge` document" in capsys.readouterr().err
