@@ -96,7 +96,7 @@ def _link_facts(run: RankRun, device: object,
     try:
         place = placement(run.me.host, str(device), ours)
         mine = {"placement": place, "facts": rank_link_facts(run.backend, os.environ, place["cpus"],
-                                                             gpu_of(str(device)))}
+                                                             gpu_of(str(device)), our_pids=ours)}
         if nccl_log is not None and run.backend == "nccl" and os.path.exists(nccl_log):
             with open(nccl_log, encoding="utf-8", errors="replace") as f:
                 mine["facts"]["nccl"] = parse_nccl_info(f.read(1 << 20))

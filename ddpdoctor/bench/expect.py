@@ -65,6 +65,10 @@ def nvlink_gbps(compute_capability: Sequence[int] | None, links: int) -> float:
     return nvlink_link_gbps(cc) * links
 
 
+# NVLink busbw peaks only with messages of 1-8 GB (issue 34's published figures; nccl-tests' H100/H200 runs).
+NVLINK_PEAK_BYTES = 1 << 30
+
+
 # -- thresholds ---------------------------------------------------------------------------------------
 
 # Below this percentage of the expectation a figure FAILs, below WARN_PCT it WARNs (both adjustable:
@@ -347,6 +351,9 @@ def bottlenecks(path: LinkPath, facts: Mapping[int, Mapping[str, Any]], hosts: M
             elif gpu.get("nvlink_total") and not gpu.get("nvlink_up"):
                 found.append(Evidence("p2p_disabled", f"GPU {gpu.get('pci_bus_id')} on {host} has "
                                       f"{gpu['nvlink_total']} NVLinks and none up (NVML)"))
+            if gpu.get("other_pids"):
+                found.append(Evidence("crowded", f"other processes use GPU {gpu.get('pci_bus_id')} on {host}: pid "
+                                      f"{', '.join(str(p) for p in gpu['other_pids'])} (NVML)"))
             node = gpu.get("numa_node")
             cpu_nodes = f.get("cpu_numa_nodes") or []
             if node is not None and cpu_nodes and node not in cpu_nodes:
@@ -367,7 +374,11 @@ def bottlenecks(path: LinkPath, facts: Mapping[int, Mapping[str, Any]], hosts: M
                                   f"{entry['host']}"))
         for device, users in (entry.get("shared_gpus") or {}).items():
             found.append(Evidence("crowded", f"ranks {format_rank_list(users)} share {device} on {entry['host']}"))
-    if len(rows_busbw) >= 2:
+    largest = max((size for size, _ in rows_busbw), default=0)
+    if path.kind == "nvlink" and largest and largest < NVLINK_PEAK_BYTES:
+        found.append(Evidence("short_sweep", f"the sweep stopped at {largest} bytes; NVLink reaches its peak only "
+                              "with 1-8 GB messages: give -e 8G (or at least 1G)"))
+    elif len(rows_busbw) >= 2:
         ordered = sorted(rows_busbw)
         (_, before), (size, last) = ordered[-2], ordered[-1]
         if before > 0 and last > 1.1 * before:

@@ -73,7 +73,8 @@ def _facts(ctx: CheckContext, cpus: list[int]) -> dict[str, Any] | None:
     from ddpdoctor.env.links import gpu_of
 
     try:
-        return rank_link_facts(ctx.backend, os.environ, cpus, gpu_of(ctx.device))
+        ours = {p.pid for p in ctx.peers.values() if p.host == ctx.host} | {os.getppid()}
+        return rank_link_facts(ctx.backend, os.environ, cpus, gpu_of(ctx.device), our_pids=ours)
     except Exception:  # a fact we cannot read must not cost the measurement; its paths get "no model"
         return None
 

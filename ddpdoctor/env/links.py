@@ -343,11 +343,12 @@ def cpu_numa_nodes(cpus: Iterable[int], root: str | os.PathLike[str] = "/sys") -
 
 
 def rank_link_facts(backend: str, environ: Mapping[str, str], cpus: Sequence[int], gpu: Mapping[str, Any] | None,
-                    root: str | os.PathLike[str] = "/sys") -> dict[str, Any]:
+                    root: str | os.PathLike[str] = "/sys", our_pids: Iterable[int] = ()) -> dict[str, Any]:
     """Everything the expectation model needs about one rank's paths, as plain JSON-able data.
 
     ``gpu``: this rank's GPU as NVML describes it (:func:`ddpdoctor.env.nvml.collect_host_gpu_facts`, plus
-    ``compute_capability``), or None on a CPU rank.
+    ``compute_capability``), or None on a CPU rank. ``our_pids``: this job's processes on this host, so that
+    the other processes NVML lists on the GPU (``gpu.other_pids``) can be told apart.
     """
     ifname, how = data_interface(backend, environ, root)
     facts: dict[str, Any] = {
@@ -365,7 +366,9 @@ def rank_link_facts(backend: str, environ: Mapping[str, str], cpus: Sequence[int
                                                    "pcie_link_width", "pcie_link_width_max", "nvlink_up",
                                                    "nvlink_total", "compute_capability", "processes",
                                                    "memory_total_bytes")},
-                        "numa_node": link["numa_node"], "sysfs_pcie": link}
+                        "numa_node": link["numa_node"], "sysfs_pcie": link,
+                        "other_pids": sorted(int(p["pid"]) for p in gpu.get("processes") or []
+                                             if int(p.get("pid", -1)) not in set(our_pids) | {os.getpid()})}
     return facts
 
 

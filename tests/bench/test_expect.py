@@ -284,3 +284,23 @@ def test_a_nic_negotiated_below_its_rating_or_its_peers_is_named() -> None:
     rated = {**facts, 2: {**facts[2], "interface": {**facts[2]["interface"], "speed_max_mbps": 100000}}}
     first = bottlenecks(path, rated, hosts, [0, 1, 2])[0]
     assert first.cause == "nic_speed" and "negotiated 25000 Mb/s and supports 100000 Mb/s" in first.text
+
+
+def test_mock_nvlink_sweep_that_stopped_short_and_other_processes_on_the_gpu_are_named() -> None:
+    hosts = {0: "g", 1: "g"}
+    facts = {0: _eth("g", None, backend="nccl", gpu=_gpu(other_pids=[777])),
+             1: _eth("g", None, backend="nccl", gpu=_gpu(uuid="GPU-2"))}
+    path = collective_path(facts, hosts)
+    causes = bottlenecks(path, facts, hosts, [0, 1], rows_busbw=[(64 << 20, 150.0), (256 << 20, 152.0)])
+    assert {c.cause for c in causes} == {"crowded", "short_sweep"}
+    assert any("other processes use GPU 00000000:19:00.0 on g: pid 777" in c.text for c in causes)
+    assert any("stopped at 268435456 bytes; NVLink reaches its peak only with 1-8 GB" in c.text for c in causes)
+    # A network sweep is short only when busbw was still rising (>10 %) at its largest size.
+    net = {0: _eth("a", 25000), 1: _eth("b", 25000)}
+    net_hosts = {0: "a", 1: "b"}
+    rising = bottlenecks(collective_path(net, net_hosts), net, net_hosts, [0, 1],
+                         rows_busbw=[(1 << 20, 1.0), (4 << 20, 1.5)])
+    assert [c.cause for c in rising] == ["short_sweep"]
+    flat = bottlenecks(collective_path(net, net_hosts), net, net_hosts, [0, 1],
+                       rows_busbw=[(1 << 20, 1.45), (4 << 20, 1.5)])
+    assert flat == []
