@@ -120,6 +120,28 @@ def parse_ethtool_max_mbps(text: str | None) -> int | None:
     return max(speeds) if speeds else None
 
 
+_TC_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bps": 8, "kbps": 8e3,
+                  "mbps": 8e6, "gbps": 8e9}
+
+
+def parse_class_ceiling(tc_text: str | None) -> float | None:
+    """``tc class show dev IF`` (text: iproute2 prints htb classes without JSON) -> the highest ``ceil`` (else
+    ``rate``) of any class, in bytes/s: no traffic through a classful htb/hfsc root goes faster than that.
+
+    Lines look like ``class htb 1:10 root prio 0 rate 100Mbit ceil 150Mbit burst 1600b cburst 1575b``.
+    """
+    best: float | None = None
+    for line in (tc_text or "").splitlines():
+        found = dict(re.findall(r"\b(rate|ceil)\s+(\d+(?:\.\d+)?[A-Za-z]*)", line))
+        text = found.get("ceil") or found.get("rate")
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", text or "")
+        if not m or m.group(2).lower() not in _TC_RATE_UNITS:
+            continue
+        value = float(m.group(1)) * _TC_RATE_UNITS[m.group(2).lower()] / 8
+        best = value if best is None else max(best, value)
+    return best
+
+
 def net_link(name: str, root: str | os.PathLike[str] = "/sys", with_tools: bool = True) -> dict[str, Any]:
     """One interface's facts: speed (Mb/s or None), operstate, kind, virtual, NUMA node, PCI address, qdiscs."""
     base = Path(root) / "class" / "net" / name
@@ -134,13 +156,17 @@ def net_link(name: str, root: str | os.PathLike[str] = "/sys", with_tools: bool 
     kind = parse_link_kind(_tool(["ip", "-j", "-d", "link", "show", "dev", name])) if with_tools else None
     if kind is None and name == "lo":
         kind = "loopback"
+    qdiscs = parse_qdiscs(_tool(["tc", "-j", "qdisc", "show", "dev", name])) if with_tools else []
+    for q in qdiscs:
+        if q["kind"] in ("htb", "hfsc") and q["root"] and q["rate_bytes_per_s"] is None:
+            q["rate_bytes_per_s"] = parse_class_ceiling(_tool(["tc", "class", "show", "dev", name]))
     virtual = not device.exists()
     supported = parse_ethtool_max_mbps(_tool(["ethtool", name])) if with_tools and not virtual else None
     return {"name": name, "exists": base.exists(), "speed_mbps": parse_speed_mbps(_read(base / "speed")),
             "speed_max_mbps": supported,
             "operstate": _read(base / "operstate"), "kind": kind, "virtual": not device.exists(),
             "numa_node": parse_numa_node(_read(device / "numa_node")), "pci": pci,
-            "qdiscs": parse_qdiscs(_tool(["tc", "-j", "qdisc", "show", "dev", name])) if with_tools else []}
+            "qdiscs": qdiscs}
 
 
 def parse_route_dev(ip_json: str | None) -> str | None:

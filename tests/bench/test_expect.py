@@ -241,6 +241,13 @@ def test_qdisc_and_veth_facts_read_from_a_real_namespace() -> None:
         fact = json.loads(out.stdout)
         assert fact["speed_mbps"] == 10000 and fact["kind"] == "veth" and fact["virtual"]
         assert [(q["kind"], q["rate_bytes_per_s"]) for q in fact["qdiscs"]] == [("tbf", 25e6)]
+        # A classful htb root: its classes' highest ceil is the limit (tc prints classes only as text).
+        run("tc", "-n", ns, "qdisc", "replace", "dev", "va", "root", "handle", "1:", "htb", "default", "10")
+        run("tc", "-n", ns, "class", "add", "dev", "va", "parent", "1:", "classid", "1:10", "htb", "rate", "100mbit",
+            "ceil", "150mbit")
+        again = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=60, check=True, cwd=str(Path(__file__).resolve().parents[2]))
+        assert [(q["kind"], q["rate_bytes_per_s"]) for q in json.loads(again.stdout)["qdiscs"]] == [("htb", 18.75e6)]
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
 
