@@ -297,9 +297,11 @@ def bottlenecks(path: LinkPath, facts: Mapping[int, Mapping[str, Any]], hosts: M
             for q in iface.get("qdiscs") or []:
                 if q.get("rate_bytes_per_s"):
                     rate = float(q["rate_bytes_per_s"])
-                    found.append(Evidence("qdisc", f"a {q['kind']} qdisc on {iface['name']} of {host} shapes the "
-                                          f"link to {_rate_text(rate)} ({fmt_gbps(rate / 1e9)} GB/s) "
-                                          f"(tc qdisc show dev {iface['name']})", rate / 1e9))
+                    article = "an" if q["kind"] in ("htb", "hfsc", "fq", "fq_codel") else "a"
+                    where = "class" if q["kind"] in ("htb", "hfsc") else "qdisc"
+                    found.append(Evidence("qdisc", f"{article} {q['kind']} qdisc on {iface['name']} of {host} shapes "
+                                          f"the link to {_rate_text(rate)} ({fmt_gbps(rate / 1e9)} GB/s) "
+                                          f"(tc {where} show dev {iface['name']})", rate / 1e9))
             speed, top = iface.get("speed_mbps"), iface.get("speed_max_mbps")
             if speed and top and speed < top:
                 found.append(Evidence("nic_speed", f"{iface['name']} on {host} negotiated {speed} Mb/s and supports "
