@@ -376,10 +376,12 @@ class RankRun:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return "none"
+        # _abort_process_group: torch >= 2.4 (an older one keeps its group to os._exit, which runs no destructor).
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
         if self.pg_problem is None:
             work, done = dist.destroy_process_group, "destroyed"
-        elif self.backend == "nccl":
-            work, done = dist.distributed_c10d._abort_process_group, "aborted"
+        elif self.backend == "nccl" and abort is not None:
+            work, done = abort, "aborted"
         else:
             return "left"
         outcome = run_with_deadline(work, TEARDOWN_S, "ddpdoctor-teardown")
