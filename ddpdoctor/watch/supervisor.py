@@ -47,6 +47,7 @@ from ddpdoctor.watch.reaper import Teardown, die_with_supervisor
 from ddpdoctor.watch.recorder import site_name
 from ddpdoctor.watch.report import render
 from ddpdoctor.watch.script import run_script
+from ddpdoctor.watch.verdict import silent_hosts
 from ddpdoctor.watch.waits import is_user_file
 from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, MODE_ENV, PIPED_ENV
 
@@ -96,13 +97,8 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
     if result.get("status") != OK:
         join_other_evidence(result)
     text = render(result)
-    if agg is not None and result.get("evidence"):
-        histories = {r: list(s.history) for r, s in agg.ranks.items()}
-        outputs = {rank: output.tail_text(rank) for rank in output.tails} if output is not None else {}
-        try:
-            evidence.write(result["evidence"], result, text, histories, outputs)
-        except Exception as exc:  # the report on the terminal matters more than the bundle
-            print(f"ddpdoctor watch: cannot write the evidence bundle ({short_error(exc)})", file=sys.stderr, flush=True)
+    # The report and --json first, the bundle after: the bundle's env.json alone can take seconds on a busy
+    # node, and under torchrun the launcher may end this process soon after another rank failed.
     if not json_to_stdout(json_path):
         print(text, file=sys.stderr, flush=True)
     if json_path:
@@ -110,6 +106,13 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
             emit_json(json_path, result, "watch")
         except (OSError, DoctorError) as exc:
             print(f"ddpdoctor watch: cannot write --json {json_path}: {exc}", file=sys.stderr, flush=True)
+    if agg is not None and result.get("evidence"):
+        histories = {r: list(s.history) for r, s in agg.ranks.items()}
+        outputs = {rank: output.tail_text(rank) for rank in output.tails} if output is not None else {}
+        try:
+            evidence.write(result["evidence"], result, text, histories, outputs)
+        except Exception as exc:  # the report on the terminal matters more than the bundle
+            print(f"ddpdoctor watch: cannot write the evidence bundle ({short_error(exc)})", file=sys.stderr, flush=True)
 
 
 def join_other_evidence(result: dict[str, Any]) -> None:
@@ -454,7 +457,11 @@ class RankZeroSupervisor(threading.Thread):
         if status != OK:
             self.agg.evidence = evidence.prepare(self.evidence_dir)
             if status != CRASH:
-                collect_stacks(self.server, self.agg, self.agg.evidence)
+                # A host cut off (every rank there silent): the survivors' stacks, but not their Flight
+                # Recorder dumps, which take seconds each on a busy node; the verdict is due within the hang
+                # timeout + 10 s, and what the dumps would show (the collective nobody completes) is known.
+                cut_off = bool(silent_hosts(self.agg, self.agg.here or "", self.agg.verdict_time()))
+                collect_stacks(self.server, self.agg, None if cut_off else self.agg.evidence)
             if status == HANG and self.store is not None:
                 _check_rendezvous(self.agg, self.store[0], self.store[1], rank0_hosts=not self.store[2])
         _report_malformed(self.server)
@@ -520,7 +527,7 @@ def _published_channel_port(info: LaunchInfo) -> int | None:
 
 # A rank that lost the supervisor but is not its host's first (LOCAL_RANK 0, which writes the host's verdict)
 # ends itself this much later: normally the launcher has ended it by then, after the first one's exit.
-FOLLOWER_GRACE_S = 10.0
+FOLLOWER_GRACE_S = 30.0
 # Set while this process writes its lost-contact verdict (in the watchdog thread): the script may end meanwhile
 # (its collective fails once the peer's connection resets), and the process must not exit under the verdict.
 REPORTING = threading.Event()
@@ -551,9 +558,7 @@ def lost_contact_report(info: LaunchInfo, config: WatchConfig, since: float, sil
     failure = lost_contact(host, mine, info.master_addr, hosts, since, silent_s)
     folder = evidence.prepare(config.evidence_dir)
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
-    fr = None
-    if folder:
-        fr = dump_flight_recorder(evidence.fr_path(folder, info.rank)) or evidence.fr_path(folder, info.rank)
+    fr = evidence.fr_path(folder, info.rank) if folder else None
     result: dict[str, Any] = {
         "tool": "ddpdoctor", "version": __version__, "command": "watch", "status": "lost_contact",
         "exit_code": EXIT_PROBLEM, "host": host, "world_size": info.world_size, "hang_timeout_s": config.hang_timeout_s,
@@ -564,11 +569,6 @@ def lost_contact_report(info: LaunchInfo, config: WatchConfig, since: float, sil
         "evidence": folder,
     }
     text = render(result)
-    if folder:
-        try:
-            evidence.write(folder, result, text, {}, {})
-        except Exception as exc:  # the verdict on the terminal matters more than the bundle
-            print(f"ddpdoctor watch: cannot write the evidence bundle ({short_error(exc)})", file=sys.stderr, flush=True)
     from ddpdoctor.outputs import emit_json, json_to_stdout
 
     if not json_to_stdout(config.json_path):
@@ -578,6 +578,13 @@ def lost_contact_report(info: LaunchInfo, config: WatchConfig, since: float, sil
             emit_json(config.json_path, result, "watch")
         except (OSError, DoctorError) as exc:
             print(f"ddpdoctor watch: cannot write --json {config.json_path}: {exc}", file=sys.stderr, flush=True)
+    if folder and fr:
+        # After the verdict is out: the dump (and the bundle's env.json) can take seconds on a busy node.
+        result["ranks"][0]["flight_recorder"] = dump_flight_recorder(fr) or fr
+        try:
+            evidence.write(folder, result, text, {}, {})
+        except Exception as exc:  # the verdict on the terminal matters more than the bundle
+            print(f"ddpdoctor watch: cannot write the evidence bundle ({short_error(exc)})", file=sys.stderr, flush=True)
     _end("", EXIT_PROBLEM)
 
 

@@ -47,12 +47,50 @@ How others tell these apart, and what was taken from them (sources):
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from ddpdoctor.ranks import rank_phrase
 
-if TYPE_CHECKING:
-    from ddpdoctor.watch.aggregate import Aggregator, RankState
+
+class RankState(Protocol):
+    """What this module reads of a rank (``aggregate.RankState``; a protocol, so the aggregator can import
+    this module without a circle)."""
+
+    host: str
+    lost: bool
+    said_exit: bool
+    returncode: int | None
+    ended_at: float | None
+    connected: bool
+    heard_at: float | None
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def echo(self) -> bool: ...
+
+    def how_ended(self) -> str: ...
+
+
+class Aggregator(Protocol):
+    """What this module reads of the supervisor's picture (``aggregate.Aggregator``)."""
+
+    @property
+    def ranks(self) -> dict[int, Any]: ...
+
+    wall_offset: float
+    conflict: dict[str, Any] | None
+
+    def failure_order(self) -> list[int]: ...
+
+
+# The statuses of aggregate (the same strings; kept here so that this module does not import it).
+_CRASH, _HANG, _MISMATCH, _INIT_CONFLICT = "crash", "hang", "mismatch", "init_conflict"
 
 HOST_LOST, PARTITION, CRASH_CLASS, DESYNC = "host_lost", "partition", "crash", "desync"
 HANG_CLASS, STALL, INIT_CONFLICT_CLASS, LOST_CONTACT = "hang", "stall", "init_conflict", "lost_contact"
@@ -76,7 +114,7 @@ NEXT_STEP = {
 }
 
 
-def hosts_of(ranks: dict[int, RankState]) -> dict[str, list[int]]:
+def hosts_of(ranks: Mapping[int, RankState]) -> dict[str, list[int]]:
     """host -> its ranks (sorted), in the order the hosts' lowest ranks come; ranks without a host are left out."""
     found: dict[str, list[int]] = {}
     for rank in sorted(ranks):
@@ -160,9 +198,7 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
     next step, and whether advice about the user's code is warranted. None for a run that ended well.
 
     ``here`` is the supervisor's host (rank 0's under a launcher); ``now`` the verdict's monotonic time."""
-    from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, MISMATCH
-
-    if status not in (CRASH, HANG, INIT_CONFLICT, MISMATCH):
+    if status not in (_CRASH, _HANG, _INIT_CONFLICT, _MISMATCH):
         return None
     hosts = hosts_of(agg.ranks)
     if here is None:
@@ -176,7 +212,7 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
 
     base: dict[str, Any] = {"hosts": [{"host": h, "ranks": r} for h, r in hosts.items()], "evidence": [],
                             "lost_hosts": [], "silent_hosts": [], "silent_ranks": [], "user_code": False}
-    if status == INIT_CONFLICT:
+    if status == _INIT_CONFLICT:
         return {**base, "class": INIT_CONFLICT_CLASS, "summary": (agg.conflict or {}).get("summary", ""),
                 "next_step": (agg.conflict or {}).get("remedy", "")}
     # On one host a silent rank is a frozen process (its main thread holds the GIL: its stack is then read
@@ -188,7 +224,7 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
     others = sorted(agg.ranks)
 
     gone = lost_hosts(agg, here)
-    if gone and status == CRASH:
+    if gone and status == _CRASH:
         lost = gone[0]
         lost_at = lost["at"]
         # Failures elsewhere that came before the host vanished are a crash of their own, not its echo.
@@ -212,7 +248,7 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
                                f"once without an exit status",
                     "next_step": NEXT_STEP[HOST_LOST].format(host=names, here=here or "this host")}
 
-    quiet = silent_hosts(agg, here, now) if status == HANG else []
+    quiet = silent_hosts(agg, here, now) if status == _HANG else []
     if quiet:
         base["silent_hosts"] = [{"host": q["host"], "ranks": q["ranks"], "last_report": clock(_wall(agg, q["since"])),
                                  "age_s": q["age_s"]} for q in quiet]
@@ -231,7 +267,7 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
                            f"{names} (or {names} froze as a whole); not a fault in the training code",
                 "next_step": NEXT_STEP[PARTITION].format(host=names, here=here or "this host")}
 
-    if status == CRASH:
+    if status == _CRASH:
         order = agg.failure_order()
         first = order[0] if order else None
         if first is not None:
@@ -245,7 +281,7 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
 
     involved = _involved(divergence)
     alive = not any(r in silent or agg.ranks[r].finished for r in involved)
-    if status == MISMATCH or (divergence and alive and not stall):
+    if status == _MISMATCH or (divergence and alive and not stall):
         if silent:
             evidence.append("no report from " + "; ".join(
                 f"{on([r])} since {clock(verdict_at - a)}" for r, a in sorted(silent.items())))
