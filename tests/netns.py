@@ -129,8 +129,11 @@ class NetnsHosts:
     def block_port(self, index: int, port: int) -> None:
         """Host ``index`` drops every TCP packet to or from ``port`` (nftables in its namespace; as a firewall
         rule between nodes does). Needs the ``nft`` command (Debian's nftables)."""
+        if shutil.which("nft") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+            subprocess.run(["apt-get", "install", "-y", "nftables"], capture_output=True, timeout=300,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
         if shutil.which("nft") is None:
-            raise RuntimeError("nft (Debian's nftables) is not installed")
+            raise RuntimeError("nft (Debian's nftables) is not installed and could not be installed")
         rules = (f"add table inet ddlab\n"
                  f"add chain inet ddlab input {{ type filter hook input priority 0; }}\n"
                  f"add chain inet ddlab output {{ type filter hook output priority 0; }}\n"

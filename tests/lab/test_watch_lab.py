@@ -200,3 +200,39 @@ def test_the_host_that_loses_rank_0s_host_says_so_itself(supervisor_host_killed:
         in job.text("nodeB"), job.why()
     assert job.written_after_fault_s["nodeB"] <= BOUND_S, job.why()
     assert job.codes["nodeB"] != 0
+
+
+def test_the_lab_hosts_are_whole_and_their_faults_are_real(tmp_path: Path) -> None:
+    """The lab's own faults, checked without torch: each host has its own hostname and sees only its own
+    processes; a blocked port refuses nothing but answers nothing (nftables drops the packets); a host killed
+    takes every one of its processes along."""
+    if not have_netns():
+        pytest.skip("needs root and iproute2 (ip, tc, unshare) for network namespaces")
+    listen = ("import socket,time;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+              "s.bind(('0.0.0.0',29600));s.listen(8);time.sleep(60)")
+    probe = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1],29600),timeout=2).close();print('open')\n"
+             "except OSError as e:\n print(type(e).__name__)")
+    with NetnsHosts(2, whole_hosts=True, subnet="10.79") as hosts:
+        seen = subprocess.run(hosts.command(1, "nodeB", ["sh", "-c", "hostname; ps -e -o comm="]), capture_output=True,
+                              text=True, timeout=30).stdout.split()
+        assert seen[0] == "nodeB" and "sleep" in seen and "python" not in " ".join(seen)
+        server = subprocess.Popen(hosts.command(0, "nodeA", [sys.executable, "-c", listen]))
+        try:
+            def reach() -> str:
+                return subprocess.run(hosts.command(1, "nodeB", [sys.executable, "-c", probe, hosts.ip(0)]),
+                                      capture_output=True, text=True, timeout=30).stdout.strip()
+
+            deadline = time.monotonic() + 30
+            while reach() != "open" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert reach() == "open"
+            try:
+                hosts.block_port(1, 29600)
+            except RuntimeError as exc:  # nft missing and not installable
+                pytest.skip(str(exc))
+            assert reach() == "TimeoutError"  # dropped, not refused: as a firewall between nodes does
+            hosts.kill_host(0)
+            assert server.wait(timeout=30) != 0
+        finally:
+            if server.poll() is None:
+                server.kill()
