@@ -21,16 +21,19 @@ def _timed(copy: Any, device: Any, iters: int, warmup: int) -> float:
     """Seconds per call of ``copy`` (CUDA events, after ``warmup`` untimed calls)."""
     import torch
 
-    for _ in range(warmup):
-        copy()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize(device)
-    start.record()
-    for _ in range(iters):
-        copy()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+    # The events and the copies on the same stream: the current one of ``device`` (a rank bound to cuda:3
+    # whose current device were cuda:0 would otherwise time an idle stream).
+    with torch.cuda.device(device):
+        for _ in range(warmup):
+            copy()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(iters):
+            copy()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
 
 
 def host_device(device: Any, size: int = HOST_DEVICE_BYTES, iters: int = ITERS, warmup: int = WARMUP) -> dict[str, float]:
