@@ -11,16 +11,25 @@ A diagnosis names the failure; the values in its lines often name the cause too,
   initializing process group in store based barrier" message (distributed_c10d.py: the timeout passed to
   init_process_group; default_pg_timeout is 30 minutes), ``Timeout(ms)=60000`` in the NCCL watchdog's (the
   NCCL default is 10 minutes, default_pg_nccl_timeout): a value below the default was set by the job, and a
-  rank that is merely slow (loading or tokenising data, compiling) is then reported as missing.
+  rank that is merely slow (loading or tokenising data, compiling) is then reported as missing;
+* **the interface NCCL picked**: ``NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>`` or ``NET/Socket : Using
+  [0]veth...`` (a fact signature, ``hint_for`` in kb.json) under a connect failure or a timeout;
+* **Ray Train workers** (``(RayTrainWorker pid=N, ...)`` on the lines) that share a GPU or see none;
+* **the rank the others waited for** before a collective timeout: a rank with lines in the log that did not
+  report the timeout, and its last line of progress ("Tokenizing train split: 45%", "Evaluating: ..."), read
+  from the end of the input (the scanner keeps its last MiB anyway).
 
-Each hint quotes the line it came from. Pure functions of the diagnoses (no pass over the input).
+Each hint quotes the line it came from. Pure functions of the diagnoses and of the inputs' last bytes (no
+further pass over the input).
 """
 
 from __future__ import annotations
 
 import re
 
-from ddpdoctor.explain.model import Diagnosis
+from ddpdoctor.explain.lines import LINE_PREFIX_RANK, rank_int, strip_paste
+from ddpdoctor.explain.model import MAX_EVIDENCE_CHARS, Diagnosis
+from ddpdoctor.explain.phases import MAX_TAIL_LINE_CHARS, chatter
 
 # Diagnoses whose details name the address a rank tried to reach.
 ADDRESS_DETAILS = {"gloo-connect-failed": ("peer",), "remote-process-exited": ("peer",),
@@ -84,9 +93,99 @@ def _short_timeout(d: Diagnosis) -> list[str]:
     return out
 
 
-def add_hints(diagnoses: list[Diagnosis]) -> None:
-    """Attach what each diagnosis's own values say (see the module docstring) to its ``hints``."""
+# Ray Train prints each worker's lines behind "(RayTrainWorker pid=N, ip=A)"; its ScalingConfig decides the GPUs
+# each worker gets (use_gpu, resources_per_worker) and Ray sets CUDA_VISIBLE_DEVICES from that.
+_RAY_WORKER = re.compile(r"\(RayTrainWorker pid=\d+")
+RAY_GPU_IDS = ("duplicate-gpu", "no-gpu-visible", "invalid-device-ordinal")
+
+
+def _ray_workers(d: Diagnosis) -> list[str]:
+    if d.id not in RAY_GPU_IDS:
+        return []
+    line = next((e.text for e in d.evidence if _RAY_WORKER.search(e.text)), None)
+    if line is None:
+        return []
+    return [f"The ranks are Ray Train workers (\"{line}\"): Ray gives each worker the GPUs its ScalingConfig "
+            "reserves and sets CUDA_VISIBLE_DEVICES to them. Workers that share one GPU or see none were given a "
+            "fraction of a GPU or none: use ScalingConfig(num_workers=N, use_gpu=True) (one GPU per worker, "
+            "resources_per_worker={'GPU': 1}) with at most as many workers as GPUs, and let Ray Train pick the "
+            "device (ray.train.torch.get_device()) instead of a hard-coded cuda:N."]
+
+
+def _fact(d: Diagnosis) -> str:
+    """What a fact diagnosis (``hint_for``) adds to the diagnosis it sharpens: its cause and remedy, quoting
+    its line."""
+    line = d.evidence[0].text if d.evidence else ""
+    return f"{d.signature.title} (\"{line}\"): {d.signature.cause} {d.signature.remedy}"
+
+
+# Collective timeouts: the ranks that print one waited for a rank that does not.
+TIMEOUT_IDS = ("nccl-timeout", "gloo-timeout")
+MAX_LAGGING_HINTS = 2
+
+
+def last_progress_lines(tail: bytes, at_file_start: bool, last_line: int, name: str,
+                        file_rank: int | None) -> dict[int, tuple[str, int, str]]:
+    """rank -> (input, line number, text) of the last line of each rank in ``tail`` (the input's last bytes)
+    that shows its own progress: not NCCL's INFO lines, glog info/warnings or Python warnings
+    (``phases.chatter``), not an error. A rank's lines are told by torchrun's ``[rankN]:`` prefix, or the
+    whole input is one rank's (``file_rank``)."""
+    lines = tail.decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not at_file_start and lines:
+        lines.pop(0)
+    first_no = last_line - len(lines) + 1
+    out: dict[int, tuple[str, int, str]] = {}
+    for i in range(len(lines) - 1, -1, -1):
+        raw = lines[i].rstrip("\r")[:MAX_TAIL_LINE_CHARS]
+        text = strip_paste(raw)
+        prefix = LINE_PREFIX_RANK.match(text)
+        rank = rank_int(prefix.group(1) or prefix.group(2) or prefix.group(3) or "") if prefix else file_rank
+        if rank is None or rank in out:
+            continue
+        body = text[prefix.end():].strip() if prefix else text.strip()
+        if not body or chatter(raw) or _LOUD.search(body):
+            continue
+        # tqdm redraws a bar with \r on one line: the last redraw is what the terminal showed.
+        shown = body.rsplit("\r", 1)[-1].strip() or body
+        out[rank] = (name, first_no + i, shown[:MAX_EVIDENCE_CHARS])
+    return out
+
+
+# An error line or a traceback's piece: not progress.
+_LOUD = re.compile(r"Error|Exception|Traceback|^File \"|NCCL WARN|Watchdog|timed? ?out|Timeout|exitcode|SIG[A-Z]{2,5}")
+
+
+def _lagging(d: Diagnosis, progress: dict[int, tuple[str, int, str]]) -> list[str]:
+    if d.id not in TIMEOUT_IDS or not d.ranks:
+        return []
+    out = []
+    for rank in sorted(set(progress) - d.ranks)[:MAX_LAGGING_HINTS]:
+        name, line, text = progress[rank]
+        out.append(f"Rank {rank} did not report this timeout; its last line of progress, \"{text}\" ({name}:{line}), "
+                   "is what the other ranks were waiting behind: work that rank did alone (an evaluation, "
+                   "tokenising or loading a dataset, saving a checkpoint) took longer than the timeout. Do that "
+                   "work on every rank or before init_process_group, put a barrier after it, or raise the "
+                   "process group's timeout.")
+    return out
+
+
+def add_hints(diagnoses: list[Diagnosis],
+              progress: dict[int, tuple[str, int, str]] | None = None) -> list[Diagnosis]:
+    """Attach what each diagnosis's own values say (see the module docstring) to its ``hints``; a fact
+    (``hint_for``: NCCL bootstrapping over docker0) goes to the first diagnosis it sharpens and is never listed
+    on its own. Returns the diagnoses without the facts."""
+    out = []
     for d in diagnoses:
-        for hint in (*_loopback(d), *_short_timeout(d)):
+        if d.signature.hint_for:
+            target = next((x for x in diagnoses if x.id in d.signature.hint_for), None)
+            if target is not None and (hint := _fact(d)) not in target.hints:
+                target.hints.append(hint)
+            continue
+        out.append(d)
+    for d in out:
+        for hint in (*_loopback(d), *_short_timeout(d), *_ray_workers(d), *_lagging(d, progress or {})):
             if hint not in d.hints:
                 d.hints.append(hint)
+    return out

@@ -90,6 +90,13 @@ class Signature:
     # process that is no DDP problem: a single-GPU script's OOM or device-side assert; exit 0, no false alarm)
     # or ``none`` (a catch-all that knows no message: a plain script's NameError is not reported at all).
     alone: str = "failure"
+    # A fact, not a finding (issue 33, item 5): never reported on its own; what it says is added as a note to
+    # the first of these diagnoses that is present (NCCL chose a docker bridge -> a connect failure).
+    hint_for: tuple[str, ...] = ()
+    # Looked for with bytes.find on each input's first block only, not through the prefilter: NCCL's start-up
+    # INFO lines ("Bootstrap : Using docker0:...") come early, and a keyword holding "Using" put a lead byte on
+    # every heartbeat line ("GUID"): 20 % of that family's scan speed.
+    first_block: tuple[str, ...] = ()
     alone_title: str = ""
     alone_cause: str = ""
 
@@ -166,15 +173,17 @@ def parse_kb(text: str) -> list[Signature]:
             notes={k: dict(v) for k, v in raw.get("notes", {}).items()},
             catch_all=bool(raw.get("catch_all", False)),
             links=tuple(_links(raw, raw["id"])), derived=derived, alone=alone.get("as", "failure"),
-            alone_title=alone.get("title", ""), alone_cause=alone.get("cause", "")))
+            alone_title=alone.get("title", ""), alone_cause=alone.get("cause", ""),
+            hint_for=tuple(raw.get("hint_for", ())), first_block=tuple(raw.get("first_block", ()))))
     ids = [s.id for s in sigs]
     if len(set(ids)) != len(ids):
         raise ValueError("explain KB: duplicate signature ids")
-    named = {i for s in sigs for i in (*s.followup_ids, *s.suppressed_by)}
+    named = {i for s in sigs for i in (*s.followup_ids, *s.suppressed_by, *s.hint_for)}
     named |= {i for s in sigs for link in s.links for i in (link.cause, link.consequence) if i}
     unknown = named - set(ids)
     if unknown:
-        raise ValueError(f"explain KB: followup/suppressed_by/causes/explained_by name unknown ids {sorted(unknown)}")
+        raise ValueError(f"explain KB: followup/suppressed_by/causes/explained_by/hint_for name unknown ids "
+                         f"{sorted(unknown)}")
     _refuse_causal_cycles(sigs)
     return sigs
 

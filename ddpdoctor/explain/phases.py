@@ -208,6 +208,12 @@ def _marker(raw: str, line: int, file_rank: int | None) -> Marker | None:
     return None
 
 
+def chatter(raw: str) -> bool:
+    """Whether a line says nothing about progress (NCCL INFO, glog info/warning, Python warnings, c10's C++
+    stack, torchrun's banner): see ``_chatter``."""
+    return _chatter(raw)
+
+
 def _chatter(raw: str) -> bool:
     """Whether a line that is no phase line says nothing about progress (see the module docstring)."""
     if "NCCL INFO " in raw or _GLOG_QUIET.match(raw):

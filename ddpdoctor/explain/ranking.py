@@ -63,6 +63,9 @@ class Facts:
     last_fatal_line: dict[int, int] = field(default_factory=dict)
     # Inputs that end inside a phase (see phases.where_input_ends).
     phase_ends: list[PhaseEnd] = field(default_factory=list)
+    # rank -> (input name, line number, text) of the last line that showed the rank's own progress, read from
+    # the end of each input that held a collective timeout (see hints.last_progress_lines).
+    last_progress: dict[int, tuple[str, int, str]] = field(default_factory=dict)
 
 
 def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts | None = None,

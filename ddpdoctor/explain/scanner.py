@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from functools import partial
 from typing import IO, Any
 
-from ddpdoctor.explain.hints import add_hints
+from ddpdoctor.explain.hints import TIMEOUT_IDS, add_hints, last_progress_lines
 from ddpdoctor.explain.knowledge import Signature, load_kb
 from ddpdoctor.explain.lines import (
     DIST_CONTEXT,
@@ -71,6 +71,7 @@ MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines)
 MAX_MATCH_CHARS = 4096
 # Terminal-wrapped lines (issue 15): a line at least MIN_WRAP_CHARS long may continue on up to this many lines.
 MAX_CONTINUATION_LINES = 3
+MAX_FIRST_BLOCK_HITS = 16  # lines per literal of a first_block signature (one per rank and communicator)
 MAX_BACKWARD_LINES = 2  # the pieces before the keyword's: the message's start, its "[rank3]:" or "[Rank 3]"
 
 LOOKBACK_LINES = 10  # torchrun's failure summary: the "rank :" line sits a few lines above "exitcode :"
@@ -158,6 +159,7 @@ class Scanner:
         self._prefilter = build_prefilter([*(k for s in self.kb for k in s.keywords), *self._templates.keywords,
                                            *RAISE_KEYWORDS])
         self._specific = [s for s in self.kb if not s.catch_all]  # what a raise line's message may be credited to
+        self._first_block = [(s, tuple(x.encode() for x in s.first_block)) for s in self.kb if s.first_block]
         # Which keywords a line holds is found once per line, not once per signature (many signatures
         # share 'Error: ' / 'NCCL WARN'); a line without a signature's keyword is not tried against it.
         self._keywords = tuple(sorted({k for s in self.kb for k in s.keywords}))
@@ -228,6 +230,9 @@ class Scanner:
         ending = where_input_ends(end_tail, len(end_tail) == consumed, lines_in_input, name, file_index, file_rank)
         if ending is not None:
             self._facts.phase_ends.append(ending)
+        if any(i in self._found for i in TIMEOUT_IDS):  # what the rank the others waited for did last
+            self._facts.last_progress.update(last_progress_lines(end_tail, len(end_tail) == consumed,
+                                                                 lines_in_input, name, file_rank))
 
     def _scan_block(self, block: bytearray, size: int, tail: bytes, name: str, file_index: int,
                     lines_before: int, file_rank: int | None) -> int:
@@ -243,6 +248,8 @@ class Scanner:
             # (see _match_line). Checking every block of a log with no sign cost twelve passes per block:
             # trainer and HF-Trainer logs ran at half speed for it.
             self._distributed = True
+        if lines_before == 0 and self._first_block:
+            self._scan_first_block(block, size, name, file_index, file_rank, tail)
         prefilter = self._prefilter
         folded = prefilter.fold(block, size)
         m = prefilter.search(folded, 0, size)
@@ -287,6 +294,25 @@ class Scanner:
             elif sig is not None and sig.followup_lines:
                 self._pending = (tuple(self._by_id[i] for i in sig.followup_ids), sig.followup_lines)
         return line_no + block.count(b"\n", counted_to, size)
+
+    def _scan_first_block(self, block: bytearray, size: int, name: str, file_index: int, file_rank: int | None,
+                          tail: bytes) -> None:
+        """The ``first_block`` signatures (start-up facts such as the interface NCCL chose), found with
+        ``bytes.find`` in an input's first block: a handful of literal searches per input, nothing per block."""
+        for sig, literals in self._first_block:
+            for literal in literals:
+                pos, found = 0, 0
+                while found < MAX_FIRST_BLOCK_HITS:
+                    at = block.find(literal, pos, size)
+                    if at < 0:
+                        break
+                    start = block.rfind(b"\n", 0, at) + 1
+                    end = _line_end(block, at, size)
+                    if end - start <= MAX_MATCH_CHARS:
+                        line_no = block.count(b"\n", 0, start)
+                        self._match_line(_decode(block, start, end), [sig], False, name, file_index, line_no + 1,
+                                         file_rank, partial(self._lookback, block, start, tail))
+                    pos, found = end + 1, found + 1
 
     def _followups(self, block: bytearray, size: int, pos: int, line_no: int, follow: tuple[Signature, ...],
                    remaining: int, name: str, file_index: int, file_rank: int | None,
@@ -736,5 +762,5 @@ class Scanner:
     # -- result ------------------------------------------------------------------------------------
     def result(self) -> ExplainResult:
         ordered = order_diagnoses(self._found, self._distributed, self._facts, self._by_id)
-        add_hints(ordered)
+        ordered = add_hints(ordered, self._facts.last_progress)
         return ExplainResult(ordered, list(self.files), self.lines_scanned, self.bytes_scanned, self.lines_windowed)

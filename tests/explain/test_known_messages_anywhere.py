@@ -213,3 +213,83 @@ def test_a_short_nccl_timeout_is_named() -> None:
     assert first.id == "nccl-timeout" and any("60000 (60 s), shorter than NCCL's 10-minute default" in n
                                               for n in first.notes)
     assert not any("shorter" in n for n in explain_text(line.replace("60000", "600000")).diagnoses[0].notes)
+
+
+def test_nccl_on_a_docker_bridge_sharpens_the_connect_failure_and_alone_says_nothing() -> None:
+    """src/bootstrap.cc ("Bootstrap : Using IF:ADDR") and transport/net_socket.cc ("NET/Socket : Using [0]IF:ADDR")
+    name the interface; src/misc/socket.cc takes docker only when it finds no other. A fact, never a finding."""
+    chosen = ("node-b:4004:4074 [0] NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>\n"
+              "node-b:4004:4074 [0] NCCL INFO NET/Socket : Using [0]docker0:172.17.0.1<0>\n")
+    # misc/socket.cc (2.19+): socketStartConnect's WARN
+    failed = ("node-b:4004:4090 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to 172.17.0.1<35121> "
+              "failed : Software caused connection abort\n")
+    result = explain_text(chosen + failed)
+    assert [d.id for d in result.diagnoses] == ["nccl-connect-failed"]
+    note = result.diagnoses[0].notes[-1]
+    assert "Bootstrap : Using docker0:172.17.0.1" in note and "NCCL_SOCKET_IFNAME" in note
+    proc = run_cli(["explain", "--json", "-"], input_text=chosen)
+    assert (proc.returncode, json.loads(proc.stdout)["diagnoses"]) == (0, [])
+
+
+def test_ray_train_workers_on_one_gpu_get_the_scaling_config_hint() -> None:
+    # NCCL init.cc: "Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", behind Ray's prefix.
+    line = ("(RayTrainWorker pid=2301, ip=10.0.0.5) node:2301:2400 [0] init.cc:1003 NCCL WARN Duplicate GPU "
+            "detected : rank 1 and rank 0 both on CUDA device 1a000\n")
+    first = explain_text(line).diagnoses[0]
+    assert first.id == "duplicate-gpu" and any("ScalingConfig" in n and "RayTrainWorker pid=2301" in n
+                                               for n in first.notes)
+    assert not any("Ray" in n for n in explain_text(line.split(") ", 1)[1]).diagnoses[0].notes)
+
+
+# --- the neighbours ----------------------------------------------------------------------------------------
+
+# torch/csrc/DataLoader.cpp (THPModule_errorIfAnyWorkerFails, the worker's SIGSEGV handler).
+DATALOADER_BUS = ("[rank3]: RuntimeError: DataLoader worker (pid 30882) is killed by signal: Bus error. It is possible "
+                  "that dataloader's workers are out of shared memory. Please try to raise your shared memory limit.\n")
+DATALOADER_KILLED = "[rank3]: RuntimeError: DataLoader worker (pid 30882) is killed by signal: Killed. \n"
+DATALOADER_SEGV = "[rank0]: ERROR: Unexpected segmentation fault encountered in worker.\n"
+# aws-ofi-nccl src/nccl_ofi_sendrecv.cpp:582 (v1.7.4-aws: nccl_ofi_rdma.c:617), printed by NCCL's logger.
+OFI_REGISTER = ("ip-10-0-1-1:3236:3428 [4] register_rail_mr_buffer:617 NCCL WARN NET/OFI Unable to register memory "
+                "(type = 2) for device 4. RC: -22, Error: Invalid argument\n")
+# torch/cuda/__init__.py _lazy_init.
+CUDA_FORK = ("[rank0]: RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
+             "you must use the 'spawn' start method\n")
+
+
+@pytest.mark.parametrize(("text", "want", "level"), [
+    (DATALOADER_BUS, "shared-memory", "error"),
+    (DATALOADER_KILLED, "dataloader-worker-error", "error"),
+    (DATALOADER_SEGV, "dataloader-worker-error", "error"),
+    (DATALOADER_KILLED.replace("[rank3]: ", ""), "dataloader-worker-error", "note"),
+    (OFI_REGISTER, "ofi-memory-registration", "error"),
+    (CUDA_FORK, "cuda-unavailable", "error"),
+    ("AssertionError: Torch not compiled with CUDA enabled\n", "cuda-unavailable", "note"),
+], ids=["dataloader-bus-error", "dataloader-killed", "dataloader-segv", "dataloader-one-process", "efa-register",
+        "cuda-fork", "cpu-build-one-process"])
+def test_the_neighbours_every_ddp_user_meets(text: str, want: str, level: str) -> None:
+    first = explain_text(text).diagnoses[0]
+    assert (first.id, first.level) == (want, level)
+
+
+def test_efa_registration_says_what_its_return_code_means() -> None:
+    notes = explain_text(OFI_REGISTER).diagnoses[0].notes
+    assert any("EFA installers before 1.29.1" in n and "FI_EFA_SET_CUDA_SYNC_MEMOPS=0" in n for n in notes)
+
+
+def test_the_rank_the_others_waited_for_is_named_with_its_last_line() -> None:
+    """ProcessGroupNCCL.cpp's watchdog timeout on rank 1 while rank 0 evaluates alone (tqdm's redraws glued with
+    \\r): the hint names rank 0 and quotes its last redraw, with the line number."""
+    log = ("[rank0]: epoch 0 step 100 loss 1.23\n[rank1]: epoch 0 step 100 loss 1.25\n"
+           "[rank0]: Evaluating:  12%|#         | 120/1000 [00:30<03:40,  4.0it/s]\r"
+           "[rank0]: Evaluating:  13%|#         | 130/1000 [00:33<03:38,  4.0it/s]\n"
+           "[rank1]:[E1122 01:39:40.561000 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+           "timeout: WorkNCCL(SeqNum=205, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+           "600001 milliseconds before timing out.\n")
+    first = explain_text(log).diagnoses[0]
+    assert first.id == "nccl-timeout" and first.ranks == {1}
+    hint = next(n for n in first.notes if n.startswith("Rank 0 did not report this timeout"))
+    assert "Evaluating:  13%" in hint and ":3)" in hint
+    # Every rank that printed lines reported the timeout: nobody to name.
+    both = log.replace("[rank0]: Evaluating", "[rank0]: evaluating") + log.splitlines()[-1].replace(
+        "[rank1]", "[rank0]").replace("Rank 1]", "Rank 0]") + "\n"
+    assert not any("did not report" in n for n in explain_text(both).diagnoses[0].notes)
