@@ -466,17 +466,19 @@ def peak_busbw(rows: Sequence[Any]) -> tuple[float, list[tuple[int, float]]]:
     return (max(by_size.values()) if by_size else 0.0), sorted(by_size.items())
 
 
-def host_groups(hosts: Mapping[int, str]) -> list[tuple[str, list[int]]]:
-    """Hosts in order of their first rank, each with its ranks (issue 32: 'nodeB: ranks 2-3')."""
-    groups: dict[str, list[int]] = {}
-    for rank in sorted(hosts):
-        groups.setdefault(hosts[rank], []).append(rank)
-    return list(groups.items())
+def host_groups(hosts: Mapping[int, str]) -> dict[str, list[int]]:
+    """Host -> its ranks, hosts in order of their lowest rank (the spelling check, stacks and fr use:
+    :func:`ddpdoctor.runtime.hosts.ranks_by_host`)."""
+    from ddpdoctor.runtime.hosts import ranks_by_host
+
+    return ranks_by_host(hosts.items())
 
 
 def host_groups_text(hosts: Mapping[int, str]) -> str:
-    """'nodeA: rank 0; nodeB: ranks 1-2'."""
-    return "; ".join(f"{h}: rank{'s' if len(rs) > 1 else ''} {format_rank_list(rs)}" for h, rs in host_groups(hosts))
+    """'nodeA: rank 0; nodeB: ranks 1-2' (issue 32's "the host in every answer"; long lists shortened)."""
+    from ddpdoctor.runtime.hosts import hosts_text
+
+    return hosts_text(host_groups(hosts))
 
 
 # -- crowding (shared with the bandwidth check) --------------------------------------------------------

@@ -171,9 +171,9 @@ def render_expectation(v: Verdict, thresholds: Thresholds, label: str = "peak bu
     return "\n".join(lines)
 
 
-def hosts_json(hosts: Mapping[int, str]) -> list[dict[str, Any]]:
-    """[{"host": "nodeA", "ranks": [0, 1]}, ...] in order of first rank."""
-    return [{"host": h, "ranks": rs} for h, rs in host_groups(hosts)]
+def hosts_json(hosts: Mapping[int, str]) -> dict[str, list[int]]:
+    """{"nodeA": [0, 1], "nodeB": [2, 3]} in order of first rank, as check's, stacks' and fr's JSON say it."""
+    return host_groups(hosts)
 
 
 def render_pairs(analysis: PairAnalysis, size: int, assessment: Assessment | None = None) -> str:

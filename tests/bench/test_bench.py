@@ -339,8 +339,7 @@ def test_pairs_name_the_rate_limited_host_and_its_qdisc(tmp_path: Path) -> None:
     assert "SLOW HOST nodeC" in stdout and "slow host: nodeC" in stdout
     # Where each rank runs, grouped by host.
     assert "# hosts: nodeA: rank 0; nodeB: rank 1; nodeC: rank 2" in stdout
-    assert data["hosts"] == [{"host": "nodeA", "ranks": [0]}, {"host": "nodeB", "ranks": [1]},
-                             {"host": "nodeC", "ranks": [2]}]
+    assert data["hosts"] == {"nodeA": [0], "nodeB": [1], "nodeC": [2]}
     # The collective: a few percent of the 1.25 GB/s the interfaces report, the qdisc named first.
     whole = data["per_op"]["all_reduce"]["expected"]
     assert whole["expected_busbw_gbps"] == 1.25 and whole["status"] == "fail" and whole["pct"] < 10, whole
