@@ -96,6 +96,8 @@ def reach_other_hosts(processes: list[ProcessStacks], timeout: float) -> dict[st
         if view is None or not view.reachable:
             info["why_not"] = f"the job's store at {address} could not be read ({view.error if view else 'bad port'})"
             continue
+        # Where they run, from their gloo address records (gloo jobs), before anything is fetched.
+        info["hosts"] = ranks_by_host((r, h) for r, h in view.hosts.items() if r in report.elsewhere)
         wanted = {rank: url for rank, url in view.debug.items() if rank in report.elsewhere}
         if not wanted:
             info["why_not"] = ("the job runs no PyTorch debug servers (torch.distributed.debug.start_debug_server "
@@ -107,7 +109,8 @@ def reach_other_hosts(processes: list[ProcessStacks], timeout: float) -> dict[st
             processes.append(proc)
             if proc.error is None:
                 info["fetched"].append(rank)
-        info["hosts"] = ranks_by_host((rank, remote.host_of(url)) for rank, url in wanted.items())
+        info["hosts"] = ranks_by_host([*((r, h) for r, h in view.hosts.items() if r in report.elsewhere),
+                                       *((rank, remote.host_of(url)) for rank, url in wanted.items())])
         info["flight_recorder"], info["flight_recorder_summary"] = remote.flight_recorder(
             view.debug, report.world_size, timeout)
     return found

@@ -12,6 +12,9 @@ are the diagnosis. The job's TCPStore (``MASTER_ADDR:MASTER_PORT``) knows who ca
   2.13 with 2 of 3 ranks started). Under torchrun's agent store the job's keys carry a further prefix.
 - With ``env://`` and no agent store, rank 0 *hosts* the store and waits inside the TCPStore constructor
   for every worker to connect, before it publishes anything: the store answering is rank 0 having arrived.
+  The value is gloo's ``Rank::bytes()`` (gloo/transport/tcp/context.cc): a native ``size_t`` length (8
+  bytes, little-endian on x86-64 and aarch64), the rank's ``gethostname()``, then its socket address and
+  pair ids; so the store also says on which host each gloo rank runs (``vm`` read back on torch 2.13).
 - NCCL publishes no key per rank (rank 0 sets the unique id, the others read it): there the store says
   only that it is up.
 
@@ -41,6 +44,7 @@ PROBE_S = 30.0  # the whole probe, torch's import included (seconds on a busy no
 STORE_S = 5.0  # the store's own answer, once the probe has imported torch
 _GLOO_KEY = re.compile(r"(?:^|/)default_pg/\d+//cpu//\d+/(\d+)$")
 _DEBUG_KEY = re.compile(r"(?:^|/)debug_server/rank(\d+)$")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 _DEBUG_URL = re.compile(r"^https?://[A-Za-z0-9._:\[\]-]{1,300}$")
 _MAX_KEYS = 100_000
 
@@ -51,11 +55,16 @@ print("imported", flush=True)
 store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, wait_for_workers=False,
                       timeout=datetime.timedelta(seconds=float(sys.argv[3])))
 keys = store.list_keys() if hasattr(store, "list_keys") else None
-debug = {}
+debug, hosts = {}, {}
 for key in (keys or [])[:100000]:
-    if re.search(r"(?:^|/)debug_server/rank\d+$", key) and len(debug) < 100000:
+    if re.search(r"(?:^|/)debug_server/rank\d+$", key):
         debug[key] = store.get(key)[:512].decode("utf-8", "replace")
-print(json.dumps({"keys": keys[:100000] if keys is not None else None, "debug": debug}))
+    elif re.search(r"(?:^|/)default_pg/\d+//cpu//\d+/\d+$", key):
+        value = store.get(key)
+        size = int.from_bytes(value[:8], "little")
+        if 0 < size <= 255 and len(value) >= 8 + size:
+            hosts[key] = value[8:8 + size].decode("utf-8", "replace")
+print(json.dumps({"keys": keys[:100000] if keys is not None else None, "debug": debug, "hosts": hosts}))
 """
 
 
@@ -70,6 +79,8 @@ class StoreView:
     error: str | None = None
     # rank -> the HTTP address of its PyTorch debug worker server (``debug_server/rank<N>``), when it runs one
     debug: dict[int, str] = field(default_factory=dict)
+    # rank -> its host name, from its gloo address record (gloo jobs only)
+    hosts: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"store": self.address, "reachable": self.reachable, "keys_listed": self.keys_listed,
@@ -119,7 +130,21 @@ def read_store(host: str, port: int, timeout_s: float = PROBE_S, store_s: float 
     found = doc.get("debug") if isinstance(doc, dict) else None
     if isinstance(found, dict):
         view.debug = debug_addresses(found)
+    named = doc.get("hosts") if isinstance(doc, dict) else None
+    if isinstance(named, dict):
+        view.hosts = gloo_hosts(named)
     return view
+
+
+def gloo_hosts(values: dict[str, object]) -> dict[int, str]:
+    """rank -> host name from the probe's reading of the gloo address records; a name with characters no
+    host name has (anyone who can reach the store can write it) is left out."""
+    found: dict[int, str] = {}
+    for key, value in values.items():
+        match = _GLOO_KEY.search(key) if isinstance(key, str) else None
+        if match and isinstance(value, str) and _HOST_NAME.match(value):
+            found[int(match.group(1))] = value
+    return dict(sorted(found.items()))
 
 
 def debug_addresses(values: dict[str, object]) -> dict[int, str]:

@@ -117,9 +117,12 @@ def other_hosts_lines(report: JobReport) -> list[str]:
                      f"{info['flight_recorder_summary']}")
     if report.elsewhere:
         why = f" ({info['why_not']})" if info.get("why_not") else ""
+        named = {h: [r for r in ranks if r in report.elsewhere] for h, ranks in (info.get("hosts") or {}).items()}
+        named = {h: ranks for h, ranks in named.items() if ranks}
+        where = f" ({hosts_text(named)}, from the job's store)" if named else ""
         first, merge = other_hosts_commands(report)
-        lines.append(f"  {rank_phrase(report.elsewhere)} run on other hosts, not read from here{why}; on each "
-                     f"of those hosts run:")
+        lines.append(f"  {rank_phrase(report.elsewhere)} run on other hosts{where}, not read from here{why}; on "
+                     f"each of those hosts run:")
         lines.append(f"      {first}")
         lines.append(f"    and with this host's --json as well, merge the files: {merge}")
     return lines

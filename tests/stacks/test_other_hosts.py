@@ -40,6 +40,7 @@ class Capture:
     returncode: int
     text: str
     doc: dict  # type: ignore[type-arg]
+    store_hosts: object  # rank -> host as read_store found it in the gloo records (or the probe's stderr)
 
 
 def _wait_ready(procs: list[subprocess.Popen[str]]) -> dict[int, int]:
@@ -87,7 +88,13 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
             done = subprocess.run(hosts.command(0, "nodea", [*mount, *stacks]), capture_output=True, text=True,
                                   timeout=180, env=clean_env(), cwd=REPO)
             doc = json.loads(out.read_text()) if out.exists() else {}
-            yield Capture(done.returncode, done.stdout + done.stderr, doc)
+            # What the store says of each gloo rank's host (its gloo address record), read from nodea.
+            probe = ("import json; from ddpdoctor.stacks.rendezvous import read_store; "
+                     f"print(json.dumps(read_store({hosts.ip(0)!r}, 29500).hosts))")
+            said = subprocess.run(hosts.command(0, "nodea", [sys.executable, "-c", probe]), capture_output=True,
+                                  text=True, timeout=120, env=clean_env(), cwd=REPO)
+            store_hosts = json.loads(said.stdout.strip().splitlines()[-1]) if said.returncode == 0 else said.stderr
+            yield Capture(done.returncode, done.stdout + done.stderr, doc, store_hosts)
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -116,6 +123,13 @@ def test_the_other_hosts_rank_is_read_over_http_and_named_by_host(capture: Captu
 
 @pytest.mark.slow
 @pytest.mark.requires_netns
+def test_the_jobs_store_says_where_each_gloo_rank_runs(capture: Capture) -> None:
+    # gloo's Rank record (gloo/transport/tcp/context.cc) starts with the rank's gethostname().
+    assert capture.store_hosts == {"0": "nodea", "1": "nodeb"}
+
+
+@pytest.mark.slow
+@pytest.mark.requires_netns
 def test_every_ranks_flight_recorder_is_read_over_http(capture: Capture) -> None:
     fr = capture.doc["jobs"][0]["other_hosts"]["flight_recorder"]
     assert fr["fetched_ranks"] == [0, 1], fr
@@ -134,9 +148,11 @@ def test_without_debug_servers_the_commands_for_the_other_hosts_are_printed() ->
                           threads=[ThreadStack(1, "MainThread", True, BARRIER)]) for r in (0, 1)]
     [report] = analyze(here)
     assert report.elsewhere == [2, 3] and report.missing_ranks == []
-    report.other_hosts = {"here": ["nodea"], "why_not": "the job runs no PyTorch debug servers"}
+    report.other_hosts = {"here": ["nodea"], "why_not": "the job runs no PyTorch debug servers",
+                          "hosts": {"nodeb": [2, 3]}}  # as the store's gloo records say (test above)
     text = render_text([report])
-    assert "ranks 2-3 run on other hosts, not read from here (the job runs no PyTorch debug servers)" in text
+    assert ("ranks 2-3 run on other hosts (nodeb: ranks 2-3, from the job's store), not read from here (the job "
+            "runs no PyTorch debug servers)") in text
     assert 'ddpdoctor stacks --job slurm:77.0 --json "$(hostname).json"' in text
     assert "ddpdoctor stacks merge nodea.json OTHER-HOST.json ..." in text
     job = to_json(here, [report], "py-spy")["jobs"][0]
