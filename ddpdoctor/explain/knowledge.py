@@ -99,19 +99,26 @@ class Signature:
     first_block: tuple[str, ...] = ()
     alone_title: str = ""
     alone_cause: str = ""
+    # Details that make a note-when-alone diagnosis a failure after all: the message is the distributed
+    # library's own (shared-memory's NCCL segment, ``segment=/dev/shm/nccl-*``, unlike a DataLoader's bus error).
+    alone_failure_if: tuple[str, ...] = ()
+    alone_failure_title: str = ""
 
     @property
     def is_note(self) -> bool:
         """A hint, not a failure: never the reason for exit 1."""
         return self.role == "note"
 
-    def for_one_process(self) -> Signature | None:
-        """This signature as reported in a log with no sign of a distributed job (see ``alone``), or None
-        when it is not reported there at all."""
+    def for_one_process(self, details: dict[str, list[str]] | None = None) -> Signature | None:
+        """This signature as reported in a log with no sign of a distributed job (see ``alone``), given the
+        diagnosis's ``details``, or None when it is not reported there at all."""
         if not self.needs_distributed or self.alone == "none":
             return None if self.needs_distributed else self
-        return replace(self, role="note" if self.alone == "note" else self.role,
-                       title=self.alone_title or self.title, cause=self.alone_cause or self.cause)
+        note = self.alone == "note" and not any((details or {}).get(n) for n in self.alone_failure_if)
+        if note:
+            return replace(self, role="note", title=self.alone_title or self.title, cause=self.alone_cause or self.cause)
+        return replace(self, title=self.alone_failure_title or self.alone_title or self.title,
+                       cause=self.alone_cause or self.cause)
 
 
 def _links(raw: dict, own_id: str) -> list[Link]:
@@ -174,6 +181,7 @@ def parse_kb(text: str) -> list[Signature]:
             catch_all=bool(raw.get("catch_all", False)),
             links=tuple(_links(raw, raw["id"])), derived=derived, alone=alone.get("as", "failure"),
             alone_title=alone.get("title", ""), alone_cause=alone.get("cause", ""),
+            alone_failure_if=tuple(alone.get("failure_if", ())), alone_failure_title=alone.get("failure_title", ""),
             hint_for=tuple(raw.get("hint_for", ())), first_block=tuple(raw.get("first_block", ()))))
     ids = [s.id for s in sigs]
     if len(set(ids)) != len(ids):

@@ -78,7 +78,7 @@ def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts
         # note when it is that process's own failure (a single-GPU OOM); only a catch-all is left out.
         alone = []
         for d in diags:
-            sig = d.signature.for_one_process()
+            sig = d.signature.for_one_process(d.details)
             if sig is not None:
                 d.signature = sig
                 alone.append(d)

@@ -35,7 +35,7 @@ NO_NCCL = "RuntimeError: Distributed package doesn't have NCCL built in\n"
 
 @pytest.mark.parametrize(("text", "want", "words"), [
     (INVALID_ORDINAL, "invalid-device-ordinal", "The process asked for a GPU that does not exist"),
-    (SHM_BEHIND_PREFIX, "shared-memory", "too small or full for this process"),
+    (SHM_BEHIND_PREFIX, "shared-memory", "too small or full for NCCL in this process"),
     (NO_NCCL, "nccl-not-available", "has no NCCL"),
 ], ids=["invalid-device-ordinal", "nccl-shm-behind-a-prefix", "no-nccl-built-in"])
 def test_a_known_message_pasted_alone_is_named(text: str, want: str, words: str) -> None:
@@ -293,3 +293,30 @@ def test_the_rank_the_others_waited_for_is_named_with_its_last_line() -> None:
     both = log.replace("[rank0]: Evaluating", "[rank0]: evaluating") + log.splitlines()[-1].replace(
         "[rank1]", "[rank0]").replace("Rank 1]", "Rank 0]") + "\n"
     assert not any("did not report" in n for n in explain_text(both).diagnoses[0].notes)
+
+
+def test_deepspeeds_pdsh_launcher_losing_a_host_over_ssh() -> None:
+    """pdsh src/modules/sshcmd.c: "%p: %s: ssh exited with exit code %d" (%p is pdsh@HOST); DeepSpeed's
+    multi-node launcher runs pdsh. Exit code 255 is ssh's own failure."""
+    log = ("[2024-01-01 10:00:00,000] [INFO] [multinode_runner.py:80:get_cmd] Running on the following workers: "
+           "node1,node2\npdsh@node1: node2: ssh exited with exit code 255\n")
+    first = explain_text(log).diagnoses[0]
+    assert (first.id, first.details["host"], first.details["exit_code"]) == ("deepspeed-launch-error", ["node2"],
+                                                                               ["255"])
+    assert any("passwordless ssh" in n for n in first.notes)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # torch/csrc/DataLoader.cpp's SIGBUS message in a plain script: that process's failure.
+    (DATALOADER_BUS.replace("[rank3]: ", ""), "shared-memory"),
+    # torch/cuda/__init__.py / c10's "No CUDA GPUs are available" in a plain script.
+    ("RuntimeError: No CUDA GPUs are available\n", "no-gpu-visible"),
+    # torch/nn/parallel/data_parallel.py's device check in a script with no DDP.
+    ("RuntimeError: module must have its parameters and buffers on device cuda:0 (device_ids[0]) but found one of "
+     "them on device: cpu\n", "dataparallel-in-ddp"),
+], ids=["dataloader-bus-error", "no-gpu", "dataparallel"])
+def test_a_single_process_failure_is_a_note_not_a_false_alarm(text: str, want: str) -> None:
+    proc = run_cli(["explain", "--json", "-"], input_text=text)
+    got = json.loads(proc.stdout)["diagnoses"]
+    assert (proc.returncode, [(d["id"], d["level"]) for d in got]) == (0, [(want, "note")])
+    assert "single-process run" in got[0]["title"]
