@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -25,15 +26,32 @@ def _ranks(torchrun_pid: int, deadline: float) -> list[int]:
     raise AssertionError("the job's ranks never appeared")
 
 
+def _in_main(path: Path, rank: int) -> bool:
+    """Whether ``rank``'s main thread in a `stacks --json` file is inside fr_hang.py's main()."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    for proc in doc["processes"]:
+        if proc["rank"] == rank:
+            main = [t for t in proc["threads"] if t["main"]]
+            return bool(main) and any(f["function"] == "main" for f in main[0]["frames"])
+    return False
+
+
 def test_the_stalled_rank_is_shown_where_it_is_now(tmp_path: Path) -> None:
     dumps = tmp_path / "dumps"
     job = start_job(dumps, "stall", nproc=3, hang=20)
     try:
         pids = _ranks(job.pid, time.monotonic() + 120)
-        time.sleep(6)  # past init and the first three steps: rank 1 sleeps, the others wait in all_reduce
-        stacks = run_cli(["stacks", *(f"--pid={p}" for p in pids), "--json", str(tmp_path / "node.json")],
-                         timeout=120)
-        assert stacks.returncode in (0, 1), stacks.stderr
+        # Past init and the first three steps: rank 1 sleeps in main(), the others wait in all_reduce. A loaded
+        # machine can take longer than any fixed wait to import torch (rank 1 was once read at `import torch`):
+        # read again until rank 1 is in main(), within the 20 s before the ranks dump and exit.
+        give_up = time.monotonic() + 60
+        while True:
+            stacks = run_cli(["stacks", *(f"--pid={p}" for p in pids), "--json", str(tmp_path / "node.json")],
+                             timeout=120)
+            assert stacks.returncode in (0, 1), stacks.stderr
+            if _in_main(tmp_path / "node.json", 1) or time.monotonic() > give_up:
+                break
+            time.sleep(1)
     finally:
         finish(job)
     out = run_cli(["fr", str(dumps), str(tmp_path / "node.json")], timeout=60)
