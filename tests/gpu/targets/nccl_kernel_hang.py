@@ -3,7 +3,8 @@
 What issue 25 saw on an H100: the host sits in ``torch.cuda.synchronize()`` while the step's all_reduce is
 queued on the GPU behind the kernel (``torch.cuda._sleep(cycles)`` spins for that many GPU clock cycles:
 1e13 cycles is more than an hour at any GPU's clocks; an H100's or an H200's top SM clock is about 2 GHz).
-``watch`` must report it within ``--hang-timeout`` + 10 s: rank 0 waiting for the GPU at the ``synchronize()`` line, with the all_reduce pending on it.
+``watch`` must report it within ``--hang-timeout`` + 10 s: rank 0 waiting for the GPU at the
+``synchronize()`` line, with the all_reduce pending on it.
 
     ddpdoctor watch --nproc 1 --hang-timeout 15 tests/gpu/targets/nccl_kernel_hang.py
 """
