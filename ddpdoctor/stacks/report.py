@@ -56,7 +56,7 @@ def render_text(reports: Sequence[JobReport], all_threads: bool = False, source:
         elif report.missing_ranks:
             lines.append(f"  {format_ranks(_fake(report.missing_ranks))} not found: not running on the "
                          "host(s) looked at (exited, or on a node whose JSON was not merged)")
-        lines.extend(other_hosts_lines(report))
+        lines.extend(other_hosts_lines(report, source))
         for group in report.groups:
             rep = group.representative
             lines.append("")
@@ -93,16 +93,17 @@ def _local_line(local: Local) -> str:
     return f"{local.name} = {text}" + ("  (argument)" if local.arg else "")
 
 
-def other_hosts_commands(report: JobReport) -> list[str]:
-    """What to run for the ranks on other hosts: ``stacks`` on each of them, then ``stacks merge`` here."""
-    job = f" --job {shlex.quote(report.job)}" if report.job else ""
+def other_hosts_commands(report: JobReport, source: str = "py-spy") -> list[str]:
+    """What to run for the ranks on other hosts: ``stacks`` on each of them (``--signal`` as here), then
+    ``stacks merge``."""
+    job = (" --signal" if source == "signal" else "") + (f" --job {shlex.quote(report.job)}" if report.job else "")
     here = (report.other_hosts or {}).get("here") or sorted({p.host for g in report.groups for p in g.members})
     mine = f"{here[0] if len(here) == 1 else 'this-host'}.json"
     return [f'ddpdoctor stacks{job} --json "$(hostname).json"',
             f"ddpdoctor stacks merge {shlex.quote(mine)} OTHER-HOST.json ..."]
 
 
-def other_hosts_lines(report: JobReport) -> list[str]:
+def other_hosts_lines(report: JobReport, source: str = "py-spy") -> list[str]:
     """The ranks that run on other hosts: read over HTTP (which host holds which), or how to read them."""
     info = report.other_hosts or {}
     lines: list[str] = []
@@ -120,7 +121,7 @@ def other_hosts_lines(report: JobReport) -> list[str]:
         named = {h: [r for r in ranks if r in report.elsewhere] for h, ranks in (info.get("hosts") or {}).items()}
         named = {h: ranks for h, ranks in named.items() if ranks}
         where = f" ({hosts_text(named)}, from the job's store)" if named else ""
-        first, merge = other_hosts_commands(report)
+        first, merge = other_hosts_commands(report, source)
         lines.append(f"  {rank_phrase(report.elsewhere)} run on other hosts{where}, not read from here{why}; on "
                      f"each of those hosts run:")
         lines.append(f"      {first}")
@@ -158,7 +159,8 @@ def to_json(processes: Sequence[ProcessStacks], reports: Sequence[JobReport], so
                   "outliers": [p.rank for p in r.outliers], "missing_ranks": r.missing_ranks,
                   "rendezvous": r.rendezvous,
                   "elsewhere": r.elsewhere,
-                  "other_hosts": ({**(r.other_hosts or {}), "commands": other_hosts_commands(r) if r.elsewhere else []}
+                  "other_hosts": ({**(r.other_hosts or {}),
+                                   "commands": other_hosts_commands(r, source) if r.elsewhere else []}
                                   if r.other_hosts is not None or r.elsewhere else None),
                   "failed": [{"pid": p.pid, "rank": p.rank, "host": p.host, "error": p.error}
                              for p in r.failed]} for r in reports],
