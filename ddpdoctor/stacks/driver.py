@@ -72,7 +72,8 @@ def run(opts: StacksOptions) -> int:
 def reach_other_hosts(processes: list[ProcessStacks], timeout: float) -> dict[str | None, dict[str, Any]]:
     """For each job seen here whose other ranks run on other hosts: ask the job's store for their PyTorch
     debug servers and read their stacks (and every rank's Flight Recorder entries) over HTTP; the ranks
-    read are appended to ``processes``. Per job: what was done, for the report (:func:`other_hosts_text`)."""
+    read are appended to ``processes``. Per job: what was done, for the report
+    (:func:`ddpdoctor.stacks.report.other_hosts_lines`)."""
     from ddpdoctor.stacks import remote
     from ddpdoctor.stacks.rendezvous import read_store
 
