@@ -54,7 +54,7 @@ TMP_ROOT=$(mktemp -d /tmp/ddpdoctor-gpu-tmp.XXXXXX)
 SUITE_LIMIT=${SUITE_LIMIT:-290}
 EXCLUSIVE_RESERVE=${EXCLUSIVE_RESERVE:-140}
 # At most this many phase-1 steps at a time (all of them on the 16-core GPU machine; a dry run on a small,
-# busy machine wants fewer, e.g. MAX_SHARED=3 SUITE_LIMIT=1500).
+# busy machine wants fewer, e.g. MAX_SHARED=3 TIME_SCALE=4 SUITE_LIMIT=2400).
 MAX_SHARED=${MAX_SHARED:-16}
 # Every step's own limit times this (a dry run there: TIME_SCALE=4, SUITE_LIMIT=2400).
 TIME_SCALE=${TIME_SCALE:-1}
