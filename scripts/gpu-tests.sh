@@ -240,8 +240,12 @@ install() {
             if [[ ${#needed[@]} -gt 0 ]]; then install_from_wheels "${needed[@]}" || return 1; fi
         fi
     fi
-    if "$PY" -c "import ddpdoctor, os, sys; sys.exit(0 if os.path.samefile(os.path.dirname(ddpdoctor.__file__), 'ddpdoctor') else 1)" 2>/dev/null; then
-        echo "ddpdoctor is imported from this checkout already: not installed again"
+    # Asked from / : `python -c` puts the working directory on sys.path, and a test's job that runs
+    # `python -m ddpdoctor` from its own folder must find the installed package.
+    local installed
+    installed=$(cd / && "$PY" -c "import ddpdoctor, os; print(os.path.dirname(os.path.realpath(ddpdoctor.__file__)))" 2>/dev/null)
+    if [[ -n $installed && $installed == "$(realpath ddpdoctor)" ]]; then
+        echo "ddpdoctor is installed from this checkout already: not installed again"
     else
         # Building the editable install without network needs setuptools >= 64 and a bdist_wheel command
         # (setuptools >= 70.1 has one; older ones need the wheel package).
