@@ -112,6 +112,20 @@ def _ray_workers(d: Diagnosis) -> list[str]:
             "device (ray.train.torch.get_device()) instead of a hard-coded cuda:N."]
 
 
+def _missing_script(d: Diagnosis) -> list[str]:
+    if d.id != "script-not-found":
+        return []
+    out = []
+    for script in d.details.get("script", ())[:2]:
+        line = _line_with(d, script)
+        if line is not None:
+            out.append(f"The file the launcher was told to run, '{script}', does not exist where python was started "
+                       f"(\"{line}\"): a relative path is resolved on each host, in the working directory the launcher "
+                       "gives python there; give a path that exists on every node (an absolute one, on a shared "
+                       "file system or copied to each).")
+    return out
+
+
 def _fact(d: Diagnosis) -> str:
     """What a fact diagnosis (``hint_for``) adds to the diagnosis it sharpens: its cause and remedy, quoting
     its line."""
@@ -185,7 +199,8 @@ def add_hints(diagnoses: list[Diagnosis],
             continue
         out.append(d)
     for d in out:
-        for hint in (*_loopback(d), *_short_timeout(d), *_ray_workers(d), *_lagging(d, progress or {})):
+        for hint in (*_loopback(d), *_short_timeout(d), *_ray_workers(d), *_lagging(d, progress or {}),
+                     *_missing_script(d)):
             if hint not in d.hints:
                 d.hints.append(hint)
     return out

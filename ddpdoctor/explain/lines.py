@@ -172,6 +172,35 @@ def has_dist_sign(block: bytearray, size: int) -> bool:
     return False
 
 
+_TRACEBACK_HEADER = b"Traceback (most recent call last):"
+MAX_TRACEBACK_HEADERS = 64  # headers looked at per block: interleaving shows at the first few
+_FRAME_LINE = re.compile(rb'^\s*File "[^"\n]*", line \d+')
+
+
+def interleaved_tracebacks(block: bytes | bytearray, size: int) -> bool:
+    """Whether two tracebacks are interleaved in ``block[:size]``: a ``Traceback (most recent call last):``
+    header right after another header or inside another traceback's frames (after a ``File "...", line N``
+    line or the code line under it). One Python process prints a traceback whole, ending with its exception
+    line; several processes writing to one stream (ranks of a job launched without per-rank prefixes) cut
+    each other's tracebacks like this. A sign of a multi-process job, as strong as a rank prefix."""
+    at = block.find(_TRACEBACK_HEADER, 0, size)
+    seen = 0
+    while at >= 0 and seen < MAX_TRACEBACK_HEADERS:
+        seen += 1
+        end = block.rfind(b"\n", 0, at) if at else -1
+        if end > 0:
+            start = block.rfind(b"\n", 0, end) + 1
+            above = bytes(block[start:end]).rstrip(b"\r")
+            if _TRACEBACK_HEADER in above or _FRAME_LINE.match(above):
+                return True
+            if above[:4] == b"    " and start > 0:  # the code line under a frame
+                pstart = block.rfind(b"\n", 0, start - 1) + 1
+                if _FRAME_LINE.match(bytes(block[pstart:start - 1])):
+                    return True
+        at = block.find(_TRACEBACK_HEADER, at + 1, size)
+    return False
+
+
 def wraps_onto(above: str, below: str) -> bool:
     """Whether ``below`` may be the rest of ``above`` that a terminal wrapped onto the next line."""
     return (len(above) >= MIN_WRAP_CHARS and 0 < len(below) <= len(above) and bool(below.strip())

@@ -42,6 +42,7 @@ from ddpdoctor.explain.lines import (
     SUMMARY_RANK,
     SUMMARY_TIME,
     has_dist_sign,
+    interleaved_tracebacks,
     quiet_level,
     rank_int,
     signal_name,
@@ -242,7 +243,8 @@ class Scanner:
         then to the end (counting the whole block again cost as much as a prefilter pass).
         """
         hits: dict[int, int] = {}
-        if not self._distributed and lines_before == 0 and has_dist_sign(block, size):
+        if not self._distributed and lines_before == 0 and (has_dist_sign(block, size)
+                                                            or interleaved_tracebacks(block, size)):
             # The first block of each input only (the launcher's banner, torchrun's and NCCL's start-up lines
             # are there); later signs are looked for around the lines a needs_distributed signature matched
             # (see _match_line). Checking every block of a log with no sign cost twelve passes per block:
@@ -620,8 +622,8 @@ class Scanner:
             if not sig.needs_distributed:
                 self._distributed = True
             elif not self._distributed:  # the traceback around it may show the job is distributed
-                around = "\n".join((text, *lookback(TRACEBACK_LOOKBACK_LINES)))
-                self._distributed = DIST_CONTEXT.search(around.encode("utf-8", "replace")) is not None
+                around = "\n".join((text, *lookback(TRACEBACK_LOOKBACK_LINES))).encode("utf-8", "replace")
+                self._distributed = DIST_CONTEXT.search(around) is not None
             diag = self._found.get(sig.id)
             if diag is None:
                 diag = self._found[sig.id] = Diagnosis(sig)

@@ -320,3 +320,44 @@ def test_a_single_process_failure_is_a_note_not_a_false_alarm(text: str, want: s
     got = json.loads(proc.stdout)["diagnoses"]
     assert (proc.returncode, [(d["id"], d["level"]) for d in got]) == (0, [(want, "note")])
     assert "single-process run" in got[0]["title"]
+
+
+@pytest.mark.parametrize(("text", "want", "detail"), [
+    # torch/nn/modules/module.py Module.__getattr__ on the DDP wrapper.
+    ("AttributeError: 'DistributedDataParallel' object has no attribute 'config'\n", "ddp-module-attribute",
+     ("attribute", ["config"])),
+    # ProcessGroupNCCL.cpp (2.0-2.3): the watchdog thread rethrows; c10 names ncclCommWatchdog.
+    ("Exception raised from ncclCommWatchdog at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1186 "
+     "(most recent call first):\n", "nccl-timeout", ("watchdog_frame", ["ncclCommWatchdog"])),
+    # torch/distributed/elastic/multiprocessing/api.py's "failed (exitcode: %s) local_rank: %s (pid: %s) ..." cut
+    # after the local rank.
+    ("E0217 07:42:21.080000 470998 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+     "local_rank: 3\n", "worker-killed-by-signal", ("signal", ["SIGKILL"])),
+    # ProcessGroupNCCL.cpp broadcastUniqueNCCLID's message, cut before "store by key".
+    ("RuntimeError: [1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value\n",
+     "nccl-uniqueid-timeout", None),
+], ids=["ddp-attribute", "watchdog-frame-only", "exitcode-without-pid", "uniqueid-cut"])
+def test_more_of_what_pastes_hold(text: str, want: str, detail: tuple[str, list[str]] | None) -> None:
+    first = explain_text(text).diagnoses[0]
+    assert first.id == want
+    if detail is not None:
+        assert first.details[detail[0]] == detail[1]
+
+
+def test_a_missing_script_is_named_in_the_report() -> None:
+    # CPython's "can't open file '%s': [Errno %d] %s", behind pdsh's "host: " prefix.
+    line = "10.141.250.227: /usr/bin/python3: can't open file 'train_mpu.py': [Errno 2] No such file or directory\n"
+    first = explain_text(line).diagnoses[0]
+    assert first.id == "script-not-found" and any("'train_mpu.py'" in n for n in first.notes)
+
+
+def test_interleaved_tracebacks_are_a_multi_process_job() -> None:
+    """Two processes writing to one terminal cut each other's tracebacks (a header right after a frame line);
+    one process never prints that. The same OOM in one whole traceback stays a single-process note."""
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+           "79.10 GiB of which 1.19 GiB is free.\n")
+    frame = '  File "/work/train.py", line 88, in <module>\n    main()\n'
+    interleaved = "Traceback (most recent call last):\n" + frame + "Traceback (most recent call last):\n" + frame + oom
+    assert [(d.id, d.level) for d in explain_text(interleaved).diagnoses] == [("cuda-oom", "error")]
+    whole = "Traceback (most recent call last):\n" + frame + oom
+    assert [(d.id, d.level) for d in explain_text(whole).diagnoses] == [("cuda-oom", "note")]
