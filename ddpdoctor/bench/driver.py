@@ -87,7 +87,7 @@ def _link_facts(run: RankRun, device: object,
     in ``nccl_log`` before the facts are read.
     """
     from ddpdoctor.bench.measure import gather
-    from ddpdoctor.env.links import gpu_of, parse_nccl_info, placement, rank_link_facts
+    from ddpdoctor.env import gpu_of, parse_nccl_info, placement, rank_link_facts
 
     ours = {p.pid for p in run.peers.values() if p.host == run.me.host} | {os.getppid()}
     mine: dict[str, Any] = {}

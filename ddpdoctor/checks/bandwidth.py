@@ -37,16 +37,22 @@ from ddpdoctor.bench import (
     MIB,
     PairResult,
     Row,
+    Thresholds,
+    Verdict,
     analyse_pairs,
+    assess,
     avg_busbw,
+    crowding,
+    failure_text,
+    fmt_pct,
     gather,
     human_bytes,
     measure_pairs,
     measure_row,
+    remedy,
 )
-from ddpdoctor.bench.expect import Thresholds, Verdict, assess, crowding, failure_text, fmt_pct, remedy
 from ddpdoctor.check import Check, CheckContext, all_findings, collapse
-from ddpdoctor.env.links import placement, rank_link_facts
+from ddpdoctor.env import placement, rank_link_facts
 from ddpdoctor.findings import FAIL, PASS, SKIP, WARN, Finding, RankInfo
 from ddpdoctor.ranks import format_rank_list
 
@@ -70,7 +76,7 @@ def _placement(ctx: CheckContext) -> dict[str, Any]:
 
 def _facts(ctx: CheckContext, cpus: list[int]) -> dict[str, Any] | None:
     """This rank's link facts for the expectation model; None when they cannot be read (then: no model)."""
-    from ddpdoctor.env.links import gpu_of
+    from ddpdoctor.env import gpu_of
 
     try:
         ours = {p.pid for p in ctx.peers.values() if p.host == ctx.host} | {os.getppid()}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ddpdoctor.bench.expect import Evidence, LinkPath, Thresholds, fmt_pct, judge, memory_spec, remedy
+from ddpdoctor.bench import Evidence, LinkPath, Thresholds, fmt_pct, judge, memory_spec, remedy
 from ddpdoctor.check import Check, CheckContext
 from ddpdoctor.checks.pcie_bandwidth import merge, no_gpu, rank_context, worst
 from ddpdoctor.findings import PASS, Finding, RankInfo
@@ -33,7 +33,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
         return no_gpu(ctx, "device memory bandwidth")
     import torch
 
-    from ddpdoctor.bench.gpu_copy import device_memory
+    from ddpdoctor.bench import device_memory
 
     figures = device_memory(torch.device(ctx.device))
     gpu, _cpu_nodes, others = rank_context(ctx)

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddpdoctor.bench.expect import (
+from ddpdoctor.bench import (
     Thresholds,
     Verdict,
     fmt_pct,
@@ -46,7 +46,7 @@ def no_gpu(ctx: CheckContext, what: str) -> list[Finding]:
 
 def rank_context(ctx: CheckContext) -> tuple[dict[str, Any], list[int], list[int]]:
     """This rank's GPU (NVML, read now), its CPUs' NUMA nodes, and other processes' pids on the GPU."""
-    from ddpdoctor.env.links import cpu_numa_nodes, gpu_of, pcie_link
+    from ddpdoctor.env import cpu_numa_nodes, gpu_of, pcie_link
 
     gpu = dict(gpu_of(ctx.device) or {})
     if gpu.get("pci_bus_id"):
@@ -67,7 +67,7 @@ def _run(ctx: CheckContext) -> list[Finding]:
         return no_gpu(ctx, "host-device bandwidth")
     import torch
 
-    from ddpdoctor.bench.gpu_copy import host_device
+    from ddpdoctor.bench import host_device
 
     figures = host_device(torch.device(ctx.device))
     gpu, cpu_nodes, others = rank_context(ctx)  # right after the copies: the link as trained under load

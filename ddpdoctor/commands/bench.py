@@ -93,7 +93,7 @@ def build_config(op: str, min_bytes: str, max_bytes: str, step_factor: float | N
     if root < 0:
         raise DoctorError(f"-r/--root takes a rank >= 0, got: {root}")
     validate_min_busbw(min_busbw)
-    from ddpdoctor.bench.expect import thresholds_from_options
+    from ddpdoctor.bench import thresholds_from_options
 
     thresholds = thresholds_from_options(min_busbw_pct, warn_busbw_pct)
     label = "--min-busbw"

@@ -89,7 +89,7 @@ def check(
     plan.folder("--log-dir", log_dir, LOG_FOLDER)
     logs = launch_logs(log_dir, redirects, tee, local_ranks_filter, nproc)
     validate_min_busbw(min_busbw)
-    from ddpdoctor.bench.expect import thresholds_from_options
+    from ddpdoctor.bench import thresholds_from_options
 
     thresholds = thresholds_from_options(min_busbw_pct, warn_busbw_pct)
     if checkpoint is not None and not os.path.exists(checkpoint):
