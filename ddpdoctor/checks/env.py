@@ -13,12 +13,24 @@ On NCCL it also warns when an NCCL timeout would leave no Flight Recorder dump (
 nothing to read then): the recorder off (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` 0, or
 unset before torch 2.7) or no dump on timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT`` 0, or unset before 2.7).
 Reproduce: ``TORCH_NCCL_DUMP_ON_TIMEOUT=0 ddpdoctor check --only env`` on a GPU machine.
+
+It also measures each rank's wall clock against rank 0's (a host without NTP, a VM restored from a
+snapshot): training does not notice -- PyTorch's timeouts run on monotonic clocks (``WorkNCCL::checkTimeout``
+in torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp compares ``std::chrono::steady_clock`` times; TCPStore's
+waits likewise) -- but every wall-clock stamp does: log lines, ``time_created_ns`` in Flight Recorder dumps
+(``c10::getTime()``, CLOCK_REALTIME unless asked for a monotonic one: c10/util/ApproximateClock.h), the
+ranks' own "ended at" stamps. Merged across hosts they put events in the wrong order. Reproduce: run one
+node's ranks under libfaketime (``LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+FAKETIME=+90s``).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from collections.abc import Mapping
+from typing import Any
 
 from ddpdoctor.check import Check, CheckContext, all_findings, collapse
 from ddpdoctor.env import facts as envinfo
@@ -42,10 +54,22 @@ INFORMATIONAL = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "TORCH_CP
 PER_HOST = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
 
 
+# A clock further than this from rank 0's is reported. chrony's shipped configuration steps a clock that is
+# more than 1 s off (``makestep 1.0 3``) rather than slewing it: a host beyond that is not being kept in time
+# at all, and logs stamped to the second no longer line up between it and the others.
+CLOCK_WARN_S = 1.0
+CLOCK_ROUNDS = 3  # exchanges per rank; the one with the shortest round trip is kept (the tightest bound)
+CLOCK_SERVE_S = 3.0  # rank 0 answers for this long at most (the ranks start the check within moments)
+CLOCK_ASK_S = 10.0  # a rank waits this long at most for rank 0's answer (rank 0 may start the check later)
+CLOCK_POLL_S = 0.002
+
+
 def _run(ctx: CheckContext) -> list[Finding]:
     variables = envinfo.watched_env()
+    clock = measure_clock(ctx)
     findings = [ctx.finding(PASS, FACTS, vars=variables, versions=envinfo.versions(),
-                            world_size=ctx.world_size, local_world_size=ctx.local_world_size, host=ctx.host)]
+                            world_size=ctx.world_size, local_world_size=ctx.local_world_size, host=ctx.host,
+                            clock=clock)]
     names = envinfo.usable_interfaces()
     multi_host = len({peer.host for peer in ctx.peers.values()}) > 1
     for var, problem_of in (("NCCL_SOCKET_IFNAME", envinfo.nccl_ifname_problem),
@@ -75,6 +99,88 @@ def _run(ctx: CheckContext) -> list[Finding]:
             "NCCL needs shared memory between local ranks: run the container with --shm-size=8g "
             "(or --ipc=host), or mount a larger /dev/shm", shm_bytes=shm))
     return findings
+
+
+def measure_clock(ctx: CheckContext) -> dict[str, float] | None:
+    """This rank's wall-clock offset from rank 0's (seconds, + = ahead), with its error bound; None on rank 0
+    or when rank 0 did not answer in time.
+
+    An exchange through the check's store: the rank posts its wall clock ``t1``; rank 0, seeing it, answers
+    with its own ``t2``; the rank reads the answer at ``t3``. Rank 0's ``t2`` was taken between the two in
+    real time, so the offset lies within ``[t1 - t2, t3 - t2]``: its middle is reported and half the round
+    trip is the bound (however slowly rank 0 polled). Rank 0 serves every joined rank at once.
+    """
+    store = ctx.store
+    if ctx.rank == 0:
+        _serve_clock(store, [r for r in ctx.peers if r != 0], time.monotonic() + min(CLOCK_SERVE_S, ctx.remaining_s()))
+        return None
+    best: dict[str, float] | None = None
+    give_up = time.monotonic() + min(CLOCK_ASK_S, max(0.0, ctx.remaining_s() - 1.0))
+    for attempt in range(CLOCK_ROUNDS):
+        answer = f"clock/answer/{ctx.rank}/{attempt}"
+        began, t1 = time.monotonic(), time.time()
+        store.set(f"clock/ask/{ctx.rank}/{attempt}", repr(t1))
+        while not store.check([answer]):
+            if store.check(["clock/closed"]) or time.monotonic() > give_up:
+                return best
+            time.sleep(CLOCK_POLL_S)
+        rtt = time.monotonic() - began
+        t2 = float(store.get(answer))
+        offset = t1 + rtt / 2 - t2
+        if best is None or rtt / 2 < best["error_s"]:
+            best = {"offset_s": round(offset, 4), "error_s": round(rtt / 2, 4)}
+    return best
+
+
+def _serve_clock(store: Any, ranks: list[int], until: float) -> None:
+    """Rank 0's side of :func:`measure_clock`: answer each rank's asks with this clock until ``until``."""
+    next_ask = {rank: 0 for rank in ranks}
+    try:
+        while next_ask and time.monotonic() < until:
+            answered = False
+            for rank, attempt in list(next_ask.items()):
+                if store.check([f"clock/ask/{rank}/{attempt}"]):
+                    store.set(f"clock/answer/{rank}/{attempt}", repr(time.time()))
+                    answered = True
+                    if attempt + 1 >= CLOCK_ROUNDS:
+                        del next_ask[rank]
+                    else:
+                        next_ask[rank] = attempt + 1
+            if not answered:
+                time.sleep(CLOCK_POLL_S)
+    finally:
+        store.set("clock/closed", "1")  # a rank that comes later stops waiting at once
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def clock_finding(facts: Mapping[int, Mapping[str, Any]]) -> Finding | None:
+    """WARN naming each host whose clock is more than :data:`CLOCK_WARN_S` from rank 0's host's (beyond the
+    measurement's own error bound), or None. One finding: the cause (clocks not kept in time) is one."""
+    reference = str(facts[min(facts)].get("host", "")) if facts else ""
+    by_host: dict[str, list[dict[str, float]]] = {}
+    for _rank, details in sorted(facts.items()):
+        clock = details.get("clock")
+        if isinstance(clock, dict) and "offset_s" in clock:
+            by_host.setdefault(str(details.get("host", "")), []).append(clock)
+    offsets = {host: round(statistics.median(c["offset_s"] for c in clocks), 3) for host, clocks in by_host.items()}
+    errors = {host: round(min(c["error_s"] for c in clocks), 3) for host, clocks in by_host.items()}
+    off = {host: value for host, value in offsets.items()
+           if abs(value) - errors[host] > CLOCK_WARN_S and host != reference}
+    if not off:
+        return None
+    ranks = sorted(r for r, d in facts.items() if str(d.get("host", "")) in off)
+    parts = [f"{host}: clock {_seconds(abs(value))} {'ahead of' if value > 0 else 'behind'} {reference}"
+             for host, value in sorted(off.items())]
+    hosts = ", ".join(sorted(off))
+    return Finding(
+        "env", WARN, "; ".join(parts) + " (rank 0's host)", ranks,
+        f"run chrony or ntpd on {hosts} (`chronyc tracking` shows the offset); training is unaffected "
+        "(timeouts use monotonic clocks) but logs and Flight Recorder times do not line up across hosts",
+        {"kind": "clock_offset", "reference_host": reference, "offsets_s": offsets, "error_s": errors,
+         "threshold_s": CLOCK_WARN_S})
 
 
 # Both on by default since torch 2.7 (pytorch/pytorch#143446: dumps on timeout or exception without opt-in,
@@ -120,12 +226,22 @@ def _holders(values_by_rank: Mapping[int, object]) -> dict[str, list[int]]:
     return holders
 
 
-def _differences(label: str, values_by_rank: Mapping[int, object]) -> str | None:
-    """'X differs across ranks: 'a' on ranks 0-2; 'b' on rank 3' when values differ, else None."""
+def _differences(label: str, values_by_rank: Mapping[int, object],
+                 hosts: Mapping[int, str] | None = None) -> str | None:
+    """'X differs across ranks: 'a' on ranks 0-2; 'b' on rank 3' when values differ, else None. With
+    ``hosts`` and ranks on several hosts, each value names its hosts too: 'b' on rank 3 (nodeb)."""
     holders = _holders(values_by_rank)
     if len(holders) <= 1:
         return None
-    parts = [f"{value} on {rank_phrase(r)}"
+    several = hosts is not None and len({hosts.get(r, "") for r in values_by_rank}) > 1
+
+    def where(ranks: list[int]) -> str:
+        if not several or hosts is None:
+            return rank_phrase(ranks)
+        names = sorted({hosts.get(r, "") or "?" for r in ranks})
+        return f"{rank_phrase(ranks)} ({', '.join(names)})"
+
+    parts = [f"{value} on {where(r)}"
              for value, r in sorted(holders.items(), key=lambda item: (-len(item[1]), item[1][0]))]
     return f"{label} differs across ranks: " + "; ".join(parts)
 
@@ -164,12 +280,23 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
             finding = _variable_finding(name, {r: d["vars"].get(name) for r, d in facts.items()}, hosts)
             if finding is not None:
                 result.append(finding)
+        clock = clock_finding(facts)
+        if clock is not None:
+            result.append(clock)
         for key in ("torch", "python", "cuda", "nccl"):
             values = {r: d["versions"].get(key) for r, d in facts.items()}
-            message = _differences(f"{key} version", values)
+            message = _differences(f"{key} version", values, hosts)
             if message:
-                result.append(Finding("env", FAIL, message, _outliers(values),
-                                      f"install the same {key} version on every node (same container image or venv)"))
+                outliers = _outliers(values)
+                on = sorted({hosts[r] for r in outliers if hosts.get(r)})
+                there = (f": on {', '.join(on)}, check which interpreter and environment the launch starts "
+                         "(`which python` there; a stale venv?)") if on else ""
+                result.append(Finding(
+                    "env", FAIL, message, outliers,
+                    f"install the same {key} version on every node (same container image or venv){there}",
+                    {"kind": "version_mismatch", "component": key, "values": {str(r): v for r, v in values.items()},
+                     "by_host": {h: sorted({str(values[r]) for r in values if hosts.get(r) == h})
+                                 for h in sorted(set(hosts.values()))}}))
         sizes = {r: d["world_size"] for r, d in facts.items()}
         message = _differences("WORLD_SIZE", sizes)
         if message:

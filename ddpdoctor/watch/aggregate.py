@@ -328,10 +328,15 @@ class Aggregator:
             state.raised, state.error = bool(message.get("crashed")), message.get("error") or ""
             state.pitfalls = message.get("pitfalls") or []
             state.cur = None
-            at = message.get("at")
+            at, sent = message.get("at"), message.get("sent")
             if isinstance(at, (int, float)) and not isinstance(at, bool):
                 # The rank's own clock says when its script ended (its interpreter shutdown comes after).
-                age = min(max(time.time() - at, 0.0), MAX_STAMP_AGE_S)
+                # Both stamps are the rank's (``sent``: when it wrote this message), so their difference holds
+                # on a host whose clock is off; the supervisor's clock against the rank's only without it.
+                if isinstance(sent, (int, float)) and not isinstance(sent, bool):
+                    age = min(max(sent - at, 0.0), MAX_STAMP_AGE_S)
+                else:
+                    age = min(max(time.time() - at, 0.0), MAX_STAMP_AGE_S)
                 state.ended_at = min(state.ended_at or now, now - age)
             state.ended_at = state.ended_at or now
             self.last_progress = now

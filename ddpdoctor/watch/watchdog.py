@@ -330,7 +330,7 @@ class Watchdog(threading.Thread):
             on_lost(time.time() - silent, silent, dict(self.sup_hosts))
         self.flush(force=True)
         self.client.send({"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at,
-                          "pitfalls": self.findings()})
+                          "sent": time.time(), "pitfalls": self.findings()})
 
     def _supervisor_gone(self) -> bool:
         """The supervisor's end of the channel has closed (read what is left of it, without waiting)."""
