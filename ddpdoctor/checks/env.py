@@ -55,8 +55,9 @@ PER_HOST = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
 
 
 # A clock further than this from rank 0's is reported. chrony's shipped configuration steps a clock that is
-# more than 1 s off (``makestep 1.0 3``) rather than slewing it: a host beyond that is not being kept in time
-# at all, and logs stamped to the second no longer line up between it and the others.
+# more than 1 s off at start rather than slewing it (Debian's chrony 4.3, /usr/share/chrony/chrony.conf:
+# ``makestep 1 3``): a host still beyond that is not being kept in time, and logs stamped to the second no
+# longer line up between it and the others.
 CLOCK_WARN_S = 1.0
 CLOCK_ROUNDS = 3  # exchanges per rank; the one with the shortest round trip is kept (the tightest bound)
 CLOCK_SERVE_S = 3.0  # rank 0 answers for this long at most (the ranks start the check within moments)
@@ -156,9 +157,8 @@ def _seconds(value: float) -> str:
     return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
 
 
-def clock_finding(facts: Mapping[int, Mapping[str, Any]]) -> Finding | None:
-    """WARN naming each host whose clock is more than :data:`CLOCK_WARN_S` from rank 0's host's (beyond the
-    measurement's own error bound), or None. One finding: the cause (clocks not kept in time) is one."""
+def clock_offsets(facts: Mapping[int, Mapping[str, Any]]) -> tuple[str, dict[str, float], dict[str, float]]:
+    """Rank 0's host, and per host the median offset of its measured ranks against it and the tightest bound."""
     reference = str(facts[min(facts)].get("host", "")) if facts else ""
     by_host: dict[str, list[dict[str, float]]] = {}
     for _rank, details in sorted(facts.items()):
@@ -167,6 +167,13 @@ def clock_finding(facts: Mapping[int, Mapping[str, Any]]) -> Finding | None:
             by_host.setdefault(str(details.get("host", "")), []).append(clock)
     offsets = {host: round(statistics.median(c["offset_s"] for c in clocks), 3) for host, clocks in by_host.items()}
     errors = {host: round(min(c["error_s"] for c in clocks), 3) for host, clocks in by_host.items()}
+    return reference, offsets, errors
+
+
+def clock_finding(facts: Mapping[int, Mapping[str, Any]]) -> Finding | None:
+    """WARN naming each host whose clock is more than :data:`CLOCK_WARN_S` from rank 0's host's (beyond the
+    measurement's own error bound), or None. One finding: the cause (clocks not kept in time) is one."""
+    reference, offsets, errors = clock_offsets(facts)
     off = {host: value for host, value in offsets.items()
            if abs(value) - errors[host] > CLOCK_WARN_S and host != reference}
     if not off:
@@ -309,7 +316,8 @@ def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, 
             result.append(Finding(
                 "env", PASS, f"{len(all_vars)} watched variables and versions agree "
                 f"(torch {versions.get('torch')}, python {versions.get('python')}){note}", sorted(facts),
-                details={"vars": next(iter(facts.values()))["vars"], "versions": versions}))
+                details={"vars": next(iter(facts.values()))["vars"], "versions": versions,
+                         "clock_offsets_s": clock_offsets(facts)[1]}))
     return result + collapse(others)
 
 

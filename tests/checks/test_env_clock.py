@@ -68,3 +68,18 @@ def test_the_exchange_through_a_real_store_measures_a_rank_whose_clock_is_ahead(
     assert measured is not None
     assert abs(measured["offset_s"] - 90.0) <= measured["error_s"] + 0.05
     assert 0 <= measured["error_s"] < 2
+
+
+def test_clocks_in_step_pass_with_the_offsets_in_the_json() -> None:
+    from ddpdoctor.checks.env import FACTS, _combine
+    from ddpdoctor.findings import Finding
+
+    def rank(r: int, host: str, offset: float | None) -> Finding:
+        details = {"vars": {}, "versions": {"torch": "2.13.0", "python": "3.11.7"}, "world_size": 2,
+                   "local_world_size": 1, "host": host, "clock": None if offset is None else
+                   {"offset_s": offset, "error_s": 0.002}}
+        return Finding("env", "pass", FACTS, [r], details=details)
+
+    out = _combine({0: [rank(0, "a", None)], 1: [rank(1, "b", 0.03)]}, {})
+    assert [f.status for f in out] == ["pass"]
+    assert out[0].details["clock_offsets_s"] == {"b": 0.03}
