@@ -15,6 +15,8 @@ A diagnosis names the failure; the values in its lines often name the cause too,
 * **the interface NCCL picked**: ``NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>`` or ``NET/Socket : Using
   [0]veth...`` (a fact signature, ``hint_for`` in kb.json) under a connect failure or a timeout;
 * **Ray Train workers** (``(RayTrainWorker pid=N, ...)`` on the lines) that share a GPU or see none;
+* **DeepSpeed's batch arithmetic**: ``16 != 4 * 8 * 4`` in its batch assertion gives the train_batch_size this
+  launch needs (the product) and the process count the config was written for;
 * **the rank the others waited for** before a collective timeout: a rank with lines in the log that did not
   report the timeout, and its last line of progress ("Tokenizing train split: 45%", "Evaluating: ..."), read
   from the end of the input (the scanner keeps its last MiB anyway).
@@ -126,6 +128,39 @@ def _missing_script(d: Diagnosis) -> list[str]:
     return out
 
 
+def _batch_arithmetic(d: Diagnosis) -> list[str]:
+    """DeepSpeed's batch assertion prints the three values and the world size it checked: the product is the
+    train_batch_size this launch needs, and the world size is how many processes the launcher started."""
+    if d.id != "deepspeed-config-error":
+        return []
+    values = [d.details.get(k, []) for k in ("train_batch", "micro_batch", "grad_acc", "world_size")]
+    if not all(values):
+        return []
+    train, micro, acc, world = (int(v[0]) for v in values)
+    line = _line_with(d, f"{train} != {micro} * {acc} * {world}")
+    if line is None:
+        return []
+    per_process = micro * acc
+    meant = train // per_process if per_process and train % per_process == 0 and train >= per_process else 0
+    written = f"{meant} process{'es' if meant != 1 else ''}" if meant else "another number of processes"
+    return [f"\"{line}\": this launch has {world} process{'es' if world != 1 else ''} (world_size), so "
+            f"train_batch_size must be {micro} * {acc} * {world} = {per_process * world}, not {train}; the "
+            f"config's values fit {written}. Give only two of the three values (or 'auto' with the HF Trainer) "
+            "so the third is derived from the number of processes."]
+
+
+def _summary_head(d: Diagnosis) -> list[str]:
+    """torchrun's failure summary cut after its head: `<NO_OTHER_FAILURES>` and no exit code found."""
+    if d.id != "worker-failed" or d.details:
+        return []
+    line = _line_with(d, "<NO_OTHER_FAILURES>")
+    if line is None:
+        return []
+    return [f"Only the head of torchrun's failure summary is here (\"{line.strip()}\"): the failing rank, its exit code "
+            "and signal are in its 'Root Cause (first observed failure)' section below it, and that rank's own "
+            "traceback is above it in the full log."]
+
+
 def _fact(d: Diagnosis) -> str:
     """What a fact diagnosis (``hint_for``) adds to the diagnosis it sharpens: its cause and remedy, quoting
     its line."""
@@ -200,7 +235,7 @@ def add_hints(diagnoses: list[Diagnosis],
         out.append(d)
     for d in out:
         for hint in (*_loopback(d), *_short_timeout(d), *_ray_workers(d), *_lagging(d, progress or {}),
-                     *_missing_script(d)):
+                     *_missing_script(d), *_batch_arithmetic(d), *_summary_head(d)):
             if hint not in d.hints:
                 d.hints.append(hint)
     return out

@@ -175,6 +175,8 @@ def has_dist_sign(block: bytearray, size: int) -> bool:
 _TRACEBACK_HEADER = b"Traceback (most recent call last):"
 MAX_TRACEBACK_HEADERS = 64  # headers looked at per block: interleaving shows at the first few
 _FRAME_LINE = re.compile(rb'^\s*File "[^"\n]*", line \d+')
+# A traceback's last line, as Python prints it at the margin: `pkg.SomeError: message` or a bare `SomeError`.
+_EXCEPTION_LINE = re.compile(rb"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b")
 
 
 def interleaved_tracebacks(block: bytes | bytearray, size: int) -> bool:
@@ -182,9 +184,15 @@ def interleaved_tracebacks(block: bytes | bytearray, size: int) -> bool:
     header right after another header or inside another traceback's frames (after a ``File "...", line N``
     line or the code line under it). One Python process prints a traceback whole, ending with its exception
     line; several processes writing to one stream (ranks of a job launched without per-rank prefixes) cut
-    each other's tracebacks like this. A sign of a multi-process job, as strong as a rank prefix."""
+    each other's tracebacks like this. A sign of a multi-process job, as strong as a rank prefix.
+
+    Also two headers each right after the same exception line (``AssertionError`` then ``Traceback ...``, twice):
+    one process prints one uncaught traceback and exits, and Python separates chained ones with "During handling
+    of the above exception ..." lines, so the same exception ending traceback after traceback back to back is
+    several processes (ranks) failing alike, printed one after another rather than cut into each other."""
     at = block.find(_TRACEBACK_HEADER, 0, size)
     seen = 0
+    endings: set[bytes] = set()  # exception lines seen right above a header
     while at >= 0 and seen < MAX_TRACEBACK_HEADERS:
         seen += 1
         end = block.rfind(b"\n", 0, at) if at else -1
@@ -193,6 +201,11 @@ def interleaved_tracebacks(block: bytes | bytearray, size: int) -> bool:
             above = bytes(block[start:end]).rstrip(b"\r")
             if _TRACEBACK_HEADER in above or _FRAME_LINE.match(above):
                 return True
+            ending = strip_paste(above.decode("utf-8", "replace")).encode("utf-8", "replace")  # '> ', '[40] '
+            if _EXCEPTION_LINE.match(ending):
+                if ending in endings:
+                    return True
+                endings.add(ending)
             if above[:4] == b"    " and start > 0:  # the code line under a frame
                 pstart = block.rfind(b"\n", 0, start - 1) + 1
                 if _FRAME_LINE.match(bytes(block[pstart:start - 1])):

@@ -33,8 +33,9 @@ a start-up phase or NCCL's init (:mod:`.phases`) with no error after that point 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ddpdoctor.explain.frames import CutTraceback
 from ddpdoctor.explain.knowledge import ROLE_ORDER, Link, Signature
 from ddpdoctor.explain.model import (
     MAX_EVIDENCE,
@@ -66,6 +67,8 @@ class Facts:
     # rank -> (input name, line number, text) of the last line that showed the rank's own progress, read from
     # the end of each input that held a collective timeout (see hints.last_progress_lines).
     last_progress: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    # Inputs that end in a traceback cut before its exception line, whose last frame names a distributed step.
+    cut_tracebacks: list[CutTraceback] = field(default_factory=list)
 
 
 def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts | None = None,
@@ -73,6 +76,10 @@ def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts
     """The diagnoses, root cause first, each consequence right after its cause (see the module docstring)."""
     facts = facts or Facts()
     diags = [d for d in found.values() if not any(s in found for s in d.signature.suppressed_by)]
+    if len(diags) > 1:
+        # torchrun's summary head alone (`<NO_OTHER_FAILURES>`, no exit code) says only that a worker failed: with
+        # anything else found (the summary's own exit code, the rank's exception) it adds nothing.
+        diags = [d for d in diags if not (d.id == WORKER_FAILED and not d.details)]
     if not distributed:
         # No sign of a distributed job: a known message is still named, worded for one process, or shown as a
         # note when it is that process's own failure (a single-GPU OOM); only a catch-all is left out.
@@ -86,6 +93,7 @@ def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts
     hang = _probable_hang(facts, kb or {})
     if hang is not None:
         diags.append(hang)
+    diags.extend(_cut_traceback_guesses(facts, kb or {}, {d.id for d in diags}))
     for d in diags:
         d.caused_by = None
         d.first_rank, d.first_rank_by = _first_rank(d, facts.summary_roots)
@@ -256,3 +264,45 @@ def _probable_hang(facts: Facts, kb: dict[str, Signature]) -> Diagnosis | None:
             d.evidence.extend(Evidence(end.file, m.line, m.text.strip()[:MAX_EVIDENCE_CHARS])
                               for m in end.evidence[-room:])
     return d
+
+
+# -- a traceback cut before its message ------------------------------------------------------------------
+
+TRACEBACK_CUT = "traceback-cut"
+WORKER_FAILED = "worker-failed"
+
+
+def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[str]) -> list[Diagnosis]:
+    """What the cut tracebacks' last frames say (see frames.py), worded as the guesses they are: one
+    ``traceback-cut`` for the steps the frames name, or ``worker-failed`` when the frame is torchrun raising
+    ChildFailedError (the summary that would name the rank was cut) and no real summary line was found."""
+    out: dict[str, Diagnosis] = {}
+    for cut in facts.cut_tracebacks:
+        if cut.stage == WORKER_FAILED:
+            if WORKER_FAILED in present or WORKER_FAILED not in kb:
+                continue
+            sig = replace(kb[WORKER_FAILED], title="A worker failed: torchrun raised ChildFailedError, and the "
+                          "traceback was cut before its failure summary (which rank, its exit code) (a guess from "
+                          "the frame)")
+        elif TRACEBACK_CUT in kb and TRACEBACK_CUT not in present:
+            call = cut.call if cut.call.isidentifier() else cut.stage
+            sig = replace(kb[TRACEBACK_CUT], title=f"A traceback cut before its message; its last frame is in {call} "
+                          "(a guess from the frame, not from an error message)")
+        else:
+            continue
+        d = out.get(sig.id)
+        if d is None:
+            d = out[sig.id] = Diagnosis(sig, fatal=True)
+            d.first_seq = (cut.file_index, cut.line)
+        d.count += 1
+        if cut.rank is not None and len(d.ranks) < MAX_RANKS:
+            d.ranks.add(cut.rank)
+        d.rank_events.setdefault(cut.rank, RankEvent((cut.file_index, cut.line), None))
+        if sig.id == TRACEBACK_CUT:
+            stages = d.details.setdefault("stage", [])
+            if cut.stage not in stages:
+                stages.append(cut.stage)
+        for text, line in ((cut.frame, cut.line), (cut.code, cut.code_line)):
+            if text and len(d.evidence) < MAX_EVIDENCE:
+                d.evidence.append(Evidence(cut.file, line, text[:MAX_EVIDENCE_CHARS]))
+    return list(out.values())

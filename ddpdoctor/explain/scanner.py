@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from functools import partial
 from typing import IO, Any
 
+from ddpdoctor.explain.frames import cut_traceback
 from ddpdoctor.explain.hints import TIMEOUT_IDS, add_hints, last_progress_lines
 from ddpdoctor.explain.knowledge import Signature, load_kb
 from ddpdoctor.explain.lines import (
@@ -231,6 +232,9 @@ class Scanner:
         ending = where_input_ends(end_tail, len(end_tail) == consumed, lines_in_input, name, file_index, file_rank)
         if ending is not None:
             self._facts.phase_ends.append(ending)
+        cut_at_end = cut_traceback(end_tail, lines_in_input, name, file_index, file_rank)
+        if cut_at_end is not None:
+            self._facts.cut_tracebacks.append(cut_at_end)
         if any(i in self._found for i in TIMEOUT_IDS):  # what the rank the others waited for did last
             self._facts.last_progress.update(last_progress_lines(end_tail, len(end_tail) == consumed,
                                                                  lines_in_input, name, file_rank))

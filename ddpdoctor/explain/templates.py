@@ -186,9 +186,20 @@ class TemplateMatcher:
 
 def parse_table(text: str) -> list[Template]:
     """``templates.json`` (written by scripts/build_explain_mapping.py): rows [signature, where, token, [keywords],
-    *pieces]."""
-    return [Template(signature=row[0], where=row[1], token=row[2], keywords=tuple(row[3]), pieces=tuple(row[4:]))
-            for row in json.loads(text)["templates"]]
+    *pieces].
+
+    The last piece loses its trailing whitespace: a message whose last value is empty ends in a space as printed
+    (c10d's "NCCL communicator was aborted on rank 0. " when no reason is known), and editors, terminals and
+    issue trackers trim it off the line a user pastes."""
+    return [Template(signature=row[0], where=row[1], token=row[2], keywords=tuple(row[3]),
+                     pieces=_trimmed(tuple(row[4:]))) for row in json.loads(text)["templates"]]
+
+
+def _trimmed(pieces: tuple[str, ...]) -> tuple[str, ...]:
+    if not pieces or pieces[-1] == pieces[-1].rstrip():
+        return pieces
+    last = pieces[-1].rstrip()
+    return (*pieces[:-1], last) if last else pieces[:-1]
 
 
 @cache

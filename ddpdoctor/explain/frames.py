@@ -1,0 +1,159 @@
+"""A traceback cut before its message: what its last frames say (issue 33).
+
+Users paste a traceback and stop before its last line (the message they thought was noise, or the comment box cut
+it). The frames are still there, and the innermost frame of torch.distributed, DDP or torchrun code names the call
+that failed: ``init_process_group`` or the env:// rendezvous (the processes could not meet, or the backend could
+not start), DDP's constructor checking the parameters' shapes across ranks (its first collective), a collective
+such as ``all_reduce``, torchrun raising ``ChildFailedError`` (a worker failed). That is a guess, never as certain as
+a message: the diagnosis made from it says so in its title, quotes the frame, and ranks below every diagnosis made
+from a real message (a ``symptom`` with the lowest precedence, explained by any cause or crash).
+
+Read from the input's last bytes the scanner keeps anyway (no further pass): the last ``Traceback (most recent
+call last):`` header there, followed only by frames (``File "...", line N, in F`` and the code lines under them)
+up to the end of the input, is a cut traceback. Frames that only pass the call on (c10d's logging wrapper,
+``Module._call_impl``, torchrun's ``@record``) are skipped; the innermost other frame is classified by its file,
+function and code line (a user's own ``dist.init_process_group(...)`` line counts: the paste may stop before
+torch's frames). An innermost frame that is no distributed call gives no guess: a cut traceback in the user's
+model says nothing about DDP.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ddpdoctor.explain.lines import strip_paste
+
+TRACEBACK_HEADER = b"Traceback (most recent call last):"
+MAX_CUT_LINES = 400  # lines after the last header looked at: a deeper traceback is not a paste someone cut
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>.]+)\s*$')
+MIN_WRAP_WIDTH = 60  # narrower lines are not taken for a terminal's wrap
+_EXCEPTION_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b")
+_RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)\d+\]: ?")
+
+# Frames that pass a call on without being it.
+_TRANSPARENT = (
+    ("torch/distributed/c10d_logger.py", None),
+    ("torch/nn/modules/module.py", None),
+    ("torch/distributed/elastic/multiprocessing/errors/__init__.py", None),
+    ("functools.py", None),
+    ("torch/utils/_contextlib.py", None),
+)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A step of a distributed job that a frame can name, and what a failure there usually is."""
+
+    key: str
+    files: tuple[str, ...]  # path pieces (always with forward slashes)
+    functions: frozenset[str]  # function names in those files (empty: any)
+    code: re.Pattern[str] | None  # a call on the frame's code line, in any file
+
+
+_COLLECTIVES = ("all_reduce|all_gather|all_gather_into_tensor|_all_gather_base|all_gather_object|reduce_scatter|"
+                "reduce_scatter_tensor|_reduce_scatter_base|broadcast|broadcast_object_list|barrier|"
+                "monitored_barrier|all_to_all|all_to_all_single|gather|gather_object|scatter|scatter_object_list|"
+                "reduce|send|recv|isend|irecv|batch_isend_irecv")
+
+# Innermost first: the first stage whose file/function or code line fits the frame is the guess.
+STAGES = (
+    Stage("worker-failed", ("torch/distributed/launcher/api.py",), frozenset({"launch_agent"}),
+          re.compile(r"raise ChildFailedError\(")),
+    Stage("rendezvous", ("torch/distributed/rendezvous.py", "torch/distributed/elastic/rendezvous/"),
+          frozenset(), re.compile(r"\bTCPStore\(")),
+    Stage("init", ("torch/distributed/distributed_c10d.py",),
+          frozenset({"init_process_group", "_new_process_group_helper", "_store_based_barrier", "new_group"}),
+          re.compile(r"\b(?:init_process_group|PartialState|init_distributed|initialize_model_parallel)\(")),
+    Stage("ddp-init", ("torch/nn/parallel/distributed.py", "torch/distributed/utils.py"),
+          frozenset({"__init__", "_verify_param_shape_across_processes", "_sync_module_states",
+                     "_sync_params_and_buffers", "_ddp_init_helper"}),
+          re.compile(r"\b(?:DistributedDataParallel|DDP)\(")),
+    Stage("collective", ("torch/distributed/distributed_c10d.py",), frozenset(_COLLECTIVES.split("|")),
+          re.compile(rf"\b(?:dist|torch\.distributed|distributed)\.(?:{_COLLECTIVES})\(")),
+)
+
+
+@dataclass(frozen=True)
+class CutTraceback:
+    """A traceback at the end of an input with no exception line, and the distributed step its frames name."""
+
+    file: str  # the input
+    file_index: int
+    line: int  # the frame's line in the input
+    stage: str  # a Stage.key
+    call: str  # the function (or the call on the code line) that names the stage
+    frame: str  # the frame line as pasted
+    code: str  # the code line under it ("" when cut)
+    code_line: int  # its line in the input (0 when cut)
+    rank: int | None
+
+
+def _norm(path: str) -> str:
+    return path.replace("\\", "/")
+
+
+def _stage_of(path: str, func: str, code: str) -> tuple[str, str] | None:
+    """(stage, call) for one frame, or None."""
+    for stage in STAGES:
+        if any(piece in path for piece in stage.files) and (not stage.functions or func in stage.functions):
+            if stage.key == "worker-failed" and not (stage.code and stage.code.search(code)):
+                continue  # launch_agent failing elsewhere (its rendezvous) is no worker's failure
+            return stage.key, func
+        if stage.code is not None and (m := stage.code.search(code)):
+            return stage.key, m.group(0).rstrip("(").split(".")[-1].replace("raise ", "")
+    return None
+
+
+def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_rank: int | None) -> CutTraceback | None:
+    """The cut traceback the input whose last bytes are ``tail`` ends with, if its frames name a distributed step
+    (see the module docstring); ``last_line`` is the input's last line number (1-based)."""
+    at = tail.rfind(TRACEBACK_HEADER)
+    if at < 0:
+        return None
+    rest = tail[at:]
+    if rest.count(b"\n") > MAX_CUT_LINES:
+        return None
+    lines = rest.decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1].strip() == "":
+        lines.pop()
+    first_no = last_line - len(lines) + 1
+    frames: list[tuple[int, str, str, str, str, int]] = []  # (line no., path, func, frame line, code line, its no.)
+    rank = file_rank
+    width = max((len(raw.rstrip("\r")) for raw in lines), default=0)  # a terminal's width, if it wrapped them
+    body: list[tuple[int, str, str]] = []  # (index, the line as pasted, the line without what pasting added)
+    above = 0  # the length of the line above, as pasted
+    for i, raw in enumerate(lines[1:], start=1):
+        wrapped, above = above == width >= MIN_WRAP_WIDTH, len(raw.rstrip("\r"))
+        text = strip_paste(raw.rstrip("\r"))
+        if (prefix := _RANK_PREFIX.match(text)) is not None:
+            rank = int(re.sub(r"\D", "", prefix.group(0)))
+            text = text[prefix.end():]
+        if not text.strip():
+            continue
+        # The rest of the line above that a terminal wrapped: the line above as wide as the widest, this one no
+        # exception's name, and no code line under a frame line that was whole.
+        if (body and wrapped and not _EXCEPTION_NAME.match(text)
+                and not (_FRAME.match(body[-1][2]) and text[:1].isspace())):
+            j, pasted, joined = body[-1]
+            body[-1] = (j, pasted + text, joined + text)
+            continue
+        if not text[:1].isspace():
+            return None  # at the margin: the exception line (or anything else): the traceback is not cut
+        body.append((i, raw.strip(), text))
+    for i, pasted, text in body:
+        if m := _FRAME.match(text):
+            frames.append((first_no + i, _norm(m.group("file")), m.group("func"), pasted, "", 0))
+        elif frames and not frames[-1][4] and not text.strip().startswith(("^", "~", "File ")):
+            n, path, func, frame, _, _ = frames[-1]
+            frames[-1] = (n, path, func, frame, text.strip(), first_no + i)
+        # a cut 'File "...' line (the paste's last) or a caret line: nothing to read
+    for n, path, func, frame, code, code_no in reversed(frames):
+        if any(piece in path for piece, _ in _TRANSPARENT):
+            continue
+        got = _stage_of(path, func, code)
+        if got is None:
+            return None  # the innermost real frame is no distributed call: no guess
+        stage, call = got
+        return CutTraceback(name, file_index, n, stage, call, frame, code, code_no, rank)
+    return None
