@@ -60,7 +60,7 @@ PER_HOST = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
 # longer line up between it and the others.
 CLOCK_WARN_S = 1.0
 CLOCK_ROUNDS = 3  # exchanges per rank; the one with the shortest round trip is kept (the tightest bound)
-CLOCK_SERVE_S = 3.0  # rank 0 answers for this long at most (the ranks start the check within moments)
+CLOCK_SERVE_S = 5.0  # rank 0 answers for this long at most (the ranks start the check within moments)
 CLOCK_ASK_S = 10.0  # a rank waits this long at most for rank 0's answer (rank 0 may start the check later)
 CLOCK_POLL_S = 0.002
 
