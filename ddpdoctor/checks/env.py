@@ -16,11 +16,11 @@ Reproduce: ``TORCH_NCCL_DUMP_ON_TIMEOUT=0 ddpdoctor check --only env`` on a GPU 
 
 It also measures each rank's wall clock against rank 0's (a host without NTP, a VM restored from a
 snapshot): training does not notice -- PyTorch's timeouts run on monotonic clocks (``WorkNCCL::checkTimeout``
-in torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp compares ``std::chrono::steady_clock`` times; TCPStore's
-waits likewise) -- but every wall-clock stamp does: log lines, ``time_created_ns`` in Flight Recorder dumps
+in torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp compares ``std::chrono::steady_clock`` times), as do
+ddpdoctor's deadlines and durations -- but every wall-clock stamp does: log lines, ``time_created_ns`` in Flight Recorder dumps
 (``c10::getTime()``, CLOCK_REALTIME unless asked for a monotonic one: c10/util/ApproximateClock.h), the
 ranks' own "ended at" stamps. Merged across hosts they put events in the wrong order. Reproduce: run one
-node's ranks under libfaketime (``LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+node's ranks under libfaketime (``LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 FAKETIME=+90s``).
 """
 
