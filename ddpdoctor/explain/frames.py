@@ -23,10 +23,15 @@ import re
 from dataclasses import dataclass
 
 from ddpdoctor.explain.lines import strip_paste
+from ddpdoctor.explain.phases import MAX_TAIL_LINE_CHARS
 
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
 MAX_CUT_LINES = 400  # lines after the last header looked at: a deeper traceback is not a paste someone cut
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>.]+)\s*$')
+# Where Python lives on Windows ("C:/Users/...", after _norm) and macOS (home folders, Homebrew, the framework build).
+_WINDOWS_PATH = re.compile(r"^[A-Za-z]:/")
+_MACOS_PATH = re.compile(r"^/Users/|^/opt/homebrew/|/Library/Frameworks/Python\.framework/")
+_NCCL_BACKEND = re.compile(r"""backend\s*=\s*["']nccl["']|["']nccl["']""")
 MIN_WRAP_WIDTH = 60  # narrower lines are not taken for a terminal's wrap
 _EXCEPTION_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b")
 _RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)\d+\]: ?")
@@ -87,6 +92,8 @@ class CutTraceback:
     code: str  # the code line under it ("" when cut)
     code_line: int  # its line in the input (0 when cut)
     rank: int | None
+    platform: str = ""  # "windows" or "macos" when the frames' paths show it (PyTorch's builds there lack NCCL)
+    names_nccl: bool = False  # a frame's code line asks for the nccl backend
 
 
 def _norm(path: str) -> str:
@@ -114,7 +121,8 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
     rest = tail[at:]
     if rest.count(b"\n") > MAX_CUT_LINES:
         return None
-    lines = rest.decode("utf-8", errors="replace").split("\n")
+    # Each line cut to what the phases read of a tail line: no regex here is handed more (the linear-time rule).
+    lines = [ln[:MAX_TAIL_LINE_CHARS] for ln in rest.decode("utf-8", errors="replace").split("\n")]
     if lines and lines[-1].strip() == "":
         lines.pop()
     first_no = last_line - len(lines) + 1
@@ -155,5 +163,9 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
         if got is None:
             return None  # the innermost real frame is no distributed call: no guess
         stage, call = got
-        return CutTraceback(name, file_index, n, stage, call, frame, code, code_no, rank)
+        paths = [f[1] for f in frames]
+        platform = ("windows" if any(_WINDOWS_PATH.match(p) for p in paths)
+                    else "macos" if any(_MACOS_PATH.search(p) for p in paths) else "")
+        nccl = any(_NCCL_BACKEND.search(f[4]) for f in frames)
+        return CutTraceback(name, file_index, n, stage, call, frame, code, code_no, rank, platform, nccl)
     return None

@@ -270,6 +270,7 @@ def _probable_hang(facts: Facts, kb: dict[str, Signature]) -> Diagnosis | None:
 
 TRACEBACK_CUT = "traceback-cut"
 WORKER_FAILED = "worker-failed"
+NCCL_NOT_AVAILABLE = "nccl-not-available"
 
 
 def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[str]) -> list[Diagnosis]:
@@ -278,7 +279,14 @@ def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[
     ChildFailedError (the summary that would name the rank was cut) and no real summary line was found."""
     out: dict[str, Diagnosis] = {}
     for cut in facts.cut_tracebacks:
-        if cut.stage == WORKER_FAILED:
+        if cut.stage == "init" and cut.platform and cut.names_nccl and NCCL_NOT_AVAILABLE in kb:
+            if NCCL_NOT_AVAILABLE in present:
+                continue
+            where = "Windows" if cut.platform == "windows" else "macOS"
+            sig = replace(kb[NCCL_NOT_AVAILABLE], title=f"Probably no NCCL in this PyTorch: the job asks for the nccl "
+                          f"backend on {where} (its paths), and the traceback is cut in init_process_group (a guess "
+                          "from the frames, not from an error message)")
+        elif cut.stage == WORKER_FAILED:
             if WORKER_FAILED in present or WORKER_FAILED not in kb:
                 continue
             sig = replace(kb[WORKER_FAILED], title="A worker failed: torchrun raised ChildFailedError, and the "

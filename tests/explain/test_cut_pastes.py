@@ -204,3 +204,20 @@ def test_gloos_uncaught_size_enforce_is_a_collective_mismatch() -> None:
     first = explain_text(text).diagnoses[0]
     assert first.id == "collective-mismatch"
     assert first.details["received_length"] == ["8773632"] and first.details["expected_length"] == ["8386560"]
+
+
+def test_a_cut_init_traceback_on_windows_asking_for_nccl_is_probably_no_nccl() -> None:
+    """PyTorch's Windows and macOS builds have no NCCL (distributed_c10d.py: 'Distributed package doesn't have NCCL
+    built in'): a traceback cut in init_process_group, with Windows paths and backend="nccl" on a code line."""
+    text = ('Traceback (most recent call last):\n'
+            '  File "C:\\Users\\me\\proj\\train.py", line 30, in <module>\n'
+            '    dist.init_process_group(backend="nccl", init_method="env://")\n'
+            '  File "C:\\Users\\me\\miniconda3\\lib\\site-packages\\torch\\distributed\\distributed_c10d.py", line 907, '
+            'in init_process_group\n'
+            '    default_pg = _new_process_group_helper(\n')
+    code, diags = _json(text)
+    assert (code, diags[0]["id"]) == (1, "nccl-not-available")
+    assert "on Windows" in diags[0]["title"] and "a guess" in diags[0]["title"]
+    # The same frames on Linux stay the step's guess, not this cause.
+    linux = text.replace("C:\\Users\\me", "/home/me").replace("\\", "/")
+    assert [d.id for d in explain_text(linux).diagnoses] == ["traceback-cut"]
