@@ -307,8 +307,8 @@ def test_issue33_set_score_does_not_slip() -> None:
 # issue 33 is meant to raise them). raises=AssertionError: a crash or a broken corpus still fails the test.
 ISSUE33_TARGET_XFAIL = pytest.mark.xfail(
     strict=False, raises=AssertionError,
-    reason="issue 33's set, held-out half: right cause first 14/24 (58.3 %), recognised 17/24, false alarms 0/3 "
-           "with the knowledge base at a719a5e (2026-11-27; 12/24 at 77af24a); target >= 90 % and no false alarm")
+    reason="issue 33's set, held-out half: right cause first 15/24 (62.5 %), recognised 18/24, false alarms 0/3 "
+           "with the knowledge base at 3caef78 (2026-11-27; 12/24 at 77af24a); target >= 90 % and no false alarm")
 
 
 @ISSUE33_TARGET_XFAIL
