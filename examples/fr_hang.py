@@ -116,6 +116,10 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
         if os.environ.get("RANK", "0") == "0":
             why = "is not a folder" if os.path.exists(args.out) else "does not exist"
             os.write(2, f"fr_hang.py: --out {args.out} {why}: create it first (mkdir -p {args.out})\n".encode())
+        else:
+            # torchrun stops the whole job when the first worker exits: a rank that left at once could stop
+            # rank 0 before it printed the line (seen on a loaded machine), so the others leave a moment later.
+            time.sleep(5)
         raise SystemExit(2)
     return args
 

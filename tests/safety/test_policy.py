@@ -70,7 +70,7 @@ def test_our_own_document_is_replaced_and_marked_as_ours(workspace: Path, monkey
     """Running a command twice with the same --json replaces its document; every document says whose it is."""
     runs = {"explain": ["explain", str(workspace / "train.log")], "fr": ["fr", str(workspace / "dumps")],
             "env": ["env", "--no-torch"], "ckpt inspect": ["ckpt", "inspect", str(workspace / "ddp.pt")],
-            "stacks": ["stacks", "merge", str(workspace / "node.json")]}
+            "stacks merge": ["stacks", "merge", str(workspace / "node.json")]}
     for command, argv in runs.items():
         report = workspace / f"{command.replace(' ', '_')}.json"
         for _ in range(2):

@@ -43,10 +43,11 @@ OUTPUT_OPTIONS: dict[str, set[str]] = {
 # ... and the ones that name no output (inputs, numbers, names).
 OTHER_PARAMETERS: dict[str, set[str]] = {
     "check": {"--nproc-per-node", "--backend", "--timeout", "--only", "--skip", "--master-port", "--checkpoint",
-              "--model", "--batch", "--input-shape", "--min-busbw", "--redirects", "--tee", "--local-ranks-filter"},
+              "--model", "--batch", "--input-shape", "--min-busbw", "--min-busbw-pct", "--warn-busbw-pct", "--redirects", "--tee", "--local-ranks-filter"},
     "bench": {"test", "--op", "--min-bytes", "--max-bytes", "--step-factor", "--stepbytes", "--iters",
               "--warmup_iters", "--datatype", "--redop", "--root", "--average", "--blocking", "--check",
-              "--report_cputime", "--report_timestamps", "--run_cycles", "--min-busbw", "--nproc-per-node",
+              "--report_cputime", "--report_timestamps", "--run_cycles", "--min-busbw", "--min-busbw-pct",
+              "--warn-busbw-pct", "--nproc-per-node",
               "--backend", "--timeout", "--master-port", "--redirects", "--tee", "--local-ranks-filter",
               # nccl-tests' flags for what ddpdoctor does not do: a note or a refusal, never a file
               "--nthreads", "--ngpus", "--agg_iters", "--parallel_init", "--stream_null", "--cudagraph",
