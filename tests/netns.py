@@ -127,8 +127,9 @@ class NetnsHosts:
         sh("ip", "-n", self.names[index], "link", "set", self.ifname(index), "down")
 
     def block_port(self, index: int, port: int) -> None:
-        """Host ``index`` drops every TCP packet to or from ``port`` (nftables in its namespace; as a firewall
-        rule between nodes does). Needs the ``nft`` command (Debian's nftables)."""
+        """Host ``index`` drops every TCP packet to or from ``port`` on its links to other hosts (nftables in its
+        namespace; as a firewall rule between nodes does: the host's own loopback traffic, e.g. rank 0 reaching
+        the store on its own host, still passes). Needs the ``nft`` command (Debian's nftables)."""
         if shutil.which("nft") is None and os.geteuid() == 0 and shutil.which("apt-get"):
             subprocess.run(["apt-get", "install", "-y", "nftables"], capture_output=True, timeout=300,
                            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
@@ -137,10 +138,10 @@ class NetnsHosts:
         rules = (f"add table inet ddlab\n"
                  f"add chain inet ddlab input {{ type filter hook input priority 0; }}\n"
                  f"add chain inet ddlab output {{ type filter hook output priority 0; }}\n"
-                 f"add rule inet ddlab input tcp dport {port} drop\n"
-                 f"add rule inet ddlab input tcp sport {port} drop\n"
-                 f"add rule inet ddlab output tcp dport {port} drop\n"
-                 f"add rule inet ddlab output tcp sport {port} drop\n")
+                 f"add rule inet ddlab input iifname != \"lo\" tcp dport {port} drop\n"
+                 f"add rule inet ddlab input iifname != \"lo\" tcp sport {port} drop\n"
+                 f"add rule inet ddlab output oifname != \"lo\" tcp dport {port} drop\n"
+                 f"add rule inet ddlab output oifname != \"lo\" tcp sport {port} drop\n")
         subprocess.run(["ip", "netns", "exec", self.names[index], "nft", "-f", "-"], input=rules.encode(),
                        check=True, capture_output=True, timeout=30)
 

@@ -28,9 +28,12 @@ def rank_env(rank: int, world: int, master_addr: str, ifname: str) -> dict[str, 
                       "MASTER_ADDR": master_addr, "MASTER_PORT": str(PORT), "GLOO_SOCKET_IFNAME": ifname})
 
 
-def run_two_hosts(tmp_path: Path, master_addr_b: str, timeout: str) -> tuple[list[tuple[int, str, str]], dict]:  # type: ignore[type-arg]
+def run_two_hosts(tmp_path: Path, master_addr_b: str, timeout: str,
+                  blocked_on_a: int | None = None) -> tuple[list[tuple[int, str, str]], dict]:  # type: ignore[type-arg]
     report = tmp_path / "r.json"
     with NetnsHosts(2) as hosts:
+        if blocked_on_a is not None:
+            hosts.block_port(0, blocked_on_a)  # a firewall rule on nodeA, as between real nodes
         procs = []
         for rank, (hostname, master) in enumerate((("nodea", hosts.ip(0)), ("nodeb", master_addr_b))):
             argv = [sys.executable, "-m", "ddpdoctor", "check", "--timeout", timeout, "--skip", "gpu"]
@@ -69,3 +72,17 @@ def test_wrong_master_addr_on_the_second_host_is_named(tmp_path: Path) -> None:
     assert [f["ranks"] for f in missing] == [[1]]
     assert "never joined" in missing[0]["summary"] and "MASTER_ADDR" in missing[0]["remedy"]
     assert "did not report" in out0
+
+
+def test_the_store_port_blocked_on_the_master_host_is_named(tmp_path: Path) -> None:
+    """Issue 32's lab: nodeA drops every packet of the store's port (a firewall between nodes). nodeB has the
+    right MASTER_ADDR and still never joins; both sides say so, with the address and port it tried."""
+    results, report = run_two_hosts(tmp_path, "10.77.0.1", "5", blocked_on_a=PORT)
+    (code0, out0, _), (code1, _, err1) = results
+    assert "did not report" in out0
+    assert code0 == 1 and code1 == 1, err1
+    assert "rank 1 on nodeb: cannot reach the control plane at MASTER_ADDR:MASTER_PORT 10.77.0.1:29555" in err1
+    missing = [f for f in report["findings"] if "did not report" in f["summary"]]
+    assert [f["ranks"] for f in missing] == [[1]]
+    assert "never joined" in missing[0]["summary"] and "10.77.0.1:29555" in missing[0]["remedy"]
+    assert "the port is open between the nodes" in err1  # what to look at: the path between nodes, not the code
