@@ -129,10 +129,11 @@ def test_a_rank_whose_main_thread_holds_the_gil_is_read_with_py_spy(tmp_path: Pa
     script = tmp_path / "gil_hog.py"
     script.write_text(GIL_HOG)
     report = tmp_path / "watch.json"
-    # 25 s, not 12: the clock runs from the rank's start, and on a loaded machine (another test's ranks on the
-    # same cores) importing torch and init_process_group once took 12 s: a true verdict, "in the rendezvous",
-    # but not this test's case, which needs the rank inside the regex.
-    proc = run_cli(["watch", "--nproc", "1", "--hang-timeout", "25", "--json", str(report),
+    # 45 s, not 12: the clock runs from the rank's start, and on a loaded machine (other tests' ranks on the
+    # same cores) importing torch and init_process_group once took 12 s, and with three test workers on 2 cores
+    # over 25 s: a true verdict, "in the rendezvous", but not this test's case, which needs the rank inside the
+    # regex. The verdict comes 45 s after the all_reduce, whatever the load.
+    proc = run_cli(["watch", "--nproc", "1", "--hang-timeout", "45", "--json", str(report),
                     "--evidence", str(tmp_path / "evidence"), str(script)], timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     data = json.loads(report.read_text())
