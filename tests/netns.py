@@ -165,3 +165,28 @@ class NetnsHosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def torchrun_on_hosts(hosts: NetnsHosts, names: Sequence[str], port: int, ddpdoctor_argv: Sequence[str],
+                      deadline_s: float = 240) -> list[tuple[int, str, str]]:
+    """``torchrun --nnodes N --node-rank i ... -m ddpdoctor ARGV`` on every host (one rank each, host 0 the master,
+    gloo over each host's link): the (exit code, stdout, stderr) of each; every process group killed past the
+    deadline (its exit code then says so)."""
+    from tests.support import clean_env, torchrun_cmd
+
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for i, name in enumerate(names):
+            argv = [*torchrun_cmd(), "--nnodes", str(len(names)), "--node-rank", str(i), "--nproc-per-node", "1",
+                    "--master-addr", hosts.ip(0), "--master-port", str(port), "-m", "ddpdoctor", *ddpdoctor_argv]
+            procs.append(subprocess.Popen(hosts.command(i, name, argv), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                          env=clean_env({"GLOO_SOCKET_IFNAME": hosts.ifname(i)})))
+        deadline = time.monotonic() + deadline_s
+        outputs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+        return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)

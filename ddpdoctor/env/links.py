@@ -64,8 +64,8 @@ def parse_speed_mbps(text: str | None) -> int | None:
     return value if value > 0 else None
 
 
-def parse_link_kind(ip_json: str | None) -> str | None:
-    """``ip -j -d link show dev IF`` -> its ``info_kind`` (``veth``, ``bridge``, ``vlan``, ``bond``...), or None."""
+def _first_ip_record(ip_json: str | None) -> dict[str, Any] | None:
+    """The first object of iproute2's ``-j`` output (a JSON list), None for anything else."""
     if not ip_json:
         return None
     try:
@@ -74,9 +74,17 @@ def parse_link_kind(ip_json: str | None) -> str | None:
         return None
     if not isinstance(data, list) or not data or not isinstance(data[0], dict):
         return None
-    info = data[0].get("linkinfo")
+    return data[0]
+
+
+def parse_link_kind(ip_json: str | None) -> str | None:
+    """``ip -j -d link show dev IF`` -> its ``info_kind`` (``veth``, ``bridge``, ``vlan``, ``bond``...), or None."""
+    record = _first_ip_record(ip_json)
+    if record is None:
+        return None
+    info = record.get("linkinfo")
     kind = info.get("info_kind") if isinstance(info, dict) else None
-    if kind is None and data[0].get("link_type") == "loopback":
+    if kind is None and record.get("link_type") == "loopback":
         return "loopback"
     return str(kind) if kind else None
 
@@ -171,16 +179,11 @@ def net_link(name: str, root: str | os.PathLike[str] = "/sys", with_tools: bool 
 
 def parse_route_dev(ip_json: str | None) -> str | None:
     """``ip -j route get ADDR`` -> the interface it leaves through (None for a local address: ``lo``)."""
-    if not ip_json:
+    record = _first_ip_record(ip_json)
+    if record is None:
         return None
-    try:
-        data = json.loads(ip_json)
-    except ValueError:
-        return None
-    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
-        return None
-    dev = data[0].get("dev")
-    return str(dev) if dev and dev != "lo" and data[0].get("type") != "local" else None
+    dev = record.get("dev")
+    return str(dev) if dev and dev != "lo" and record.get("type") != "local" else None
 
 
 def _first_listed(spec: str, existing: Iterable[str]) -> str | None:

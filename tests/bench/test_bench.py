@@ -5,10 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from ddpdoctor.bench.analysis import (
 )
 from ddpdoctor.bench.ops import count_wrong, expected_output, make_input, modulus, pattern
 from ddpdoctor.errors import DoctorError
-from tests.netns import NetnsHosts
+from tests.netns import NetnsHosts, torchrun_on_hosts
 from tests.support import PG_NOT_DESTROYED, clean_env, free_port, run_cli, torchrun_cmd
 
 SMALL = ["-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1"]
@@ -309,28 +307,14 @@ def test_pairs_name_the_rate_limited_host_and_its_qdisc(tmp_path: Path) -> None:
     """
     port = 29000 + os.getpid() % 1000
     out = tmp_path / "pairs.json"
-    procs: list[subprocess.Popen[str]] = []
     with NetnsHosts(3, subnet=f"10.{100 + os.getpid() % 100}") as hosts:
         hosts.rate_limit(2, "20mbit")
-        try:
-            for i, name in enumerate(("nodeA", "nodeB", "nodeC")):
-                inner = [*torchrun_cmd(), "--nnodes", "3", "--node-rank", str(i), "--nproc-per-node", "1",
-                         "--master-addr", hosts.ip(0), "--master-port", str(port), "-m", "ddpdoctor", "bench",
-                         "-b", "64K", "-e", "256K", "-f", "4", "-n", "3", "-w", "1", "--pairs", "--timeout", "60",
-                         "--json", str(out)]
-                procs.append(subprocess.Popen(hosts.command(i, name, inner), stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                              env=clean_env({"GLOO_SOCKET_IFNAME": hosts.ifname(i)})))
-            deadline = time.monotonic() + 240
-            outputs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(timeout=10)
-    stdout = outputs[0][0]
+        outputs = torchrun_on_hosts(hosts, ("nodeA", "nodeB", "nodeC"), port,
+                                    ["bench", "-b", "64K", "-e", "256K", "-f", "4", "-n", "3", "-w", "1", "--pairs",
+                                     "--timeout", "60", "--json", str(out)])
+    stdout = outputs[0][1]
     print(stdout)  # shown with -s: the report a user would read
-    assert procs[0].returncode == 1, outputs  # a slow host is a problem found
+    assert outputs[0][0] == 1, outputs  # a slow host is a problem found
     data = json.loads(out.read_text())
     assert data["slow_hosts"] == ["nodeC"], data["pairs"]
     assert {(p["host_a"], p["host_b"]) for p in data["pairs"]} == {("nodeA", "nodeB"), ("nodeA", "nodeC"),

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.netns import NetnsHosts
-from tests.support import clean_env, torchrun_cmd
+from tests.netns import NetnsHosts, torchrun_on_hosts
 
 pytestmark = [pytest.mark.requires_netns, pytest.mark.slow]
 
@@ -25,28 +21,14 @@ pytestmark = [pytest.mark.requires_netns, pytest.mark.slow]
 def test_a_shaped_link_is_a_small_percentage_of_the_interface_speed_with_the_qdisc_named(tmp_path: Path) -> None:
     report = tmp_path / "check.json"
     port = 30000 + os.getpid() % 1000
-    procs: list[subprocess.Popen[str]] = []
     with NetnsHosts(2, subnet=f"10.{200 + os.getpid() % 50}") as hosts:
         hosts.rate_limit(1, "200mbit")
-        try:
-            for i, name in enumerate(("nodeA", "nodeB")):
-                argv = [*torchrun_cmd(), "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
-                        "--master-addr", hosts.ip(0), "--master-port", str(port), "-m", "ddpdoctor", "check",
-                        "--only", "bandwidth,pcie_bandwidth,memory_bandwidth", "--timeout", "60",
-                        "--json", str(report)]
-                procs.append(subprocess.Popen(hosts.command(i, name, argv), stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                              env=clean_env({"GLOO_SOCKET_IFNAME": hosts.ifname(i)})))
-            deadline = time.monotonic() + 240
-            outputs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(timeout=10)
-    stdout = outputs[0][0]
+        outputs = torchrun_on_hosts(hosts, ("nodeA", "nodeB"), port,
+                                    ["check", "--only", "bandwidth,pcie_bandwidth,memory_bandwidth", "--timeout", "60",
+                                     "--json", str(report)])
+    stdout = outputs[0][1]
     print(stdout)
-    assert procs[0].returncode == 1, outputs
+    assert outputs[0][0] == 1, outputs
     data = json.loads(report.read_text())
     assert data["status"] == "fail"
     [below] = [f for f in data["findings"] if f["check"] == "bandwidth" and f["status"] == "fail"]
