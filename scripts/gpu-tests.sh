@@ -33,7 +33,7 @@
 #
 #   pip download --no-deps --dest wheels --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-#       --platform any pytest-xdist execnet py-spy typer click rich shellingham typing-extensions \
+#       --platform any pytest-xdist execnet py-spy 'typer<0.29' annotated-doc click rich shellingham typing-extensions \
 #       markdown-it-py mdurl pygments tabulate psutil nvidia-ml-py pytest iniconfig pluggy packaging numpy \
 #       setuptools wheel
 set -uo pipefail  # no -e: a failing step is recorded and the suite goes on
