@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,6 +49,11 @@ class Job:
 
 def run_job(cmd: list[str], json_path: Path, env: dict[str, str]) -> Job:
     """Run one launcher job to its end (killed at the deadline: a hang fails the test, not the suite)."""
+    if cmd[0] == "mpirun":
+        # Each mpirun its own session folder: two started at once (bench beside check) raced to create
+        # /tmp/ompi.<host>.<uid> and one stopped with "orte_session_dir failed ... File exists".
+        session = Path(tempfile.mkdtemp(prefix="ompi-", dir=json_path.parent))
+        env = {**env, "OMPI_MCA_orte_tmpdir_base": str(session), "PRTE_MCA_prte_tmpdir_base": str(session)}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_DEADLINE_S, env=env, cwd=REPO)
     document = json.loads(json_path.read_text()) if json_path.exists() else {}
     return Job(done.returncode, done.stdout, done.stderr, document)
