@@ -31,7 +31,7 @@ import re
 
 from ddpdoctor.explain.lines import LINE_PREFIX_RANK, rank_int, strip_paste
 from ddpdoctor.explain.model import MAX_EVIDENCE_CHARS, Diagnosis
-from ddpdoctor.explain.phases import MAX_TAIL_LINE_CHARS, chatter
+from ddpdoctor.explain.phases import MAX_TAIL_LINE_CHARS, chatter, tail_lines
 
 # Diagnoses whose details name the address a rank tried to reach.
 ADDRESS_DETAILS = {"gloo-connect-failed": ("peer",), "remote-process-exited": ("peer",),
@@ -179,12 +179,7 @@ def last_progress_lines(tail: bytes, at_file_start: bool, last_line: int, name: 
     that shows its own progress: not NCCL's INFO lines, glog info/warnings or Python warnings
     (``phases.chatter``), not an error. A rank's lines are told by torchrun's ``[rankN]:`` prefix, or the
     whole input is one rank's (``file_rank``)."""
-    lines = tail.decode("utf-8", errors="replace").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if not at_file_start and lines:
-        lines.pop(0)
-    first_no = last_line - len(lines) + 1
+    lines, first_no = tail_lines(tail, at_file_start, last_line)
     out: dict[int, tuple[str, int, str]] = {}
     for i in range(len(lines) - 1, -1, -1):
         raw = lines[i].rstrip("\r")[:MAX_TAIL_LINE_CHARS]

@@ -225,6 +225,17 @@ def _chatter(raw: str) -> bool:
     return bool(_CHATTER.search(text)) or quiet_level(raw)
 
 
+def tail_lines(tail: bytes, at_file_start: bool, last_line: int) -> tuple[list[str], int]:
+    """The whole lines of an input's last bytes and the 1-based number of the first: the line the tail cut
+    (its first, unless ``tail`` is the whole input) and the empty piece after a final newline are dropped."""
+    lines = tail.decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not at_file_start and lines:
+        lines.pop(0)
+    return lines, last_line - len(lines) + 1
+
+
 def where_input_ends(tail: bytes, at_file_start: bool, last_line: int, name: str, file_index: int,
                      file_rank: int | None) -> PhaseEnd | None:
     """The phase the input whose last bytes are ``tail`` ends in, or None (see the module docstring).
@@ -240,12 +251,7 @@ def where_input_ends(tail: bytes, at_file_start: bool, last_line: int, name: str
     flat = tail.replace(b"\n> ", b"\n").translate(None, b"\r\n")
     if not any(word in flat for word in _MARKER_BYTES):
         return None
-    lines = tail.decode("utf-8", errors="replace").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if not at_file_start and lines:
-        lines.pop(0)
-    first_no = last_line - len(lines) + 1
+    lines, first_no = tail_lines(tail, at_file_start, last_line)
     # Whatever was open before the last line that shows progress was closed by it: only what follows that
     # line (and the pieces it may be the wrapped rest of) can tell where the input stops. On a healthy log
     # that is its last line or so; the rest of the tail is never classified.

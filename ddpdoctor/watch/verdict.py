@@ -148,15 +148,16 @@ def silent_for(state: RankState, now: float) -> float | None:
     return age if age >= SILENT_AFTER_S else None
 
 
+def _other_hosts(agg: Aggregator, here: str) -> list[tuple[str, list[int]]]:
+    """(host, its ranks) for every host but ``here`` (the supervisor's); none when the job is on one host."""
+    hosts = hosts_of(agg.ranks)
+    return [(host, ranks) for host, ranks in hosts.items() if host != here] if len(hosts) > 1 else []
+
+
 def lost_hosts(agg: Aggregator, here: str) -> list[dict[str, Any]]:
     """Hosts (not ``here``, the supervisor's) whose every rank vanished within :data:`HOST_WINDOW_S`."""
-    hosts = hosts_of(agg.ranks)
-    if len(hosts) < 2:
-        return []
     found = []
-    for host, ranks in hosts.items():
-        if host == here:
-            continue
+    for host, ranks in _other_hosts(agg, here):
         states = [agg.ranks[r] for r in ranks]
         if not all(vanished(s) for s in states):
             continue
@@ -168,13 +169,8 @@ def lost_hosts(agg: Aggregator, here: str) -> list[dict[str, Any]]:
 
 def silent_hosts(agg: Aggregator, here: str, now: float) -> list[dict[str, Any]]:
     """Hosts (not ``here``) whose every rank is silent (see :func:`silent_for`) while connected."""
-    hosts = hosts_of(agg.ranks)
-    if len(hosts) < 2:
-        return []
     found = []
-    for host, ranks in hosts.items():
-        if host == here:
-            continue
+    for host, ranks in _other_hosts(agg, here):
         ages = [silent_for(agg.ranks[r], now) for r in ranks]
         if all(age is not None for age in ages):
             heard = [agg.ranks[r].heard_at for r in ranks]
