@@ -8,6 +8,7 @@ importing torch.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import io
 import sys
@@ -210,7 +211,13 @@ def _guarded(command: Callable[[], int], failure: list[str] | None = None) -> in
 
 
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    # The interpreter's last act is a garbage collection that walks every object the imports made: ~20 ms
+    # of a 0.15 s `ckpt strip`, more than strip's own work on a 1 GiB file. Our outputs are closed and
+    # synced by now (ddpdoctor.outputs) and the standard streams are flushed by the interpreter itself, so
+    # that walk finds nothing to finish; freezing skips it (gc.freeze: the objects stay, uncollected).
+    gc.freeze()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

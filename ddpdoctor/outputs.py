@@ -35,7 +35,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import shutil
 import stat
 import sys
@@ -485,7 +484,7 @@ def sweep_partials(directory: Path) -> None:
 
 
 def _partial_name(name: str) -> str:
-    return f".{name}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
+    return f".{name}.{os.getpid()}-{os.urandom(4).hex()}{PARTIAL_SUFFIX}"
 
 
 def _fsync_dir(directory: Path) -> None:

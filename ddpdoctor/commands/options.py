@@ -16,12 +16,14 @@ are left out: ``bench`` keeps nccl-tests' ``-r`` (root) and ``-t`` (threads).
 from __future__ import annotations
 
 import math
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from ddpdoctor.errors import DoctorError
-from ddpdoctor.runtime.selflaunch import LaunchLogs
+
+if TYPE_CHECKING:  # imported where used: every command loads this module, only launching ones need it
+    from ddpdoctor.runtime.selflaunch import LaunchLogs
 
 NprocOption = Annotated[Optional[int], typer.Option(
     "--nproc", "--nproc-per-node", "--nproc_per_node", metavar="N", help="Local ranks to self-launch when no launcher is "
@@ -58,6 +60,7 @@ def validate_min_busbw(min_busbw: float | None) -> None:
 def launch_logs(log_dir: str | None, redirects: str, tee: str, local_ranks_filter: str,
                 nproc: int | None = None) -> LaunchLogs:
     """torchrun's log options -> the self-launch's :class:`LaunchLogs`, validated (exit 2, one line)."""
+    from ddpdoctor.runtime.selflaunch import LaunchLogs
     logs = LaunchLogs(log_dir=log_dir, redirects=redirects.strip(), tee=tee.strip(),
                       local_ranks_filter=local_ranks_filter.strip())
     logs.validate(nproc)
