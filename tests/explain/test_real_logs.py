@@ -71,6 +71,10 @@ class Score:
 # found while the knowledge base was written. Each set is split by the same rule and scored on its own.
 SETS = {"older": "older corpus (issue 26 and before)", "issue-33": "issue 33's set (collected by a rule)",
         "issue-33-b": "issue 33's second set (collected by a rule)"}
+# Sets that are only reported: their score is printed with no threshold, and a pasted-differently change on one of
+# their logs is listed in the summary (names masked as for the held-out halves) instead of failing the test, since
+# finding where explain fails is what they were collected for (docs/internals/explain-corpus.md).
+REPORTED_ONLY = {"issue-33-b"}
 
 
 def corpus_set(entry: dict) -> str:
@@ -400,6 +404,8 @@ def test_real_logs_survive_how_they_are_pasted(transform: object, request: pytes
         if how in entry.get("known_gaps", {}):
             state = "still open" if plain != pasted else "CLOSED: remove it from index.json"
             gaps.append(f"  known gap, {how}, {name}: {state} ({entry['known_gaps'][how]})")
+        elif plain != pasted and corpus_set(entry) in REPORTED_ONLY:
+            gaps.append(f"  changed, {how}, {name} ({corpus_set(entry)}, reported only): {plain} -> {pasted}")
         elif plain != pasted:
             changed.append(f"{name}: {plain} -> {pasted}")
     if gaps:
