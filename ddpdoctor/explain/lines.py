@@ -22,14 +22,30 @@ SRUN_LABEL = re.compile(r"^(\d{1,6}): ")
 # What users paste around the real line, stripped before matching (repeatedly, outermost first): "> " quote
 # marks, pasted line numbers ("[80746] ", "1743] "), srun's "10: " label, Ray's "(RayWorker pid=7046, ip=...) ", pytest's
 # "E       ", vLLM-style "ERROR 04-15 00:31:11 worker_base.py:574] " and glog "E0325 20:57:27.62 2606 api.py:869] ".
+# And what a log collector puts in front of every line of a whole log (a paste from a cluster's or a CI's log
+# viewer): an RFC 3339 time stamp, bare or in brackets (`docker logs -t` and `kubectl logs --timestamps`:
+# RFC3339Nano, "2024-05-01T10:00:00.123456789Z "; GitHub Actions' raw logs, "2024-05-01T10:00:00.1234567Z "; a
+# `[%(asctime)s] ` logger, "[2024-05-01 10:00:00,123] "), docker compose's service column ("trainer-1  | ":
+# cmd/formatter/logs.go, `%-{width}s | `), `kubectl logs --prefix`'s "[pod/NAME/CONTAINER] "
+# (kubectl pkg/cmd/logs/logs.go, addPrefixIfNeeded), and journald's / syslog's short format
+# ("May 01 10:00:00 node1 python[1234]: "). These and Ray's may follow the indentation of a paste indented as a
+# whole (a Markdown code block written by indenting every line four spaces); the short ones ("[2] ", "10: ") may not:
+# indented, they are a message's own text (the desync report's "\t     [2] finished collective #5, ...").
 PASTE_PREFIX = re.compile(
     r"^(?:>+ ?"
     r"|\[?\d{1,7}\][ \t]"
     r"|\d{1,7}:[ \t]"
-    r"|\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?"
     r"|E {3,}"
     r"|[A-Z]{4,8} \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] "
-    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] )")
+    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] "
+    r"|[ \t]*(?:\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?"
+    r"|\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?\]?[ \t]"
+    r"|[\w.-]{1,64} +\| "
+    r"|\[pod/[\w.-]{1,253}/[\w.-]{0,63}\] "
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]{1,64} [\w./-]{1,64}(?:\[\d{1,9}\])?: ))")
+# Terminal colours (SGR: "\x1b[31m", "\x1b[1;36m", "\x1b[0m") that a log written by a colouring logger or
+# Ray's coloured actor prefixes keeps, also where the page they were copied from dropped the ESC byte ("[36m").
+ANSI_SGR = re.compile(r"\x1b?\[\d{1,3}(?:;\d{1,3}){0,4}m|\x1b\[[\d;]{0,16}[A-HJKSTfhl]")
 # A log that shows no sign of a distributed job (no rank, launcher or process group): a CUDA error or a Python
 # exception in it is not a DDP problem. The launchers are named by what only their runs print: torch's
 # mp.spawn (torch/multiprocessing/spawn.py; the standard library's multiprocessing/spawn.py also starts
@@ -83,12 +99,13 @@ SIGTERM_LIKE = {int(_signal.SIGTERM), int(_signal.SIGINT), int(_signal.SIGHUP)}
 # The level a line was printed at, by the first level mark in it (see quiet_level). Quiet: glog W/I and
 # torch._logging's V (debug) ("[W1122 ...", "I1122 ...", "V1126 ...", "[W socket.cpp:462]"), Python
 # warnings ("UserWarning: ", TORCH_WARN's "Warning: "), logging's WARNING/INFO/DEBUG ("WARNING:root:", "[INFO]", " - WARNING - ", "WARNING 04-15").
-# Loud: glog E/F, ERROR/CRITICAL, "SomeError: " / "SomeException: ", and NCCL's "NCCL WARN", which is how
+# Loud: glog E/F, ERROR/CRITICAL, "SomeError: " / "SomeException: " (or an exception's repr, "SomeError('..."), and
+# NCCL's "NCCL WARN", which is how
 # NCCL reports its errors (src/include/debug.h: WARN is its error level).
 LEVEL_MARK = re.compile(
     r"(?P<quiet>(?:^|[\[\s:])[WIV]\d{4} \d\d:\d\d:\d\d|\[[WIV] [\w./-]+:\d+\]|\b\w*Warning: |\b(?:WARNING|INFO|DEBUG)\b(?=[:\] -]))"
     r"|(?P<loud>NCCL WARN|(?:^|[\[\s:])[EF]\d{4} \d\d:\d\d:\d\d|\[[EF] [\w./-]+:\d+\]|\b(?:ERROR|CRITICAL|FATAL)\b"
-    r"|\w(?:Error|Exception): )")
+    r"|\w(?:Error|Exception)(?:: |\(['\"]))")
 # A Python traceback frame: File "/workspace/train.py", line 212, in <module>
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d{1,9}), in (?P<func>\S+)')
 # Frames that are not the user's own code: torch (installed or a source tree), any installed package, the
@@ -179,6 +196,12 @@ _FRAME_LINE = re.compile(rb'^\s*File "[^"\n]*", line \d+')
 _EXCEPTION_LINE = re.compile(rb"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b")
 
 
+def _bare(raw: bytes | bytearray) -> bytes:
+    """A line of a block without its line end and what pasting put in front of it (see ``strip_paste``)."""
+    text = bytes(raw[:MAX_LEVEL_CHARS]).rstrip(b"\r")
+    return strip_paste(text.decode("utf-8", "replace")).encode("utf-8", "replace")
+
+
 def interleaved_tracebacks(block: bytes | bytearray, size: int) -> bool:
     """Whether two tracebacks are interleaved in ``block[:size]``: a ``Traceback (most recent call last):``
     header right after another header or inside another traceback's frames (after a ``File "...", line N``
@@ -198,17 +221,17 @@ def interleaved_tracebacks(block: bytes | bytearray, size: int) -> bool:
         end = block.rfind(b"\n", 0, at) if at else -1
         if end > 0:
             start = block.rfind(b"\n", 0, end) + 1
-            above = bytes(block[start:end]).rstrip(b"\r")
+            # What pasting put in front of every line ('> ', '[40] ', a collector's time stamp) is not the line's.
+            above = _bare(block[start:end])
             if _TRACEBACK_HEADER in above or _FRAME_LINE.match(above):
                 return True
-            ending = strip_paste(above.decode("utf-8", "replace")).encode("utf-8", "replace")  # '> ', '[40] '
-            if _EXCEPTION_LINE.match(ending):
-                if ending in endings:
+            if _EXCEPTION_LINE.match(above.lstrip()):  # lstrip: a paste indented as a whole
+                if above in endings:
                     return True
-                endings.add(ending)
+                endings.add(above)
             if above[:4] == b"    " and start > 0:  # the code line under a frame
                 pstart = block.rfind(b"\n", 0, start - 1) + 1
-                if _FRAME_LINE.match(bytes(block[pstart:start - 1])):
+                if _FRAME_LINE.match(_bare(block[pstart:start - 1])):
                     return True
         at = block.find(_TRACEBACK_HEADER, at + 1, size)
     return False
@@ -220,8 +243,11 @@ def wraps_onto(above: str, below: str) -> bool:
             and not LINE_PREFIX_RANK.match(below) and not LINE_HEADER.match(below))
 
 def strip_paste(text: str) -> str:
-    """The line without what pasting added in front of it (quote marks, line numbers, runner prefixes)."""
-    for _ in range(4):  # "> [12] (Actor pid=1) ..." nests a few; a bound keeps it linear
+    """The line without what pasting added in front of it (quote marks, line numbers, runner and collector
+    prefixes) and without terminal colour codes anywhere in it."""
+    if "[" in text and ("\x1b" in text or "m" in text) and ANSI_SGR.search(text):
+        text = ANSI_SGR.sub("", text)
+    for _ in range(6):  # "> [12] (Actor pid=1) ..." nests a few; a bound keeps it linear
         m = PASTE_PREFIX.match(text)
         if m is None or not m.end():
             break

@@ -61,9 +61,16 @@ from ddpdoctor.explain.model import (
     RankEvent,
 )
 from ddpdoctor.explain.phases import TAIL_BYTES, where_input_ends
-from ddpdoctor.explain.prefilter import build_prefilter
+from ddpdoctor.explain.prefilter import build_prefilter, prefilter_anchors
 from ddpdoctor.explain.ranking import Facts, order_diagnoses
-from ddpdoctor.explain.sources import MAX_RAISE_LINES, RAISE_KEYWORDS, RAISE_START, raise_message
+from ddpdoctor.explain.sources import (
+    MAX_RAISE_LINES,
+    RAISE_KEYWORDS,
+    RAISE_START,
+    REPR_KEYWORDS,
+    raise_message,
+    repr_type_known,
+)
 from ddpdoctor.explain.templates import Template, matcher_for
 
 CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
@@ -157,9 +164,11 @@ class Scanner:
         self._by_id = {s.id: s for s in self.kb}
         # The inventory's templates (see .templates) for this KB's signatures; their anchors join the one pass.
         self._templates = matcher_for(frozenset(self._by_id))
-        # RAISE_KEYWORDS: a traceback's `raise SomeError("...")` source line (see .sources and _match_raise).
+        # RAISE_KEYWORDS: a traceback's `raise SomeError("...")` source line (see .sources and _match_raise);
+        # REPR_KEYWORDS: an exception's repr, `SomeError('...')`, inside a list or a dict.
         self._prefilter = build_prefilter([*(k for s in self.kb for k in s.keywords), *self._templates.keywords,
-                                           *RAISE_KEYWORDS])
+                                           *RAISE_KEYWORDS, *REPR_KEYWORDS])
+        self._repr_anchor = prefilter_anchors([REPR_KEYWORDS[0]])[REPR_KEYWORDS[0]]  # "Error('": see repr_type_known
         self._specific = [s for s in self.kb if not s.catch_all]  # what a raise line's message may be credited to
         self._first_block = [(s, tuple(x.encode() for x in s.first_block)) for s in self.kb if s.first_block]
         # Which keywords a line holds is found once per line, not once per signature (many signatures
@@ -246,7 +255,6 @@ class Scanner:
         Returns the number of lines before the next block: newlines are counted once, hit to hit and
         then to the end (counting the whole block again cost as much as a prefilter pass).
         """
-        hits: dict[int, int] = {}
         if not self._distributed and lines_before == 0 and (has_dist_sign(block, size)
                                                             or interleaved_tracebacks(block, size)):
             # The first block of each input only (the launcher's banner, torchrun's and NCCL's start-up lines
@@ -256,15 +264,7 @@ class Scanner:
             self._distributed = True
         if lines_before == 0 and self._first_block:
             self._scan_first_block(block, size, name, file_index, file_rank, tail)
-        prefilter = self._prefilter
-        folded = prefilter.fold(block, size)
-        m = prefilter.search(folded, 0, size)
-        while m is not None:
-            start = block.rfind(b"\n", 0, m.start()) + 1
-            # A cut anchor (see _anchor_trie) ends with the line's own newline.
-            end = m.end() - 1 if block[m.end() - 1] == 10 else _line_end(block, m.end(), size)
-            hits[start] = end
-            m = prefilter.search(folded, end + 1, size) if end + 1 < size else None
+        hits = self._admitted(block, size)
         pending, self._pending = self._pending, None
         self._floor = 0
         if pending is not None:  # a match at the end of the previous block wants to see these lines
@@ -300,6 +300,24 @@ class Scanner:
             elif sig is not None and sig.followup_lines:
                 self._pending = (tuple(self._by_id[i] for i in sig.followup_ids), sig.followup_lines)
         return line_no + block.count(b"\n", counted_to, size)
+
+    def _admitted(self, block: bytearray, size: int) -> dict[int, int]:
+        """The lines of ``block[:size]`` the prefilter admits: offset of each line's start -> of its end."""
+        hits: dict[int, int] = {}
+        prefilter = self._prefilter
+        folded = prefilter.fold(block, size)
+        m = prefilter.search(folded, 0, size)
+        while m is not None:
+            if (m.end() - m.start() == len(self._repr_anchor) and block.startswith(self._repr_anchor, m.start())
+                    and not repr_type_known(block, m.start())):
+                m = prefilter.search(folded, m.end(), size)  # urllib3's ProtocolError('...'): no look at the line
+                continue
+            start = block.rfind(b"\n", 0, m.start()) + 1
+            # A cut anchor (see _anchor_trie) ends with the line's own newline.
+            end = m.end() - 1 if block[m.end() - 1] == 10 else _line_end(block, m.end(), size)
+            hits[start] = end
+            m = prefilter.search(folded, end + 1, size) if end + 1 < size else None
+        return hits
 
     def _scan_first_block(self, block: bytearray, size: int, name: str, file_index: int, file_rank: int | None,
                           tail: bytes) -> None:

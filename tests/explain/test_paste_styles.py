@@ -1,0 +1,190 @@
+"""How a log reaches `explain` changes nothing it says (issue 33: robustness to how people paste, not one more pattern
+per log).
+
+Each log below is built from the format strings of the source that prints it (named next to it); each pasting style
+is what a tool or a page does to every line of a whole log: a log collector's or viewer's prefix (an RFC 3339 time
+stamp, docker compose's service column, `kubectl logs --prefix`, journald), terminal colours (with or without the
+ESC byte the page dropped), a Markdown code block indented four spaces, or both. The first diagnosis and its ranks
+must be those of the plain log, and a healthy log must stay quiet under every style.
+
+The real-log corpus is pasted differently in tests/explain/test_real_logs.py (terminal-wrapped, CRLF, quote marks,
+pasted line numbers); these styles are the ones a log collector adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from ddpdoctor.explain import explain_text
+
+# torch/distributed/elastic/multiprocessing/api.py (the agent's "failed (exitcode: ...) local_rank: ..." line) and
+# errors/__init__.py (_MSG_FORMAT_TEMPLATE, _FAILURE_FORMAT_TEMPLATE) for a worker killed by SIGKILL.
+SUMMARY_SIGKILL = """\
+E1122 01:39:40.561000 4565 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 4569) of binary: /usr/bin/python3
+Traceback (most recent call last):
+  File "/usr/local/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-11-22_01:39:40
+  host      : node-a
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4569)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4569
+============================================================
+"""
+# torch/distributed/distributed_c10d.py (_get_default_group), raised on rank 1 under torchrun's "[rank1]:" prefix.
+RANK_PREFIXED_TRACEBACK = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/home/u/train.py", line 31, in main
+[rank1]:     dist.barrier()
+[rank1]: ValueError: Default process group has not been initialized, please make sure to call init_process_group.
+"""
+# ProcessGroupNCCL.cpp (the watchdog's timeout message, WorkNCCL's repr) under torchrun's prefix and a glog header.
+WATCHDOG = (
+    "[rank0]:[E1122 10:00:00.000000000 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600022 "
+    "milliseconds before timing out.\n")
+# Three processes writing one stream, each ending its traceback with a bare AssertionError (CPython's
+# traceback.format_exception_only prints the type alone for an empty message): the multi-process sign.
+TRACEBACK_ASSERT = """\
+Traceback (most recent call last):
+  File "/home/u/train.py", line 90, in <module>
+    assert not torch.isnan(loss)
+AssertionError
+"""
+THREE_RANKS_ASSERT = TRACEBACK_ASSERT * 3
+# ProcessGroupGloo.cpp ("Gloo connectFullMesh failed with " + the exception's text) in a Ray Train worker's
+# "(RayTrainWorker pid=..., ip=...)" prefix (ray/_private/log_monitor.py) before torchrun's "[rank1]:".
+RAY_GLOO = ("(RayTrainWorker pid=933, ip=10.0.0.2) [rank1]:[E528 08:52:46.164295950 ProcessGroupGloo.cpp:145] Gloo "
+            "connectFullMesh failed with [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] no error\n")
+# A healthy run: NCCL's INFO lines (init.cc, bootstrap), a trainer's progress and a UserWarning.
+HEALTHY = """\
+node-a:4565:4601 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>
+node-a:4565:4601 [0] NCCL INFO NCCL version 2.21.5+cuda12.4
+node-a:4565:4601 [0] NCCL INFO comm 0x55d0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 commId 0xabc - Init COMPLETE
+/usr/lib/python3.10/site-packages/torch/utils/data/dataloader.py:558: UserWarning: This DataLoader will create 8 worker processes in total.
+epoch 1 step 100 loss 2.3104 lr 0.0001
+epoch 1 step 200 loss 1.9821 lr 0.0001
+"""
+
+LOGS = {
+    "torchrun-summary-sigkill": (SUMMARY_SIGKILL, ("worker-killed-by-signal", [1])),
+    "rank-prefixed-traceback": (RANK_PREFIXED_TRACEBACK, ("default-pg-not-initialized", [1])),
+    "nccl-watchdog": (WATCHDOG, ("nccl-timeout", [0])),
+    "three-ranks-bare-assertion": (THREE_RANKS_ASSERT, ("python-exception", [])),
+    "ray-worker-gloo": (RAY_GLOO, ("gloo-connect-failed", [1])),
+}
+
+
+def _per_line(decorate: Callable[[int, str], str]) -> Callable[[str], str]:
+    return lambda text: "".join(decorate(i, ln) for i, ln in enumerate(text.splitlines(keepends=True)))
+
+
+def _coloured(line: str, esc: str) -> str:
+    body = line.rstrip("\n")
+    return f"{esc}[31m{body}{esc}[0m" + line[len(body):]
+
+
+STYLES: dict[str, Callable[[str], str]] = {
+    # `docker logs -t`, `kubectl logs --timestamps`: RFC3339Nano in UTC before every line.
+    "rfc3339nano": _per_line(lambda i, ln: f"2024-05-01T10:00:{i % 60:02d}.123456789Z {ln}"),
+    # GitHub Actions' raw log: seven digits of fraction.
+    "github-actions": _per_line(lambda i, ln: f"2024-05-01T10:00:00.1234567Z {ln}"),
+    # A `[%(asctime)s] ` logging format.
+    "bracketed-asctime": _per_line(lambda i, ln: f"[2024-05-01 10:00:00,123] {ln}"),
+    # docker compose (cmd/formatter/logs.go: `%-{width}s | `, coloured per service).
+    "docker-compose": _per_line(lambda i, ln: f"\x1b[36mtrainer-1  | \x1b[0m{ln}"),
+    # kubectl logs --prefix (pkg/cmd/logs/logs.go: "[pod/%s/%s] ").
+    "kubectl-prefix": _per_line(lambda i, ln: f"[pod/ddp-worker-0/pytorch] {ln}"),
+    # journalctl's short format.
+    "journald": _per_line(lambda i, ln: f"May 01 10:00:00 node-a python3[4565]: {ln}"),
+    # A colouring logger's SGR codes, and the same codes after a web page dropped the ESC byte ("[31m").
+    "ansi-colours": _per_line(lambda i, ln: _coloured(ln, "\x1b")),
+    "ansi-colours-esc-lost": _per_line(lambda i, ln: _coloured(ln, "")),
+    # A Markdown code block made by indenting every line four spaces; and that of a time-stamped log.
+    "indented-4": _per_line(lambda i, ln: f"    {ln}"),
+    "indented-4-timestamped": _per_line(lambda i, ln: f"    2024-05-01T10:00:00.123Z {ln}"),
+}
+
+
+def _first(text: str) -> tuple[str, list[int]] | None:
+    result = explain_text(text)
+    return (result.diagnoses[0].id, sorted(result.diagnoses[0].ranks)) if result.diagnoses else None
+
+
+@pytest.mark.parametrize("log", list(LOGS))
+def test_the_plain_logs_are_named(log: str) -> None:
+    text, want = LOGS[log]
+    assert _first(text) == want
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+@pytest.mark.parametrize("log", list(LOGS))
+def test_a_whole_log_prefixed_coloured_or_indented_keeps_its_diagnosis_and_ranks(log: str, style: str) -> None:
+    text, want = LOGS[log]
+    assert _first(STYLES[style](text)) == want
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_a_healthy_log_stays_quiet_in_every_style(style: str) -> None:
+    assert explain_text(STYLES[style](HEALTHY)).failures == []
+
+
+def test_a_collectors_prefix_is_not_taken_from_a_messages_own_text() -> None:
+    """Indented, the short prefixes (a pasted line number "[2] ", srun's "10: ") are a message's own text: the
+    desync report's lagging ranks (ProcessGroupNCCL.cpp / TraceUtils.h) stay in it."""
+    desync = ("[rank0]:[E1122 10:00:00.000000000 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective "
+              "operation timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) "
+              "ran for 600022 milliseconds before timing out.\n"
+              "\t - [0] Timeout at collective: ALLREDUCE, #6\n"
+              "\t - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:\n"
+              "\t     [2] finished collective #5, but didn't join collective #6 (count from 1)\n")
+    for text in (desync, STYLES["rfc3339nano"](desync)):
+        got = {d.id: d for d in explain_text(text).diagnoses}
+        assert got["desync-report"].details["lagging_ranks"] == ["2"]
+
+
+# --- an exception's repr inside a list, a dict or a framework's wrapper ---------------------------------------
+# CPython's BaseException.__repr__ (Objects/exceptions.c): the type, then the message's repr (single quotes unless
+# the message holds one). Messages: distributed_c10d.py (_get_default_group), ProcessGroupNCCL.cpp
+# (check_gpu_tensors), ProcessGroupNCCL.cpp/NCCLUtils's "NCCL error in: ..." with NCCL's "Last error:" detail from
+# misc/socket.cc (socketStartConnect), as DistBackendError's repr writes its newlines.
+DEFAULT_PG = "Default process group has not been initialized, please make sure to call init_process_group."
+NCCL_CONNECT = ("NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system error (run "
+                "with NCCL_DEBUG=INFO for details), NCCL version 2.19.3\\nncclSystemError: System call (e.g. socket, "
+                "malloc) or external library call failed or device error. \\nLast error:\\nsocketStartConnect: Connect "
+                "to 10.0.0.2<35841> failed : Software caused connection abort")
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (f"[RuntimeError('{DEFAULT_PG}')]\n", "default-pg-not-initialized"),
+    (f"{{'rank': 1, 'error': \"ValueError('{DEFAULT_PG}')\"}}\n", "default-pg-not-initialized"),
+    (f"ERROR:root:worker failed: RuntimeError('{DEFAULT_PG}')\n", "default-pg-not-initialized"),
+    ("ray.exceptions.RayTaskError(RuntimeError): RuntimeError('Tensors must be CUDA and dense')\n", "tensors-not-cuda"),
+    (f"{{'rank': 1, 'error': \"DistBackendError('{NCCL_CONNECT}')\"}}\n", "nccl-connect-failed"),
+], ids=["list", "dict", "logged", "ray-wrapper", "nccl-error-repr"])
+def test_an_exceptions_repr_is_read_as_its_message(text: str, want: str) -> None:
+    result = explain_text(text)
+    assert [d.id for d in result.failures][:1] == [want]
+    assert result.failures[0].level == "error"  # "SomeError('" is an error's mark, whatever its message says later
+
+
+def test_a_retried_requests_repr_is_no_diagnosis() -> None:
+    """urllib3's retry warning quotes ProtocolError's repr on healthy runs (connectionpool.py's "Retrying (...) after
+    connection broken by '{err!r}'"): no type torch.distributed raises, so the scanner does not even look at it
+    (test_explain's prefilter test holds that for speed), and it names nothing."""
+    line = ("WARNING:urllib3.connectionpool:Retrying (Retry(total=4, connect=None, read=None, redirect=None, "
+            "status=None)) after connection broken by 'ProtocolError('Connection aborted.', RemoteDisconnected('Remote "
+            "end closed connection without response'))': /simple/torch/\n")
+    assert explain_text(HEALTHY + line).diagnoses == []
