@@ -29,6 +29,12 @@ RANK_RELATIONS = ("same", "other", "any")
 ALONE_AS = ("failure", "note", "none")
 
 
+
+def prefilter_keyword(keyword: str) -> str:
+    """What the prefilter searches for a keyword: a keyword ending in ``$`` is its text at a line's end (a bare
+    exception name, ``Error$``), searched with the line's newline; the scanner tests it on the line plus ``$``."""
+    return keyword[:-1] + "\n" if keyword.endswith("$") and len(keyword) > 1 else keyword
+
 @dataclass(frozen=True)
 class Link:
     """One causal relation: a diagnosis ``cause`` (or any diagnosis of a role in ``cause_roles``) brings about

@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from ddpdoctor.explain.frames import cut_traceback
 from ddpdoctor.explain.hints import TIMEOUT_IDS, add_hints, last_progress_lines
-from ddpdoctor.explain.knowledge import Signature, load_kb
+from ddpdoctor.explain.knowledge import Signature, load_kb, prefilter_keyword
 from ddpdoctor.explain.lines import (
     DIST_CONTEXT,
     EXCEPTION_LINE,
@@ -166,7 +166,8 @@ class Scanner:
         self._templates = matcher_for(frozenset(self._by_id))
         # RAISE_KEYWORDS: a traceback's `raise SomeError("...")` source line (see .sources and _match_raise);
         # REPR_KEYWORDS: an exception's repr, `SomeError('...')`, inside a list or a dict.
-        self._prefilter = build_prefilter([*(k for s in self.kb for k in s.keywords), *self._templates.keywords,
+        self._prefilter = build_prefilter([*(prefilter_keyword(k) for s in self.kb for k in s.keywords),
+                                           *self._templates.keywords,
                                            *RAISE_KEYWORDS, *REPR_KEYWORDS])
         self._repr_anchor = prefilter_anchors([REPR_KEYWORDS[0]])[REPR_KEYWORDS[0]]  # "Error('": see repr_type_known
         self._specific = [s for s in self.kb if not s.catch_all]  # what a raise line's message may be credited to
@@ -559,7 +560,7 @@ class Scanner:
 
         (signature or None, index of the pattern that matched, rank if the text names one, named details).
         """
-        present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
+        present = self._present(text) if gate else frozenset()
         template = self._templates.match(text) if gate else None
         for sig in sigs:
             index, named = self._sig_match(sig, text, gate, present, template)
@@ -576,6 +577,11 @@ class Scanner:
         return None, -1, None, 0
 
     # -- matching ----------------------------------------------------------------------------------
+    def _present(self, text: str) -> frozenset[str]:
+        """The keywords ``text`` holds; a keyword ending in ``$`` only at its end (a bare exception name's ``Error$``)."""
+        line = text.rstrip() + "$"
+        return frozenset(k for k in self._keywords if k in line)
+
     def _sig_match(self, sig: Signature, text: str, gate: bool, present: frozenset[str],
                    template: Template | None) -> tuple[int, dict[str, str | None] | None]:
         """Whether ``sig`` matches ``text``: (pattern index, named groups) or (-1, None).
@@ -604,13 +610,15 @@ class Scanner:
         if label is not None and self._wrapped_label(lookback, text):
             label = None
         text = strip_paste(text)
-        present = frozenset(k for k in self._keywords if k in text) if gate else frozenset()
+        present = self._present(text) if gate else frozenset()
         template = self._templates.match(text) if gate else None
         for sig in sigs:
             index, found = self._sig_match(sig, text, gate, present, template)
             if found is None:
                 continue
             groups = {k: v for k, v in found.items() if v is not None}
+            if sig.catch_all and "message" not in groups and not self._ends_traceback(lookback):
+                continue  # a type's name alone, not under a traceback's frames: a word, not an exception line
             if template is not None and template.signature == sig.id:
                 groups["template_source"] = template.where  # the message's provenance: project version file:line
             for extra in sig.extract:
@@ -721,6 +729,13 @@ class Scanner:
         if number is not None and number in SIGTERM_LIKE and not (root or agent_line):
             return False, rank, root, when
         return True, rank, root, when
+
+    @staticmethod
+    def _ends_traceback(lookback: Any) -> bool:
+        """Whether the line above is indented, as a traceback's innermost frame (its code line, its ``File ...``
+        line, or Python 3.11's carets) is right above the exception line Python prints at the margin."""
+        above = [LINE_PREFIX_RANK.sub("", ln, count=1) for ln in lookback(1)]
+        return bool(above) and above[0][:1].isspace() and bool(above[0].strip())
 
     @staticmethod
     def _ignored_exception(lookback: Any) -> bool:

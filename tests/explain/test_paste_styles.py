@@ -188,3 +188,47 @@ def test_a_retried_requests_repr_is_no_diagnosis() -> None:
             "status=None)) after connection broken by 'ProtocolError('Connection aborted.', RemoteDisconnected('Remote "
             "end closed connection without response'))': /simple/torch/\n")
     assert explain_text(HEALTHY + line).diagnoses == []
+
+
+# --- an exception line that is its type alone ---------------------------------------------------------------------
+# CPython's traceback.format_exception_only prints only the type when str(exc) is empty: `raise NotImplementedError`,
+# `raise RuntimeError`, an `assert` without a message. Two ranks printing into one stream (a header right after the
+# other's frame) make it a distributed job.
+def _two_ranks_raising(kind: str, code: str) -> str:
+    frame = '  File "/workspace/llava/train/train_mem.py", line 13, in <module>\n'
+    return ("Traceback (most recent call last):\n" + frame + "Traceback (most recent call last):\n" + frame
+            + f"    {code}\n{kind}\n" + f"    {code}\n{kind}\n")
+
+
+@pytest.mark.parametrize(("kind", "code"), [
+    ("NotImplementedError", "raise NotImplementedError"),
+    ("RuntimeError", "raise RuntimeError"),
+    ("AssertionError", "assert loss.isfinite()"),
+    ("torch.distributed.DistBackendError", "raise DistBackendError"),
+])
+@pytest.mark.parametrize("style", ["plain", "rank-prefixed", "crlf", "quoted", "rfc3339nano"])
+def test_a_bare_exception_name_ending_a_ranks_traceback_is_its_exception(kind: str, code: str, style: str) -> None:
+    text = _two_ranks_raising(kind, code)
+    if style == "rank-prefixed":
+        text = "".join(f"[rank{i % 2}]: {ln}" for i, ln in enumerate(text.splitlines(keepends=True)))
+    elif style == "crlf":
+        text = text.replace("\n", "\r\n")
+    elif style == "quoted":
+        text = "".join(f"> {ln}" for ln in text.splitlines(keepends=True))
+    elif style == "rfc3339nano":
+        text = STYLES["rfc3339nano"](text)
+    got = explain_text(text).failures
+    assert [d.id for d in got] == ["python-exception"]
+    assert got[0].details["exception"] == [kind.rsplit(".", 1)[-1]]
+
+
+def test_a_type_name_alone_outside_a_traceback_is_a_word() -> None:
+    """A type's name alone on a line that no traceback frame precedes (a table, a printed value) is no exception."""
+    text = WATCHDOG.replace("[Rank 0] Watchdog caught", "[Rank 0] Watchdog saw") + "errors seen:\nValueError\nKeyError\n"
+    assert explain_text(text).failures == []
+
+
+def test_a_bare_exception_of_one_script_is_no_false_alarm() -> None:
+    text = 'Traceback (most recent call last):\n  File "/home/u/run.py", line 3, in <module>\n' \
+           '    raise NotImplementedError\nNotImplementedError\n'
+    assert explain_text(text).failures == []
