@@ -8,10 +8,14 @@ _dump_fr_trace_json(includeCollectives, onlyActive) the JSON form (FlightRecorde
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 from pathlib import Path
 
-from tests.support import REPO, clean_env, torchrun_cmd
+import psutil
+
+from tests.support import REPO, clean_env, run_cli, torchrun_cmd
 
 EXAMPLE = REPO / "examples" / "fr_hang.py"
 
@@ -38,3 +42,46 @@ def finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
         output, _ = proc.communicate()
         raise AssertionError(f"fr_hang.py job still running after {timeout} s:\n{output[-3000:]}") from None
     assert proc.returncode == 0, output[-4000:]
+
+
+# The stall job's hang: long enough to read its stacks before the ranks dump and exit.
+STALL_HANG_S = 20
+
+
+def _ranks(torchrun_pid: int, deadline: float) -> list[int]:
+    """The pids of the job's three rank processes (children of torchrun's agent running fr_hang.py)."""
+    while time.monotonic() < deadline:
+        try:
+            kids = psutil.Process(torchrun_pid).children(recursive=True)
+            found = [k.pid for k in kids if any("fr_hang.py" in part for part in k.cmdline())]
+        except psutil.Error:
+            found = []
+        if len(found) == 3:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("the job's ranks never appeared")
+
+
+def _in_main(path: Path, rank: int) -> bool:
+    """Whether ``rank``'s main thread in a `stacks --json` file is inside fr_hang.py's main()."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    for proc in doc["processes"]:
+        if proc["rank"] == rank:
+            main = [t for t in proc["threads"] if t["main"]]
+            return bool(main) and any(f["function"] == "main" for f in main[0]["frames"])
+    return False
+
+
+def read_stalled_job(job: subprocess.Popen[str], out: Path) -> None:
+    """``stacks --json out`` of the running 3-rank stall job (started with ``hang=STALL_HANG_S``)."""
+    pids = _ranks(job.pid, time.monotonic() + 120)
+    # Past init and the first three steps: rank 1 sleeps in main(), the others wait in all_reduce. A loaded
+    # machine can take longer than any fixed wait to import torch (rank 1 was once read at `import torch`):
+    # read again until rank 1 is in main(), within the 20 s before the ranks dump and exit.
+    give_up = time.monotonic() + 60
+    while True:
+        stacks = run_cli(["stacks", *(f"--pid={p}" for p in pids), "--json", str(out)], timeout=120)
+        assert stacks.returncode in (0, 1), stacks.stderr
+        if _in_main(out, 1) or time.monotonic() > give_up:
+            break
+        time.sleep(1)
