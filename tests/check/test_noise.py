@@ -1,6 +1,6 @@
 """`check` on a crowded machine: no false alarms from noise, and a really throttled rank still named.
 
-Real processes: `ddpdoctor check` self-launches 16 gloo ranks on this (2-core) machine, and a 4-rank
+Real processes: `ddpdoctor check` self-launches 8 gloo ranks on this (2-core) machine, and a 4-rank
 torchrun job has one rank throttled for real by tests/faults/rank_fault.py (SIGSTOP/SIGCONT duty cycle,
 the effect of a CFS CPU quota).
 """
@@ -22,9 +22,12 @@ pytestmark = pytest.mark.slow
 CORES = len(os.sched_getaffinity(0))
 
 
-@pytest.mark.skipif(CORES >= 16, reason="16 ranks are not crowded on a machine with 16 or more cores")
-def test_sixteen_ranks_on_few_cores_blame_no_link_and_name_the_crowding() -> None:
-    proc = run_cli(["check", "--nproc", "16", "--only", "bandwidth", "--json", "-"], timeout=400)
+# 8 ranks, not 16: on 2 cores (CI) 8 ranks already take turns, and links look slow at first and are not
+# blamed (5 links at 8 ranks, 19 at 16, on the 2-core development VM beside another test run), which is the
+# case under test; 8 ranks took 30 s there, 16 took 40 s.
+@pytest.mark.skipif(CORES >= 8, reason="8 ranks are not crowded on a machine with 8 or more cores")
+def test_eight_ranks_on_few_cores_blame_no_link_and_name_the_crowding() -> None:
+    proc = run_cli(["check", "--nproc", "8", "--only", "bandwidth", "--json", "-"], timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     bandwidth = [f for f in report["findings"] if f["check"] == "bandwidth"]
@@ -33,10 +36,10 @@ def test_sixteen_ranks_on_few_cores_blame_no_link_and_name_the_crowding() -> Non
     crowded = [f for f in bandwidth if "CPU core" in f["summary"]]
     assert len(crowded) == 1, summaries
     # Other processes' runnable threads on those cores (other test runs here) are counted and named too.
-    assert re.match(rf"16 ranks( and \d+ runnable threads? of other processes \(not this job's\))? share {CORES} "
+    assert re.match(rf"8 ranks( and \d+ runnable threads? of other processes \(not this job's\))? share {CORES} "
                     "CPU core", crowded[0]["summary"]), crowded[0]["summary"]
     # A warning when some pair looked slow at first (it then says it was not blamed), else a note on the pass.
-    assert crowded[0]["ranks"] == list(range(16)) and crowded[0]["status"] in ("warn", "pass")
+    assert crowded[0]["ranks"] == list(range(8)) and crowded[0]["status"] in ("warn", "pass")
     assert report["status"] in ("warn", "pass")
     # The JSON keeps the repeats of every pair that was measured again.
     measured = next(f for f in bandwidth if f["status"] == "pass" and "busbw" in f["summary"])
