@@ -27,7 +27,11 @@ SRUN_LABEL = re.compile(r"^(\d{1,6}): ")
 # RFC3339Nano, "2024-05-01T10:00:00.123456789Z "; GitHub Actions' raw logs, "2024-05-01T10:00:00.1234567Z "; a
 # `[%(asctime)s] ` logger, "[2024-05-01 10:00:00,123] "), docker compose's service column ("trainer-1  | ":
 # cmd/formatter/logs.go, `%-{width}s | `), `kubectl logs --prefix`'s "[pod/NAME/CONTAINER] "
-# (kubectl pkg/cmd/logs/logs.go, addPrefixIfNeeded), and journald's / syslog's short format
+# (kubectl pkg/cmd/logs/logs.go, addPrefixIfNeeded), docker's json-file records as stored on the host
+# ('{"log":"...\\n","stream":"stderr","time":"..."}', moby daemon/logger/jsonfilelog; their escapes are read by
+# `unflatten`), the CRI log format of a Kubernetes node's /var/log/containers ("2024-05-01T10:00:00.123456789Z
+# stderr F ": containerd and CRI-O, a time stamp, the stream and a full/partial tag), and journald's / syslog's
+# short format
 # ("May 01 10:00:00 node1 python[1234]: "). These and Ray's may follow the indentation of a paste indented as a
 # whole (a Markdown code block written by indenting every line four spaces); the short ones ("[2] ", "10: ") may not:
 # indented, they are a message's own text (the desync report's "\t     [2] finished collective #5, ...").
@@ -39,9 +43,10 @@ PASTE_PREFIX = re.compile(
     r"|[A-Z]{4,8} \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] "
     r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] "
     r"|[ \t]*(?:\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?"
-    r"|\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?\]?[ \t]"
+    r"|\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?\]?[ \t](?:std(?:out|err) [FP] )?"
     r"|[\w.-]{1,64} +\| "
     r"|\[pod/[\w.-]{1,253}/[\w.-]{0,63}\] "
+    r"|\{\"log\": ?\""
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]{1,64} [\w./-]{1,64}(?:\[\d{1,9}\])?: ))")
 # Terminal colours (SGR: "\x1b[31m", "\x1b[1;36m", "\x1b[0m") that a log written by a colouring logger or
 # Ray's coloured actor prefixes keeps, also where the page they were copied from dropped the ESC byte ("[36m").
@@ -253,3 +258,29 @@ def strip_paste(text: str) -> str:
             break
         text = text[m.end():]
     return text
+
+
+# A line a paste flattened: the lines of a traceback or a log joined with a literal "\n" (a JSON string, such as
+# torchrun's error file or a log collector's record; a Python repr of the text, a list of lines). Such a line is
+# known by a "\n" before what starts a line of a log (indentation, "[rank3]:", a capital: "  File ...",
+# "Traceback ...", "RuntimeError: ..."), another escape, or its end; not by a Windows path's "\nccl" or "\new".
+_ESCAPED_BREAK = re.compile(rb"\\n(?=[ \t\[A-Z\"']|\\[ntr]|\r?$)", re.MULTILINE)
+_ESCAPE = re.compile(rb"""\\([ntr"'\\])""")
+# The end of a docker json-file record: its line's own "\n", the stream and the time (moby's JSONLog).
+_DOCKER_RECORD_END = re.compile(rb'\\n","stream":"\w{1,16}","time":"[^"]{0,64}"\}\r?$')
+_UNESCAPED = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b'"': b'"', b"'": b"'", b"\\": b"\\"}
+
+
+def unflatten(block: bytes | bytearray, size: int) -> bytearray | None:
+    """``block[:size]`` with each flattened line (see ``_ESCAPED_BREAK``) unescaped into the lines it joined
+    (``\\n``, ``\\t``, ``\\r``, ``\\"``, ``\\'``, ``\\\\`` read as JSON and Python write them), or None when it has none.
+    Line numbers then count the lines it held."""
+    data = bytes(block[:size])
+    if _ESCAPED_BREAK.search(data) is None:
+        return None
+    out = []
+    for line in data.split(b"\n"):
+        if b"\\n" in line and _ESCAPED_BREAK.search(line):
+            line = _ESCAPE.sub(lambda m: _UNESCAPED[m.group(1)], _DOCKER_RECORD_END.sub(b"", line, count=1))
+        out.append(line)
+    return bytearray(b"\n".join(out))

@@ -49,6 +49,7 @@ from ddpdoctor.explain.lines import (
     signal_name,
     strip_paste,
     timestamp,
+    unflatten,
     user_frame,
     wraps_onto,
 )
@@ -225,12 +226,19 @@ class Scanner:
                     continue  # no complete line yet: read more
                 end = have if (eof or cut < 0) else cut + 1
                 if end:
-                    lines_before = self._scan_block(buf, end, tail, name, file_index, lines_before, file_rank)
-                    tail = bytes(buf[max(0, end - 8192):end])
+                    # Lines a paste flattened with literal "\n" (JSON, a repr) are scanned as the lines they were.
+                    # A backslash is looked for first: one byte is found with memchr (~20 GB/s), "\\n" at < 1 GB/s,
+                    # which alone cost a quarter of a healthy log's scan time.
+                    slash = buf.find(b"\\", 0, end)
+                    block = unflatten(buf, end) if slash >= 0 and buf.find(b"\\n", slash, end) >= 0 else None
+                    size = end if block is None else len(block)
+                    block = buf if block is None else block
+                    lines_before = self._scan_block(block, size, tail, name, file_index, lines_before, file_rank)
+                    tail = bytes(block[max(0, size - 8192):size])
                     # One copy of at most TAIL_BYTES per block: the end of the input is kept for free.
-                    piece = bytes(view[max(0, end - TAIL_BYTES):end])
+                    piece = bytes(block[max(0, size - TAIL_BYTES):size])
                     end_tail = piece if len(piece) >= TAIL_BYTES else (end_tail + piece)[-TAIL_BYTES:]
-                    consumed += end
+                    consumed += size
                 rest = have - end
                 if rest:
                     buf[:rest] = buf[end:have]

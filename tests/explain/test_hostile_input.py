@@ -204,15 +204,15 @@ def test_file_name_with_a_huge_rank_is_no_rank() -> None:
 
 def test_an_error_file_with_non_json_numbers_is_not_taken_for_torchruns(tmp_path: Path) -> None:
     """torchrun writes error files with json.dump of strings and an integer timestamp; a file with NaN or a
-    1e400 in it did not come from torchrun and is scanned as plain text (ddpdoctor.safejson's rules)."""
+    1e400 in it did not come from torchrun and is scanned as plain text (ddpdoctor.safejson's rules). No
+    py_callstack here: plain text holding a traceback flattened with "\\n" is read as its lines (lines.unflatten),
+    so only the error-file reader tells apart a message the JSON holds on one line."""
     for number in ("NaN", "1e400", "9" * 50):
         f = tmp_path / "error.json"
-        f.write_text('{"message": {"message": "ValueError: bad lr", "extraInfo": {"py_callstack": '
-                     '"Traceback (most recent call last):\\nValueError: bad lr\\n", "timestamp": ' + number + '}}}')
+        f.write_text('{"message": {"message": "ValueError: bad lr", "extraInfo": {"timestamp": ' + number + '}}}')
         result = explain.explain_streams([(str(f), f.open("rb"), 0)])
         assert result.diagnoses == [], number
-    f.write_text('{"message": {"message": "ValueError: bad lr", "extraInfo": {"py_callstack": '
-                 '"Traceback (most recent call last):\\nValueError: bad lr\\n", "timestamp": "1700000000"}}}')
+    f.write_text('{"message": {"message": "ValueError: bad lr", "extraInfo": {"timestamp": "1700000000"}}}')
     assert [d.id for d in explain.explain_streams([(str(f), f.open("rb"), 0)]).diagnoses] == ["python-exception"]
 
 

@@ -13,6 +13,7 @@ pasted line numbers); these styles are the ones a log collector adds.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -107,6 +108,16 @@ STYLES: dict[str, Callable[[str], str]] = {
     "docker-compose": _per_line(lambda i, ln: f"\x1b[36mtrainer-1  | \x1b[0m{ln}"),
     # kubectl logs --prefix (pkg/cmd/logs/logs.go: "[pod/%s/%s] ").
     "kubectl-prefix": _per_line(lambda i, ln: f"[pod/ddp-worker-0/pytorch] {ln}"),
+    # A Kubernetes node's /var/log/containers file (CRI format: time, stream, full/partial tag; containerd, CRI-O).
+    "cri": _per_line(lambda i, ln: f"2024-05-01T10:00:00.123456789Z stderr F {ln}"),
+    # docker's json-file records as stored on the host (moby daemon/logger/jsonfilelog): one JSON object a line.
+    "docker-json-file": _per_line(lambda i, ln: json.dumps({"log": ln, "stream": "stderr",
+                                                            "time": "2024-05-01T10:00:00.123456789Z"},
+                                                           separators=(",", ":")) + "\n"),
+    # The whole log, after the command that ran it, as one JSON string (a collector's record, an API's answer), and
+    # as Python's repr of it (a captured stderr printed by a wrapper).
+    "one-json-string": lambda text: json.dumps({"message": "$ torchrun train.py\n" + text}) + "\n",
+    "one-python-repr": lambda text: f"output: {'$ torchrun train.py' + chr(10) + text!r}\n",
     # journalctl's short format.
     "journald": _per_line(lambda i, ln: f"May 01 10:00:00 node-a python3[4565]: {ln}"),
     # A colouring logger's SGR codes, and the same codes after a web page dropped the ESC byte ("[31m").
@@ -232,3 +243,32 @@ def test_a_bare_exception_of_one_script_is_no_false_alarm() -> None:
     text = 'Traceback (most recent call last):\n  File "/home/u/run.py", line 3, in <module>\n' \
            '    raise NotImplementedError\nNotImplementedError\n'
     assert explain_text(text).failures == []
+
+
+
+# --- lines a paste flattened with a literal "\n" ----------------------------------------------------------------
+# torchrun's error file (torch/distributed/elastic/multiprocessing/errors/error_handler.py: {"message": {"message":
+# ..., "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": ...}}}) pasted as `cat error.json` shows it.
+def test_torchruns_error_file_pasted_into_a_log_is_read_as_its_traceback() -> None:
+    callstack = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 31, in main\n    dist.barrier()\n'
+                 f"ValueError: {DEFAULT_PG}\n")
+    record = {"message": {"message": f"ValueError: {DEFAULT_PG}",
+                          "extraInfo": {"py_callstack": callstack, "timestamp": "1732240780"}}}
+    text = "cat /tmp/torchelastic_x/attempt_0/1/error.json\n" + json.dumps(record) + "\n"
+    assert explain_text(text).diagnoses[0].id == "default-pg-not-initialized"
+    # The traceback alone (a record whose "message" was cut): its frames are read as frames.
+    text = json.dumps({"py_callstack": callstack}) + "\n"
+    got = explain_text(text).diagnoses[0]
+    assert (got.id, got.details["frame"]) == ("default-pg-not-initialized", ["/home/u/train.py:31 in main"])
+
+
+def test_a_windows_path_is_not_taken_for_a_flattened_line() -> None:
+    r"""``C:\Users\me\nccl_tests\new`` holds "\n" before a small letter: no line of a log starts so; the path stays
+    whole and so does the cut traceback read from its frames (frames.py's Windows rule)."""
+    from ddpdoctor.explain.lines import unflatten
+
+    frame = 'Traceback (most recent call last):\n  File "C:\\Users\\me\\nccl_tests\\new\\train.py", line 9, in <module>\n' \
+            "    dist.init_process_group(backend='nccl')\n"
+    assert unflatten(frame.encode(), len(frame.encode())) is None
+    got = explain_text(frame).diagnoses[0]
+    assert got.id == "nccl-not-available"
