@@ -88,7 +88,29 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(text)
 
 
+# The modules whose real jobs take longest, longest first (worker seconds in a `--durations` run of
+# 2026-11-27, two workers: watch 250/200/120/90, bench 70, explain's hangs 68, ...). pytest-xdist's loadscope
+# hands whole modules to workers in the order they are collected, and collection is alphabetical, which put
+# tests/watch/ (~760 s of the ~2100 s) last: a worker could be left alone with a 250 s module at the end.
+# Longest first, the many short modules fill in at the end. The order changes no test, only when it runs.
+LONGEST_FIRST = (
+    "tests/watch/test_watch.py", "tests/watch/test_progress.py", "tests/watch/test_hostile.py",
+    "tests/watch/test_spawn.py", "tests/bench/test_bench.py", "tests/explain/test_hangs.py",
+    "tests/check/test_noise.py", "tests/lab/test_watch_lab.py", "tests/check/test_faults.py",
+    "tests/check/test_local.py", "tests/launchers/test_launchers.py", "tests/watch/test_shutdown.py",
+    "tests/explain/test_ranking.py", "tests/fr/test_fr_jobs.py", "tests/checks/test_unused_params.py",
+    "tests/stacks/test_stacks.py", "tests/runtime/test_progress.py", "tests/check/test_netns.py",
+    "tests/fr/test_fr_stacks.py", "tests/watch/test_rendezvous.py",
+)
+
+
+def _run_order(item: pytest.Item) -> int:
+    path = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_run_order)  # stable: within a module, and among the rest, collection order
     cuda = None
     for item in items:
         if "requires_cuda" in item.keywords:
