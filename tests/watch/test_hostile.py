@@ -103,19 +103,17 @@ def _watch(tmp_path: Path, source: str, nproc: int = 2, timeout: float = 120) ->
 
 
 # One job holds both kinds of escapee: rank 0 starts a child in a new session, rank 1 double-forks a daemon
-# (a run that ends well, then one where rank 1 crashes after its daemon started).
+# (a run that ends well, then one where rank 1 crashes). Each rank goes on once both escapees recorded their
+# pids (at most 30 s), so the test always finds both, and the crash comes after both started.
 BOTH = ('import os\nif int(os.environ.get("RANK", "0")) == 0:\n' + textwrap.indent(SLEEPER, "    ")
-        + "else:\n" + textwrap.indent(DAEMON, "    "))
-
-CRASH_RANK1_ONCE_BOTH_STARTED = """\
-if rank == 1:
-    folder = os.path.dirname(os.path.abspath(__file__))
-    for _ in range(600):
-        if all(os.path.exists(os.path.join(folder, f"sleeper_{r}.pid")) for r in (0, 1)):
-            break
-        time.sleep(0.05)
-    raise RuntimeError('boom on rank 1')
-"""
+        + "else:\n" + textwrap.indent(DAEMON, "    ") + """\
+import time
+folder = os.path.dirname(os.path.abspath(__file__))
+for _ in range(600):
+    if all(os.path.exists(os.path.join(folder, f"sleeper_{r}.pid")) for r in (0, 1)):
+        break
+    time.sleep(0.05)
+""")
 
 
 @pytest.mark.usefixtures("sleeper_cleanup")
@@ -139,8 +137,7 @@ def test_a_new_session_child_and_a_daemon_are_left_running_and_listed_after_a_ru
 
 @pytest.mark.usefixtures("sleeper_cleanup")
 def test_a_new_session_child_and_a_daemon_do_not_outlive_a_rank_crash(tmp_path: Path) -> None:
-    # Rank 1 fails once both escapees recorded their pids (at most 30 s later).
-    proc = _watch(tmp_path, BOTH + CRASH_RANK1_ONCE_BOTH_STARTED)
+    proc = _watch(tmp_path, BOTH + "if rank == 1:\n    raise RuntimeError('boom on rank 1')\n")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "rank 1 raised RuntimeError: boom on rank 1" in proc.stderr
     pids = _pids(tmp_path)
