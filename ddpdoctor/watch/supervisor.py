@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -169,9 +170,28 @@ def _report_malformed(server: Server) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -> None:
+def _note_exits(config: WatchConfig, procs: list[subprocess.Popen[bytes]], server: Server, agg: Aggregator) -> None:
+    """The OS's word on the processes we started: a rank (or the launcher of a script's own mp.spawn)
+    that exited, with its exit status, after its last messages."""
+    if config.spawns:
+        if agg.launcher_code is None and procs and procs[0].poll() is not None:
+            _drain(server, agg, POLL_S)
+            agg.launcher_exited(procs[0].returncode)
+        return
+    for rank, proc in enumerate(procs):
+        if agg.ranks[rank].returncode is None and proc.poll() is not None:
+            _drain(server, agg, POLL_S)
+            agg.process_exited(rank, proc.returncode)
+
+
+def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None,
+                   note_exits: Callable[[], None] | None = None) -> None:
     """Ask every connected rank (and spawned process without a rank) for its main thread's stack, and
-    with an evidence folder for its Flight Recorder dump there; wait a little for the answers."""
+    with an evidence folder for its Flight Recorder dump there; wait a little for the answers.
+
+    ``note_exits`` keeps the exits of the processes we started up to date during the wait: a rank that
+    exits after the verdict (a shape mismatch raises on every rank) will not answer, and without it the
+    wait ran its full STACK_WAIT_S and py-spy was then pointed at a process that was gone."""
     from ddpdoctor.watch.verdict import hosts_of, silent_ranks
 
     # Ranks on another host that stopped reporting (a cut link) are asked too, but not waited for.
@@ -185,6 +205,8 @@ def collect_stacks(server: Server, agg: Aggregator, folder: str | None = None) -
         server.send(key, {"t": "dump"})
     deadline = time.monotonic() + STACK_WAIT_S
     while time.monotonic() < deadline:
+        if note_exits is not None:
+            note_exits()
         if all(agg.ranks[r].stack is not None or agg.ranks[r].finished for r in asked) and \
                 all(agg.procs[k].stack is not None or agg.procs[k].finished for k in procs if k in agg.procs):
             break
@@ -330,15 +352,7 @@ def supervise(config: WatchConfig) -> int:
             output.start()
             while status is None:
                 _drain(server, agg, POLL_S)
-                if config.spawns:
-                    if agg.launcher_code is None and procs[0].poll() is not None:
-                        _drain(server, agg, POLL_S)
-                        agg.launcher_exited(procs[0].returncode)
-                else:
-                    for rank, proc in enumerate(procs):
-                        if agg.ranks[rank].returncode is None and proc.poll() is not None:
-                            _drain(server, agg, POLL_S)
-                            agg.process_exited(rank, proc.returncode)
+                _note_exits(config, procs, server, agg)
                 line = agg.straggler_notice()
                 if line:
                     _say(config, line)
@@ -346,7 +360,8 @@ def supervise(config: WatchConfig) -> int:
                 status = agg.verdict()
             if status != OK:
                 agg.evidence = evidence.prepare(config.evidence_dir)
-                collect_stacks(server, agg, agg.evidence if status != INIT_CONFLICT else None)
+                collect_stacks(server, agg, agg.evidence if status != INIT_CONFLICT else None,
+                               note_exits=lambda: _note_exits(config, procs, server, agg))
                 if status == HANG and not config.spawns:
                     _check_rendezvous(agg, "127.0.0.1", job_port, rank0_hosts=True)
         except _Interrupted as exc:
