@@ -139,6 +139,10 @@ def test_shape_mismatch_reports_both_shapes_and_the_site(tmp_path: Path) -> None
     for rank in range(nproc - 1):
         assert by_rank[rank]["desc"] == "float32[3]" and by_rank[rank]["op"] == "all_reduce"
     assert "float32[3]" in proc.stderr and "float32[4]" in proc.stderr
+    # Every rank ends after the verdict (gloo raises on the mismatch): the table says how each ended, not
+    # "running" (the stack wait once ignored their exits and outwaited them).
+    assert all(r["state"] != "running" for r in data["ranks"]), data["ranks"]
+    assert any(r["state"] == "crashed" for r in data["ranks"]), data["ranks"]
 
 
 def test_healthy_script_passes_through_output_and_exits_0(tmp_path: Path) -> None:
