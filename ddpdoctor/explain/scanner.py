@@ -180,6 +180,7 @@ class Scanner:
         self._pending: tuple[tuple[Signature, ...], int] | None = None  # follow-up lines owed to the next block
         self._floor = 0  # offset in the current block before which lines were matched already (see _rejoin)
         self._found: dict[str, Diagnosis] = {}
+        self._last_credit = (-1, -1, False)  # (input, line, catch-all?) of the last line credited (see _match_cut_line)
         self._distributed = False  # seen any sign of a distributed job (see DIST_CONTEXT)
         self._facts = Facts()
         self.files: list[str] = []
@@ -250,12 +251,43 @@ class Scanner:
         ending = where_input_ends(end_tail, len(end_tail) == consumed, lines_in_input, name, file_index, file_rank)
         if ending is not None:
             self._facts.phase_ends.append(ending)
+        self._match_cut_line(end_tail, lines_in_input, name, file_index, file_rank)
         cut_at_end = cut_traceback(end_tail, lines_in_input, name, file_index, file_rank)
         if cut_at_end is not None:
             self._facts.cut_tracebacks.append(cut_at_end)
         if any(i in self._found for i in TIMEOUT_IDS):  # what the rank the others waited for did last
             self._facts.last_progress.update(last_progress_lines(end_tail, len(end_tail) == consumed,
                                                                  lines_in_input, name, file_rank))
+
+    def _match_cut_line(self, end_tail: bytes, last_line: int, name: str, file_index: int,
+                        file_rank: int | None) -> None:
+        """The input's last line, when no specific signature took it, read as a message the paste cut short.
+
+        Issue 33: a paste often stops mid-line (a comment box, a thread excerpt, a user who stopped copying):
+        ``... waiting for clients. 1/3 clients jo``. Its line is matched against every template of the inventory
+        for a message whose literal pieces it holds in order up to one its end starts (``TemplateMatcher.match_cut``:
+        at least MIN_CUT_CHARS of literal text); the diagnosis says the message is cut. One line an input."""
+        body = end_tail.rstrip()
+        start = body.rfind(b"\n") + 1
+        if not body or len(body) - start > MAX_MATCH_CHARS:
+            return
+        line_no = last_line - max(0, end_tail[len(body):].count(b"\n") - 1)  # less the blank lines after it
+        if self._last_credit[:2] == (file_index, line_no) and not self._last_credit[2]:
+            return  # a specific signature took it whole
+        raw = end_tail[start:len(body)].decode("utf-8", errors="replace").rstrip("\r")
+        if quiet_level(raw):
+            return  # a warning or an info line cut short is no failure, whichever message it would have been
+        template = self._templates.match_cut(strip_paste(raw))
+        if template is None:
+            return
+        by_catch_all = self._last_credit == (file_index, line_no, True)
+        block = bytearray(end_tail)
+        sig = self._match_line(raw, self._specific, True, name, file_index, line_no, file_rank,
+                               partial(self._lookback, block, start, b""), cut=template)
+        if sig is not None and by_catch_all:  # the catch-all read the cut line first: the message is known now
+            for catch_all in [d for d in self._found.values() if d.signature.catch_all]:
+                if catch_all.count == 1 and catch_all.first_seq == (file_index, line_no):
+                    del self._found[catch_all.id]
 
     def _scan_block(self, block: bytearray, size: int, tail: bytes, name: str, file_index: int,
                     lines_before: int, file_rank: int | None) -> int:
@@ -608,7 +640,8 @@ class Scanner:
         return -1, None
 
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
-                    line_no: int, file_rank: int | None, lookback: Any, quote: str | None = None) -> Signature | None:
+                    line_no: int, file_rank: int | None, lookback: Any, quote: str | None = None,
+                    cut: Template | None = None) -> Signature | None:
         """Credit the line to the first signature that matches it; return that signature (or None).
 
         ``quote``: what the evidence shows instead of the line (the source lines a raise's message was read
@@ -619,7 +652,7 @@ class Scanner:
             label = None
         text = strip_paste(text)
         present = self._present(text) if gate else frozenset()
-        template = self._templates.match(text) if gate else None
+        template = cut if cut is not None else self._templates.match(text) if gate else None
         for sig in sigs:
             index, found = self._sig_match(sig, text, gate, present, template)
             if found is None:
@@ -629,6 +662,8 @@ class Scanner:
                 continue  # a type's name alone, not under a traceback's frames: a word, not an exception line
             if template is not None and template.signature == sig.id:
                 groups["template_source"] = template.where  # the message's provenance: project version file:line
+                if cut is not None:
+                    groups["cut"] = "the paste ends inside this message"
             for extra in sig.extract:
                 em = extra.search(text)
                 if em:
@@ -675,6 +710,7 @@ class Scanner:
             if "frame" not in groups and event is not None and event.frame is not None:
                 groups["frame"] = event.frame
             diag.add(ev, rank, index, groups, seq, when, fatal, event)
+            self._last_credit = (file_index, line_no, sig.catch_all)
             if fatal:
                 self._facts.last_fatal_line[file_index] = max(line_no, self._facts.last_fatal_line.get(file_index, 0))
             return sig

@@ -84,6 +84,37 @@ class Template:
         return True
 
 
+    def cut_match(self, text: str) -> int:
+        """How much literal text ``text`` holds of this template when ``text`` stops inside it (a paste cut short:
+        the comment box, the excerpt or the user stopped mid-line): its pieces in order up to one that the text's
+        end starts; 0 when the text is not such a cut (a piece missing before its end, or the text whole)."""
+        pos = got = 0
+        for piece in self.pieces:
+            found = text.find(piece, pos)
+            if found >= 0:
+                pos, got = found + len(piece), got + len(piece)
+                continue
+            rest = text[pos:].rstrip()
+            for k in range(min(len(piece), len(rest)), MIN_CUT_PIECE - 1, -1):
+                if piece.startswith(rest[-k:]):
+                    return got + k
+            # Cut inside the value before this piece ("... WorkNCCL(SeqNum=6, OpType=ALLRED"): a short one, with no
+            # prose in it and not closed (a whole message ends in a bracket or a full stop); else the text went on
+            # with something else (c10d's "... - retrying (try=0, ...)" where the template says "- timed out").
+            whole = rest[-1:] in (")", "]", "}", ".", ">", "'", '"')
+            return got if 0 < len(rest) <= MAX_CUT_VALUE and not whole and not _PROSE.search(rest) else 0
+        return 0
+
+
+MIN_CUT_CHARS = 32  # literal text a cut message must show of its template (a message's first words are common)
+# What the text's end must show of the piece it stops in: a text ending in a value, or in one or two letters of the
+# next piece, is not told from a message that goes on differently ("... - retrying" against "... - timed out").
+MIN_CUT_PIECE = 3
+CUT_HEAD_CHARS = 16  # < MIN_CUT_CHARS: see TemplateMatcher.match_cut
+MAX_CUT_VALUE = 48  # a text that stops in a value: that much of the value at most (c10d's retry goes on for 150)
+_PROSE = re.compile(r"\b[a-z]{4,} ")  # a word of a sentence, not of a value (values: numbers, names, reprs, paths)
+
+
 def split_template(template: str, prefer_first: bool = False) -> tuple[str, tuple[str, ...]] | None:
     """The line of ``template`` with the most literal text and its literal pieces, or None if no line is
     recognisable on its own (see ``MIN_LITERAL_CHARS``). Returns the line as far as it is kept, and the pieces.
@@ -168,6 +199,7 @@ class TemplateMatcher:
             by_token.setdefault(t.token, []).append(t)
         # Most literal text first: the first template of a token that matches is the most specific of them.
         self._by_token = {k: tuple(sorted(v, key=lambda t: -t.literal_chars)) for k, v in by_token.items()}
+        self._heads = tuple((t.pieces[0][:CUT_HEAD_CHARS], t) for t in self.templates if t.pieces)
         # What the prefilter must find for a line to reach ``match``: the markers and the templates' own anchors.
         self.keywords = tuple(sorted({k for t in self.templates for k in t.keywords}))
 
@@ -181,6 +213,18 @@ class TemplateMatcher:
                 if t.matches(text):
                     best = t
                     break
+        return best
+
+
+    def match_cut(self, text: str) -> Template | None:
+        """The template ``text`` shows most of when it stops inside one (``Template.cut_match``), with at least
+        ``MIN_CUT_CHARS`` of its literal text, or None. Every template is tried: this is for one line an input."""
+        best, most = None, MIN_CUT_CHARS - 1
+        for head, t in self._heads:
+            # The first piece's head is in any line that shows MIN_CUT_CHARS of the template (its first piece
+            # whole, or cut after MIN_CUT_CHARS > CUT_HEAD_CHARS): one `in` rules out nearly every template.
+            if head in text and t.literal_chars > most and (got := t.cut_match(text)) > most:
+                best, most = t, got
         return best
 
 

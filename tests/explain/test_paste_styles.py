@@ -272,3 +272,46 @@ def test_a_windows_path_is_not_taken_for_a_flattened_line() -> None:
     assert unflatten(frame.encode(), len(frame.encode())) is None
     got = explain_text(frame).diagnoses[0]
     assert got.id == "nccl-not-available"
+
+
+# --- a paste that stops inside its last message -------------------------------------------------------------------
+# Format strings: distributed_c10d.py (_get_default_group; the NCCL-less build's check), TCPStore.cpp's DistStoreError
+# ("Timed out after {} seconds waiting for clients. {}/{} clients joined."), ProcessGroupNCCL.cpp's watchdog timeout.
+CUT_MESSAGES = [
+    (f"[rank1]: ValueError: {DEFAULT_PG}"[:58], "default-pg-not-initialized", [1]),
+    ("[rank1]: torch.distributed.DistStoreError: Timed out after 1801 seconds waiting for clients. 1/3 clients jo",
+     "rendezvous-incomplete", [1]),
+    (WATCHDOG[:WATCHDOG.index("OpType=") + 13], "nccl-timeout", [0]),
+    ("RuntimeError: Distributed package doesn't have NCCL bu", "nccl-not-available", []),
+]
+
+
+@pytest.mark.parametrize(("line", "want", "ranks"), CUT_MESSAGES, ids=["default-pg", "store-clients", "watchdog", "no-nccl"])
+@pytest.mark.parametrize("style", ["plain", "after-a-traceback", "rfc3339nano", "quoted", "trailing-blank-lines"])
+def test_a_message_the_paste_cut_short_is_still_named(line: str, want: str, ranks: list[int], style: str) -> None:
+    text = line + "\n"
+    if style == "after-a-traceback":
+        text = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 31, in main\n    dist.barrier()\n'
+                + text)
+    elif style == "rfc3339nano":
+        text = STYLES["rfc3339nano"](text)
+    elif style == "quoted":
+        text = "> " + text
+    elif style == "trailing-blank-lines":
+        text += "\n\n"
+    got = explain_text(text).failures
+    assert [(d.id, sorted(d.ranks)) for d in got] == [(want, ranks)]
+    assert got[0].details["cut"] == ["the paste ends inside this message"]
+
+
+@pytest.mark.parametrize("last", [
+    "node-a:4565:4601 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/rea",  # NCCL's INFO line, cut
+    "epoch 1 step 300 loss 1.7432 lr 0.0001 grad_norm 0.8",  # a trainer's progress, cut
+    # c10d's retry (TCPStore.cpp, a warning) cut where it could still have become the "- timed out" failure
+    "[W1122 07:27:45.431901986 TCPStore.cpp:343] [c10d] TCP client failed to connect/validate to host node-a:29500 - re",
+    # ... and the retry whole: a message that goes on differently is no cut failure
+    "[c10d] TCP client failed to connect/validate to host node-a:29500 - retrying (try=0, timeout=1800000ms, "
+    "delay=496ms): The client socket has failed to connect to [node-a]:29500 (errno: 111 - Connection refused).",
+])
+def test_a_healthy_log_cut_short_stays_quiet(last: str) -> None:
+    assert explain_text(HEALTHY + last + "\n").failures == []
