@@ -247,11 +247,23 @@ def wraps_onto(above: str, below: str) -> bool:
     return (len(above) >= MIN_WRAP_CHARS and 0 < len(below) <= len(above) and bool(below.strip())
             and not LINE_PREFIX_RANK.match(below) and not LINE_HEADER.match(below))
 
+# What a rich-text editor, a chat client or a web page makes of a pasted message's ASCII: curly quotes for ' and "
+# (macOS / iOS smart punctuation, word processors: "doesn’t have NCCL built in"), no-break and thin spaces for
+# spaces, and zero-width characters that come with copying from rendered HTML. Templates are read through it too:
+# a source may print a curly quote itself (accelerate's "SageMaker doesn’t support ...").
+TYPOGRAPHIC = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
+                              "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u2033": '"', "\u00a0": " ",
+                              "\u202f": " ", "\u2009": " ", "\u200b": None, "\u200c": None, "\u200d": None,
+                              "\ufeff": None})
+
+
 def strip_paste(text: str) -> str:
     """The line without what pasting added in front of it (quote marks, line numbers, runner and collector
     prefixes) and without terminal colour codes anywhere in it."""
-    if "[" in text and ("\x1b" in text or "m" in text) and ANSI_SGR.search(text):
+    if "[" in text and ANSI_SGR.search(text):
         text = ANSI_SGR.sub("", text)
+    if not text.isascii():
+        text = text.translate(TYPOGRAPHIC)
     for _ in range(6):  # "> [12] (Actor pid=1) ..." nests a few; a bound keeps it linear
         m = PASTE_PREFIX.match(text)
         if m is None or not m.end():

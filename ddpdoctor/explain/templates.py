@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from ddpdoctor.explain.lines import TYPOGRAPHIC
 from ddpdoctor.explain.prefilter import (
     ANCHOR_LEAD_BYTES,
     LEAD_BYTE_FREQUENCY,
@@ -234,9 +235,11 @@ def parse_table(text: str) -> list[Template]:
 
     The last piece loses its trailing whitespace: a message whose last value is empty ends in a space as printed
     (c10d's "NCCL communicator was aborted on rank 0. " when no reason is known), and editors, terminals and
-    issue trackers trim it off the line a user pastes."""
+    issue trackers trim it off the line a user pastes. Curly quotes and odd spaces are read as ASCII
+    (``lines.TYPOGRAPHIC``), as they are in the lines matched against them."""
     return [Template(signature=row[0], where=row[1], token=row[2], keywords=tuple(row[3]),
-                     pieces=_trimmed(tuple(row[4:]))) for row in json.loads(text)["templates"]]
+                     pieces=_trimmed(tuple(p.translate(TYPOGRAPHIC) for p in row[4:])))
+            for row in json.loads(text)["templates"]]
 
 
 def _trimmed(pieces: tuple[str, ...]) -> tuple[str, ...]:

@@ -315,3 +315,13 @@ def test_a_message_the_paste_cut_short_is_still_named(line: str, want: str, rank
 ])
 def test_a_healthy_log_cut_short_stays_quiet(last: str) -> None:
     assert explain_text(HEALTHY + last + "\n").failures == []
+
+
+# --- what a rich-text editor or a web page makes of a message's ASCII ----------------------------------------------
+@pytest.mark.parametrize(("text", "want"), [
+    ("RuntimeError: Distributed package doesn\u2019t have NCCL built in\n", "nccl-not-available"),  # a curly apostrophe
+    (f"ValueError: {DEFAULT_PG.replace(' ', chr(0xa0), 3)}\n", "default-pg-not-initialized"),  # no-break spaces
+    (f"Runtime\u200bError: {DEFAULT_PG}\n", "default-pg-not-initialized"),  # a zero-width space from HTML
+])
+def test_typographic_characters_in_a_pasted_message_are_read_as_ascii(text: str, want: str) -> None:
+    assert [d.id for d in explain_text(text).failures] == [want]
