@@ -237,7 +237,7 @@ class Scanner:
                     lines_before = self._scan_block(block, size, tail, name, file_index, lines_before, file_rank)
                     tail = bytes(block[max(0, size - 8192):size])
                     # One copy of at most TAIL_BYTES per block: the end of the input is kept for free.
-                    piece = bytes(block[max(0, size - TAIL_BYTES):size])
+                    piece = bytes((view if block is buf else memoryview(block))[max(0, size - TAIL_BYTES):size])
                     end_tail = piece if len(piece) >= TAIL_BYTES else (end_tail + piece)[-TAIL_BYTES:]
                     consumed += size
                 rest = have - end
