@@ -61,3 +61,65 @@ def test_another_fsdp_assertion_gets_no_inference_mode_note() -> None:
     text = "[rank0]: AssertionError: Expects a parameter in the FlatParameter\n"
     for d in explain_text(text).diagnoses:
         assert not any("inference_mode" in n for n in d.notes)
+
+
+# --- 2. torch 1.9's elastic agent lines as worker-failed evidence ---------------------------------------------
+# api.py SimpleElasticAgent._exit_barrier: 'Local worker group finished ({state}). Waiting {t} seconds for other
+# agents to finish' (f-string 1.9.0:879 ... 2.0.1:915 prints '(FAILED)' on Python <= 3.10; '%s' from 2.1.2:930,
+# and any f-string on Python >= 3.11, prints '(WorkerState.FAILED)').
+FINISHED_19 = ("INFO:torch.distributed.elastic.agent.server.api:Local worker group finished (FAILED). "
+               "Waiting 300 seconds for other agents to finish\n")
+FINISHED_21 = ("[2024-05-02 10:01:09,001] torch.distributed.elastic.agent.server.api: [INFO] Local worker group "
+               "finished (WorkerState.FAILED). Waiting 300 seconds for other agents to finish\n")
+
+
+# 1.9.0 events/__init__.py:56 (destination 'console'): json.dumps(asdict(Event)) of api.py _construct_event.
+def _event(state: str, source: str = "WORKER", rank: int = 1, pid: int = 4242) -> str:
+    return ('{"name": "torchelastic.worker.status.' + state + '", "source": "' + source + '", "timestamp": 0, '
+            '"metadata": {"run_id": "none", "global_rank": ' + str(rank) + ', "group_rank": 0, "worker_id": "'
+            + str(pid) + '", "role": "default", "hostname": "node7", "state": "' + state + '", "total_run_time": '
+            '35, "rdzv_backend": "static", "raw_error": "{\\"message\\": \\"<NONE>\\"}", "metadata": '
+            '"{\\"group_world_size\\": 1, \\"entry_point\\": \\"python\\", \\"local_rank\\": [1], '
+            '\\"role_rank\\": [1], \\"role_world_size\\": [2]}", "agent_restarts": 3}}\n')
+
+
+# 1.9.0 local_elastic_agent.py:208 log.error(f"[{role}] Worker group failed").
+GROUP_FAILED_19 = "ERROR:torch.distributed.elastic.agent.server.local_elastic_agent:[default] Worker group failed\n"
+# 1.9.0 errors/__init__.py:274-297 (the no-error-file UserWarning's body).
+CHILD_FAILED_19 = "Child process 4242 (local_rank 1) FAILED (exitcode 1)\n"
+
+
+@pytest.mark.parametrize(("text", "details"), [
+    (FINISHED_19, {}),
+    (FINISHED_21, {}),
+    (_event("FAILED"), {"pid": ["4242"]}),
+    (GROUP_FAILED_19, {}),
+    (CHILD_FAILED_19, {"pid": ["4242"], "exit_code": ["1"]}),
+], ids=["finished-1.9-f-string", "finished-2.1-percent-s", "1.9-worker-event", "1.9-worker-group-failed",
+        "1.9-child-process-failed"])
+def test_the_elastic_agents_failure_lines_are_worker_failed(text: str, details: dict[str, list[str]]) -> None:
+    (d,) = explain_text(text).diagnoses
+    assert d.id == "worker-failed" and {k: v for k, v in d.details.items() if k in details} == details
+
+
+@pytest.mark.parametrize("text", [
+    FINISHED_19.replace("(FAILED)", "(SUCCEEDED)"),
+    FINISHED_21.replace("(WorkerState.FAILED)", "(WorkerState.SUCCEEDED)"),
+    _event("TERMINATED", rank=0, pid=4241),
+    _event("SUCCEEDED", rank=0, pid=4241),
+    _event("SUCCEEDED", source="AGENT"),  # 1.9's launcher records it even for a failed job (launcher/api.py:239)
+    "Child process 4242 (local_rank 1) FAILED (exitcode 0)\n",
+], ids=["finished-succeeded", "finished-workerstate-succeeded", "terminated-event", "succeeded-event",
+        "agent-succeeded-event", "exitcode-0"])
+def test_the_elastic_agents_healthy_lines_stay_quiet(text: str) -> None:
+    assert explain_text(text).diagnoses == []
+
+
+def test_the_worker_event_names_its_rank() -> None:
+    assert explain_text(_event("FAILED", rank=3)).diagnoses[0].ranks == {3}
+
+
+def test_the_agents_lines_add_nothing_to_the_ranks_own_exception() -> None:
+    text = ("[rank1]: RuntimeError: Expected to have finished reduction in the prior iteration before starting a new "
+            "one.\n" + GROUP_FAILED_19 + FINISHED_19 + _event("FAILED"))
+    assert [d.id for d in explain_text(text).problems] == ["unused-parameters"]
