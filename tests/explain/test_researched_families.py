@@ -123,3 +123,52 @@ def test_the_agents_lines_add_nothing_to_the_ranks_own_exception() -> None:
     text = ("[rank1]: RuntimeError: Expected to have finished reduction in the prior iteration before starting a new "
             "one.\n" + GROUP_FAILED_19 + FINISHED_19 + _event("FAILED"))
     assert [d.id for d in explain_text(text).problems] == ["unused-parameters"]
+
+
+# --- 3. the unused-parameter error's tail lines -------------------------------------------------------------
+# reducer.cpp Reducer::ensure_prior_reduction_finished (2.7.0a0 copy, jizhuoran/EasyFHE 8cd54cb4, 1941-2047):
+# either head, then in every branch the indices line and, with TORCH_DISTRIBUTED_DEBUG off, the tail sentence
+# (one leading space, no full stop; byte-identical in 1.9.0, 1.10.0, 1.13.1 and 2.13.0, absent from 1.8.1).
+UNUSED_HEAD = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. "
+               "This error indicates that your module has parameters that were not used in producing loss.")
+STATIC_HEAD = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. "
+               "This error indicates that your training graph has changed in this iteration, e.g., one parameter is "
+               "used in first iteration, but then got unused in the second iteration. this is not compatible with "
+               "static_graph set to True.")
+INDICES = "Parameter indices which did not receive grad for rank 1: 4 5"
+NAMES = "Parameters which did not receive grad for rank 1: head.weight, head.bias"
+TAIL = (" In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL to "
+        "print out information about which particular parameters did not receive gradient on this rank as part of "
+        "this error")
+
+
+def _rank1(*lines: str) -> str:
+    return "".join(f"[rank1]: {ln}\n" for ln in lines)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (_rank1(STATIC_HEAD, INDICES, TAIL), "static-graph-changed"),
+    (_rank1(STATIC_HEAD, NAMES), "static-graph-changed"),
+    (STATIC_HEAD + "\n" + INDICES + "\n" + TAIL + "\n", "static-graph-changed"),
+    (_rank1(UNUSED_HEAD, INDICES, TAIL), "unused-parameters"),
+    (_rank1(UNUSED_HEAD, NAMES), "unused-parameters"),
+    (_rank1(TAIL), "unused-parameters"),
+    (TAIL + "\n", "unused-parameters"),
+    (_rank1(INDICES, TAIL), "unused-parameters"),
+], ids=["static-indices-tail", "static-names", "static-unprefixed", "unused-indices-tail", "unused-names",
+        "tail-alone-prefixed", "tail-alone", "indices-and-tail"])
+def test_one_reducer_error_is_one_finding(text: str, want: str) -> None:
+    assert [d.id for d in explain_text(text).diagnoses] == [want]
+
+
+def test_the_tail_alone_carries_its_rank() -> None:
+    assert explain_text("[rank3]: " + TAIL + "\n").diagnoses[0].ranks == {3}
+
+
+def test_mark_ready_twices_debug_hint_is_not_the_tail() -> None:
+    # reducer.cpp:823-825: mark-ready-twice's own TORCH_DISTRIBUTED_DEBUG sentence, worded differently.
+    text = ("[rank0]: RuntimeError: Expected to mark a variable ready only once. Parameter at index 7 has been "
+            "marked as ready twice. This means that multiple autograd engine  hooks have fired for this particular "
+            "parameter during this iteration. You can set the environment variable TORCH_DISTRIBUTED_DEBUG to "
+            "either INFO or DETAIL to print parameter names for further debugging.\n")
+    assert [d.id for d in explain_text(text).diagnoses] == ["mark-ready-twice"]
