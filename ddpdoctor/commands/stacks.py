@@ -30,7 +30,9 @@ def _text(path: Optional[Path]) -> Optional[str]:
 
 def stacks(
     ctx: typer.Context,
-    pid: list[int] = typer.Option([], "--pid", "-p", metavar="PID", min=1,
+    # max: Linux's PID_MAX_LIMIT (include/linux/threads.h, 2**22 on 64-bit): a longer number is a typo,
+    # whatever PYTHONINTMAXSTRDIGITS lets int() parse.
+    pid: list[int] = typer.Option([], "--pid", "-p", metavar="PID", min=1, max=1 << 22,
                                   help="Dump this process (repeatable); default: all ranks found."),
     job: Optional[str] = typer.Option(None, "--job", metavar="ID", help="Only this job: torchrun run id, SLURM job id (or "
                                       "job.step), the torchrun agent's pid, or the job key ddpdoctor prints."),

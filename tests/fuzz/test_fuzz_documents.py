@@ -85,8 +85,14 @@ def mutate_document(draw: st.DrawFn, doc: Any, *, nasty: bool = True) -> tuple[A
 def dumps_with(doc: Any, raw: dict[str, str]) -> bytes:
     import sys
 
-    sys.set_int_max_str_digits(0)  # 10**4000 as an integer literal of a document
-    text = json.dumps(doc)
+    # 10**4000 as an integer literal of a document; the limit is the worker's, restored for the next tests
+    # (a CLI test in the same worker relies on it to refuse a 5000-digit --pid).
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        text = json.dumps(doc)
+    finally:
+        sys.set_int_max_str_digits(limit)
     for token, value in raw.items():
         text = text.replace(json.dumps(token), value)
     return text.encode("utf-8", "surrogatepass")

@@ -97,8 +97,11 @@ RANGE = r"(is not in the range 0\.1<=x<=86400\.0|Input should be (greater|less) 
     (["--timeout", "nan"], r"Invalid value for '--timeout': (is not a number of seconds|Input should be)"),
     (["--timeout", "soon"], r"('soon' is not a valid float|'--timeout': Input should be a valid number)"),
     (["--pid", "abc"], r"('abc' is not a valid int|'--pid' / '-p': Input should be a valid integer)"),
-    (["--pid", "-3"], r"(-3 is not in the range x>=1|'--pid' / '-p': Input should be greater than or equal to 1)"),
-    (["--pid", "9" * 5000], r"(is not a valid int|'--pid' / '-p': Unable to parse input string as an integer)"),
+    (["--pid", "-3"], r"(-3 is not in the range (x>=1|1<=x<=4194304)|'--pid' / '-p': Input should be greater than or equal to 1)"),
+    # Refused by Python's int-digits limit, or where that is lifted (PYTHONINTMAXSTRDIGITS=0) by the range.
+    (["--pid", "9" * 5000], r"(is not a valid int|'--pid' / '-p': Unable to parse input string as an integer|"
+                            r"is not in the range)"),
+    (["--pid", "4194305"], r"4194305 is not in the range 1<=x<=4194304"),
     (["--bogus"], r"No such option: --bogus"),
     (["--json"], r"Option '--json' requires an argument"),
     (["--json", "/nonexistent/dir/out.json"], r"the folder '/nonexistent/dir' does not exist"),
