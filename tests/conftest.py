@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from tests.debian import prefetch_in_background
 from tests.support import (
     FUZZ_PROPERTY,
     SUMMARY_PROPERTY,
@@ -41,6 +42,8 @@ def pytest_configure(config: pytest.Config) -> None:
     root = Path(__file__).resolve().parent.parent
     for folder in ("ddpdoctor", "tests"):
         compileall.compile_dir(root / folder, quiet=1)
+    if not hasattr(config, "workerinput"):  # once, in the process that runs or hands out the tests
+        prefetch_in_background()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

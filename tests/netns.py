@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from tests.debian import NFTABLES, ensure_packages
 
 
 def sh(*args: str) -> None:
@@ -130,11 +131,9 @@ class NetnsHosts:
         """Host ``index`` drops every TCP packet to or from ``port`` on its links to other hosts (nftables in its
         namespace; as a firewall rule between nodes does: the host's own loopback traffic, e.g. rank 0 reaching
         the store on its own host, still passes). Needs the ``nft`` command (Debian's nftables)."""
-        if shutil.which("nft") is None and os.geteuid() == 0 and shutil.which("apt-get"):
-            subprocess.run(["apt-get", "install", "-y", "nftables"], capture_output=True, timeout=300,
-                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-        if shutil.which("nft") is None:
-            raise RuntimeError("nft (Debian's nftables) is not installed and could not be installed")
+        why = ensure_packages(NFTABLES)
+        if why:
+            raise RuntimeError(f"nft (Debian's nftables): {why}")
         rules = (f"add table inet ddlab\n"
                  f"add chain inet ddlab input {{ type filter hook input priority 0; }}\n"
                  f"add chain inet ddlab output {{ type filter hook output priority 0; }}\n"

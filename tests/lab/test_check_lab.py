@@ -27,7 +27,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from tests.debian import FAKETIME, ensure_packages
 from tests.netns import NetnsHosts
 from tests.support import REPO, clean_env, communicate_all, have_netns
 
@@ -61,13 +61,9 @@ class Job:
 
 def faketime_library() -> str | None:
     """libfaketime's thread-safe build (torch starts threads), installing Debian's ``faketime`` when root."""
-    def find() -> str | None:
-        found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
-        return found[0] if found else None
-    if find() is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "faketime"], capture_output=True, timeout=300,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    return find()
+    ensure_packages(FAKETIME)
+    found = sorted(glob.glob(FAKETIME.files[0]))
+    return found[0] if found else None
 
 
 def old_interpreter_problem() -> str | None:

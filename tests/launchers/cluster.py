@@ -1,7 +1,7 @@
 """Real launchers for the tests: Open MPI's ``mpirun`` and a one-node Slurm (munged, slurmctld, slurmd).
 
 Both come from Debian packages (``openmpi-bin``; ``slurmd``, ``slurmctld``, ``slurm-client``, ``munge``),
-installed once per run when root (``apt-get install`` takes ~25 s here, see docs/testing.md). The Slurm
+installed once per run when root by tests/debian.py (``apt-get install`` takes ~25 s here, see docs/testing.md). The Slurm
 "cluster" is this machine alone, configured in a temporary folder: its own munge socket and key, its own
 ports, state and spool folders, ``SLURM_CONF`` pointing at its slurm.conf, so nothing under /etc/slurm or
 /run/munge is touched and two runs never share a daemon. Every wait has a deadline; ``close()`` ends the
@@ -10,10 +10,8 @@ daemons it started, by their pids.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,40 +21,11 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MPI_PACKAGES = ("openmpi-bin",)
-SLURM_PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
-INSTALL_DEADLINE_S = 600
+from tests.debian import is_root
+
 DAEMON_DEADLINE_S = 60
 # Open MPI refuses root without these; --oversubscribe lets 2 ranks share fewer cores than ranks (CI: 2).
 MPIRUN_ROOT_FLAGS = ("--allow-run-as-root", "--oversubscribe")
-
-
-def is_root() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def ensure_packages(packages: Sequence[str], commands: Sequence[str]) -> str | None:
-    """Install ``packages`` when ``commands`` are missing; the reason they are unavailable, or None.
-
-    A lock file serialises the install between pytest-xdist workers; apt's own lock timeout covers a
-    package manager run by someone else."""
-    if all(shutil.which(c) for c in commands):
-        return None
-    if not is_root():
-        return f"needs root to install {' '.join(packages)} (missing: {', '.join(c for c in commands if not shutil.which(c))})"
-    if shutil.which("apt-get") is None:
-        return f"no apt-get to install {' '.join(packages)}"
-    with open("/tmp/ddpdoctor-tests-apt.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not all(shutil.which(c) for c in commands):
-            done = subprocess.run(
-                ["apt-get", "install", "-y", "--no-install-recommends", "-o", "DPkg::Lock::Timeout=300", *packages],
-                capture_output=True, text=True, timeout=INSTALL_DEADLINE_S,
-                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-            if done.returncode != 0:
-                return f"apt-get install {' '.join(packages)} failed: {done.stderr.strip()[-300:]}"
-    missing = [c for c in commands if not shutil.which(c)]
-    return f"still missing after install: {', '.join(missing)}" if missing else None
 
 
 def mpirun_cmd(nproc: int, argv: Sequence[str]) -> list[str]:

@@ -19,13 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launchers.cluster import (
-    MPI_PACKAGES,
-    SLURM_PACKAGES,
-    OneNodeSlurm,
-    ensure_packages,
-    mpirun_cmd,
-)
+from tests.debian import MPI, SLURM, ensure_packages
+from tests.launchers.cluster import OneNodeSlurm, mpirun_cmd
 from tests.support import REPO, clean_env, free_port
 
 pytestmark = pytest.mark.slow
@@ -89,12 +84,12 @@ def jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     tmp = tmp_path_factory.mktemp(request.param)
     env = clean_env()
     if request.param == "mpirun":
-        why = ensure_packages(MPI_PACKAGES, ["mpirun"])
+        why = ensure_packages(MPI)
         if why:
             pytest.skip(f"Open MPI: {why}")
         yield _jobs("mpi", mpirun_cmd, tmp, env, bench=True)
         return
-    why = ensure_packages(SLURM_PACKAGES, ["munged", "slurmctld", "slurmd", "srun", "sinfo"])
+    why = ensure_packages(SLURM)
     if why:
         pytest.skip(f"Slurm: {why}")
     cluster = OneNodeSlurm(tmp / "slurm")
