@@ -107,8 +107,10 @@ SIGTERM_LIKE = {int(_signal.SIGTERM), int(_signal.SIGINT), int(_signal.SIGHUP)}
 # Loud: glog E/F, ERROR/CRITICAL, "SomeError: " / "SomeException: " (or an exception's repr, "SomeError('..."), and
 # NCCL's "NCCL WARN", which is how
 # NCCL reports its errors (src/include/debug.h: WARN is its error level).
+# A level word followed by "or"/"and"/"to"/"level" is prose naming a level ("set TORCH_DISTRIBUTED_DEBUG to
+# either INFO or DETAIL", the tail of the reducer's unused-parameter error), not the line's own level.
 LEVEL_MARK = re.compile(
-    r"(?P<quiet>(?:^|[\[\s:])[WIV]\d{4} \d\d:\d\d:\d\d|\[[WIV] [\w./-]+:\d+\]|\b\w*Warning: |\b(?:WARNING|INFO|DEBUG)\b(?=[:\] -]))"
+    r"(?P<quiet>(?:^|[\[\s:])[WIV]\d{4} \d\d:\d\d:\d\d|\[[WIV] [\w./-]+:\d+\]|\b\w*Warning: |\b(?:WARNING|INFO|DEBUG)\b(?=[:\] -])(?! (?:or|and|to|level)\b))"
     r"|(?P<loud>NCCL WARN|(?:^|[\[\s:])[EF]\d{4} \d\d:\d\d:\d\d|\[[EF] [\w./-]+:\d+\]|\b(?:ERROR|CRITICAL|FATAL)\b"
     r"|\w(?:Error|Exception)(?:: |\(['\"]))")
 # A Python traceback frame: File "/workspace/train.py", line 212, in <module>

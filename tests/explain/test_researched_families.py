@@ -168,6 +168,15 @@ def test_the_tail_alone_carries_its_rank() -> None:
     assert explain_text("[rank3]: " + TAIL + "\n").diagnoses[0].ranks == {3}
 
 
+def test_the_tail_alone_outranks_torchruns_summary_of_the_same_failure() -> None:
+    # The tail names levels in prose ("to either INFO or DETAIL"): it is an error line, not an INFO line, so
+    # the reducer's error stays the cause and torchrun's line for the rank it killed goes under it.
+    summary = ("E1122 01:39:40.123000 140 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+               "(exitcode: 1) local_rank: 1 (pid: 4569) of binary: /usr/bin/python3\n")
+    found = explain_text(_rank1(TAIL) + summary).diagnoses
+    assert found[0].id == "unused-parameters" and found[0].ranks == {1}, [d.id for d in found]
+
+
 def test_mark_ready_twices_debug_hint_is_not_the_tail() -> None:
     # reducer.cpp:823-825: mark-ready-twice's own TORCH_DISTRIBUTED_DEBUG sentence, worded differently.
     text = ("[rank0]: RuntimeError: Expected to mark a variable ready only once. Parameter at index 7 has been "
