@@ -240,6 +240,24 @@ def stacks_by_py_spy(states: list[Any]) -> None:
         frames = list(reversed(main.frames))  # outermost first, as the ranks send theirs
         state.frames = [[f.file, f.line, f.function, linecache.getline(f.file, f.line).strip()] for f in frames]
         state.stack = [f"{site_name(f.file)}:{f.line} in {f.function}" for f in frames if is_user_file(f.file)]
+        if moved_on(state.cur, [f"{f.file}:{f.line}" for f in frames]):
+            state.cur = None  # its stack, read now, is where it is: the call it last reported has returned
+
+
+def moved_on(cur: dict[str, Any] | None, sites: list[str]) -> bool:
+    """Whether a rank read from outside has left the call it last reported: no frame of its stack is at that
+    call's site. A rank whose main thread took the GIL right after a call (a C loop, a regex) could not report
+    the call's end; without this its wait read "in init_process_group" while py-spy showed it in its own code."""
+    site = (cur or {}).get("site")
+    if not site or not sites:
+        return False
+    # The rank names files relative to its own working directory: compare base names and lines.
+    return _file_line(site) not in {_file_line(s) for s in sites}
+
+
+def _file_line(site: str) -> str:
+    path, _, line = site.rpartition(":")
+    return f"{os.path.basename(path)}:{line}"
 
 
 # -- self-launch -----------------------------------------------------------------------------------
