@@ -49,7 +49,7 @@ from ddpdoctor.watch.recorder import site_name
 from ddpdoctor.watch.report import render
 from ddpdoctor.watch.script import run_script
 from ddpdoctor.watch.verdict import silent_hosts
-from ddpdoctor.watch.waits import is_user_file
+from ddpdoctor.watch.waits import is_user_file, moved_on
 from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, MODE_ENV, PIPED_ENV
 
 PORT_ENV = "DDPDOCTOR_WATCH_PORT"
@@ -243,21 +243,6 @@ def stacks_by_py_spy(states: list[Any]) -> None:
         if moved_on(state.cur, [f"{f.file}:{f.line}" for f in frames]):
             state.cur = None  # its stack, read now, is where it is: the call it last reported has returned
 
-
-def moved_on(cur: dict[str, Any] | None, sites: list[str]) -> bool:
-    """Whether a rank read from outside has left the call it last reported: no frame of its stack is at that
-    call's site. A rank whose main thread took the GIL right after a call (a C loop, a regex) could not report
-    the call's end; without this its wait read "in init_process_group" while py-spy showed it in its own code."""
-    site = (cur or {}).get("site")
-    if not site or not sites:
-        return False
-    # The rank names files relative to its own working directory: compare base names and lines.
-    return _file_line(site) not in {_file_line(s) for s in sites}
-
-
-def _file_line(site: str) -> str:
-    path, _, line = site.rpartition(":")
-    return f"{os.path.basename(path)}:{line}"
 
 
 # -- self-launch -----------------------------------------------------------------------------------

@@ -121,3 +121,19 @@ def classify(cur: dict[str, Any] | None, frames: list[list[Any]], inflight: list
 def is_stall(waits: list[dict[str, Any]]) -> bool:
     """Every live rank busy in its own code or I/O, nothing in flight: nobody waits for anybody."""
     return bool(waits) and all(w["kind"] in STALL_KINDS and not w["pending"] for w in waits)
+
+
+def moved_on(cur: dict[str, Any] | None, sites: list[str]) -> bool:
+    """Whether a rank read from outside has left the call it last reported: no frame of its stack is at that
+    call's site. A rank whose main thread took the GIL right after a call (a C loop, a regex) could not report
+    the call's end; without this its wait read "in init_process_group" while py-spy showed it in its own code."""
+    site = (cur or {}).get("site")
+    if not site or not sites:
+        return False
+    # The rank names files relative to its own working directory: compare base names and lines.
+    return _file_line(site) not in {_file_line(s) for s in sites}
+
+
+def _file_line(site: str) -> str:
+    path, _, line = site.rpartition(":")
+    return f"{os.path.basename(path)}:{line}"

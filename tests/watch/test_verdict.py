@@ -195,7 +195,7 @@ def test_a_rank_calls_its_lost_contact_verdict_when_the_supervisors_pings_stop()
 def test_a_rank_read_from_outside_has_left_the_call_it_last_reported_only_when_no_frame_is_there() -> None:
     """py-spy's stack of a rank that took the GIL right after init_process_group (it could not report the
     call's end): the stale call goes, so the wait is read from the stack, not as "in the rendezvous"."""
-    from ddpdoctor.watch.supervisor import moved_on
+    from ddpdoctor.watch.waits import moved_on
 
     init = {"op": "init_process_group", "site": "gil_hog.py:5"}
     assert moved_on(init, ["/usr/lib/python3.11/runpy.py:198", "/tmp/x/gil_hog.py:10"])
