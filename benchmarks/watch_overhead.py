@@ -85,16 +85,30 @@ dist.destroy_process_group()
 """
 
 
-def job_result(cmd: list[str], result: Path, env: dict[str, str], cwd: str) -> str:
+def job_result(cmd: list[str], result: Path, env: dict[str, str], cwd: str, timeout: float = 600) -> str:
     """Run a job whose rank 0 writes its timing line into ``result`` (the job's own output: a launcher or
-    ``watch --quiet`` may keep its stdout from us); that line."""
+    ``watch --quiet`` may keep its stdout from us); that line. Each run says how long it took as it ends
+    (a run cut off by the caller's deadline still leaves the earlier ones in the log)."""
     result.unlink(missing_ok=True)
-    proc = subprocess.run([*cmd, str(result)], capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run([*cmd, str(result)], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"run timed out after {timeout:g} s: {' '.join(cmd)}\n{_tail(exc.stdout)}\n"
+                         f"{_tail(exc.stderr)}") from None
     text = result.read_text() if result.exists() else ""
+    print(f"  run: {time.perf_counter() - start:.1f} s, {text.strip() or 'no result'}: {' '.join(cmd[:6])} ...",
+          flush=True)
     if proc.returncode != 0 or "STEP_US" not in text:
         raise SystemExit(f"run failed ({proc.returncode}, result file {'empty' if result.exists() else 'missing'}): "
                          f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return text
+
+
+def _tail(output: str | bytes | None) -> str:
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    return (output or "")[-2000:]
 
 
 def step_times(cmd: list[str], result: Path) -> tuple[float, float]:
@@ -382,12 +396,16 @@ dist.destroy_process_group()
 """
 
 
-def gpu_overhead(rounds: int, steps: int, device: str = "cuda") -> None:
+def gpu_overhead(rounds: int, steps: int, device: str = "cuda", run_timeout: float = 600) -> None:
     """A transformer DDP step on one GPU (NCCL): bare torchrun against ``watch --quiet``, alternating who
     goes first, and a second bare run per round as the noise floor (bare against bare). The step time is
     what the job itself records (rank 0 writes it to a file), not what a console shows. ``device="cpu"``
     runs the same harness on gloo with a small model (``--cpu-standin``): the figures then say nothing
-    about a GPU step, only that the harness works."""
+    about a GPU step, only that the harness works. Each run is bounded by ``run_timeout`` seconds.
+
+    Most of a run is start-up (torch's import, NCCL's init), the same on both sides; more steps per run
+    cost little and steady the mean, so the GPU suite runs one round of 300 steps rather than many short
+    rounds (its first H100 run, two rounds of 100, did not finish in 100 s)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
@@ -397,7 +415,8 @@ def gpu_overhead(rounds: int, steps: int, device: str = "cuda") -> None:
         env = clean_env({"CUDA_VISIBLE_DEVICES": "0", "OVERHEAD_DEVICE": device})
 
         def run(cmd: list[str]) -> float:
-            match = re.search(r"STEP_US ([\d.]+)", job_result([*cmd, str(script), str(steps)], result, env, folder))
+            match = re.search(r"STEP_US ([\d.]+)", job_result([*cmd, str(script), str(steps)], result, env, folder,
+                                                              run_timeout))
             assert match is not None  # job_result checked for STEP_US
             return float(match.group(1))
 
@@ -432,12 +451,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--run-timeout", type=float, default=600, help="seconds one job run may take (--gpu)")
     parser.add_argument("--gpu", action="store_true", help="the transformer DDP step on one GPU (NCCL) instead")
     parser.add_argument("--cpu-standin", action="store_true",
                         help="--gpu's harness on gloo with a small model (checks the script; no GPU figures)")
     args = parser.parse_args()
     if args.gpu or args.cpu_standin:
-        gpu_overhead(args.rounds or 2, args.steps or 200, "cpu" if args.cpu_standin else "cuda")
+        gpu_overhead(args.rounds or 2, args.steps or 200, "cpu" if args.cpu_standin else "cuda", args.run_timeout)
         return
     args.rounds, args.steps = args.rounds or 3, args.steps or 150
     per_call = recording_cost(args.calls)

@@ -68,12 +68,12 @@ def holders(port: int) -> list[PortHolder]:
     return found
 
 
-def free_port(host: str = "") -> int:
-    """A free port, preferably in torch's customary 29500-29999 and so outside the ephemeral range
+def free_port(host: str = "", span: range = range(29500, 30000)) -> int:
+    """A free port, preferably in torch's customary 29500-29999 (``span``) and so outside the ephemeral range
     (where an outgoing connection could take it before the store binds)."""
     import random
 
-    candidates = list(range(29500, 30000))
+    candidates = list(span)
     random.shuffle(candidates)
     for port in candidates[:50]:
         if port_is_free(port, host):

@@ -22,10 +22,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 def free_port() -> int:
     """A TCP port nobody listens on right now, outside the kernel's ephemeral range (like a user would pick:
-    a port inside that range makes the `port` check warn, rightly)."""
+    a port inside that range makes the `port` check warn, rightly).
+
+    From 20000-29999 rather than torch's customary 500 ports: a job binds its port seconds after it was
+    picked (after `import torch`), and with many jobs started side by side (xdist workers, the GPU suite's
+    parallel steps) two picks of 500 met: the first H100 run of the GPU suite lost a test to EADDRINUSE.
+    """
     from ddpdoctor.ports import free_port as pick
 
-    return pick("127.0.0.1")
+    return pick("127.0.0.1", range(20000, 30000))
 
 
 # What PyTorch prints when a process group was neither destroyed nor aborted before its destructor ran

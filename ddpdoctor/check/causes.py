@@ -69,6 +69,13 @@ PROCESS_GROUP_FAILURES: tuple[Match, ...] = (
 )
 
 _NCCL = frozenset({"nccl"})
+
+# A GPU measurement (pcie_bandwidth, memory_bandwidth) that came out low while other ranks of this job or
+# other processes used the GPU: a consequence of the sharing, warned about (checks/pcie_bandwidth.py).
+_SHARED_BY_RANKS = tuple(Match(check, frozenset({WARN}), frozenset({"shared_gpu"}))
+                         for check in ("pcie_bandwidth", "memory_bandwidth"))
+_SHARED_BY_OTHERS = tuple(Match(check, frozenset({WARN}), frozenset({"other_processes"}))
+                          for check in ("pcie_bandwidth", "memory_bandwidth"))
 _GLOO = frozenset({"gloo"})
 
 RULES: tuple[Rule, ...] = (
@@ -87,9 +94,11 @@ RULES: tuple[Rule, ...] = (
     # NCCL refuses two ranks on one GPU ("Duplicate GPU detected", ncclInvalidUsage); a rank on the
     # wrong device is the same forgotten set_device.
     Rule("duplicate_gpu", Match("gpu", kinds=frozenset({"duplicate_gpu"})),
-         (*PROCESS_GROUP_FAILURES, Match("gpu", kinds=frozenset({"wrong_device"}))), _NCCL),
-    Rule("more_ranks_than_gpus", Match("gpu", kinds=frozenset({"more_ranks_than_gpus"})), PROCESS_GROUP_FAILURES,
-         _NCCL),
+         (*PROCESS_GROUP_FAILURES, Match("gpu", kinds=frozenset({"wrong_device"})), *_SHARED_BY_RANKS), _NCCL),
+    Rule("more_ranks_than_gpus", Match("gpu", kinds=frozenset({"more_ranks_than_gpus"})),
+         (*PROCESS_GROUP_FAILURES, *_SHARED_BY_RANKS), _NCCL),
+    # Another process on the GPU (a leftover job, a notebook) slows the copies measured on it.
+    Rule("other_processes", Match("gpu", frozenset({WARN}), frozenset({"other_processes"})), _SHARED_BY_OTHERS),
     Rule("ranks_without_gpu", Match("gpu", kinds=frozenset({"ranks_without_gpu"})), PROCESS_GROUP_FAILURES,
          _NCCL),
     # --backend nccl on a host without a GPU: no process group at all on that rank.

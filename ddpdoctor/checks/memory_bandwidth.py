@@ -10,7 +10,8 @@ write, as STREAM's Copy counts it).
 The expectation is the datasheet figure for the GPU's name (:data:`ddpdoctor.bench.expect.MEMORY_SPECS`: H100
 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB 2.04 TB/s, ...); a copy kernel reaches a large fraction of it, not
 all. Below ``--min-busbw-pct`` (50) of it FAILs, below ``--warn-busbw-pct`` (80) WARNs, naming other
-processes on the GPU and clock throttling reasons (NVML). A GPU not in the table: the figure with "no model".
+processes on the GPU and clock throttling reasons (NVML). A low figure while other processes or other ranks
+of the job used the GPU only WARNs, folded under the finding that names them (the GPU may be fine). A GPU not in the table: the figure with "no model".
 About 0.1 s per rank. Without a GPU on the rank: ``skip``.
 """
 
@@ -20,7 +21,15 @@ from collections.abc import Mapping
 
 from ddpdoctor.bench import Evidence, LinkPath, Thresholds, fmt_pct, judge, memory_spec, remedy
 from ddpdoctor.check import Check, CheckContext
-from ddpdoctor.checks.pcie_bandwidth import merge, no_gpu, rank_context, worst
+from ddpdoctor.checks.pcie_bandwidth import (
+    SHARED_NOTE,
+    merge,
+    no_gpu,
+    rank_context,
+    shared_outcome,
+    sharing_evidence,
+    worst,
+)
 from ddpdoctor.findings import PASS, Finding, RankInfo
 
 # Throttle reasons (NVML clocks-event reasons) that hold memory clocks down; idle and app-clock settings are
@@ -36,7 +45,8 @@ def _run(ctx: CheckContext) -> list[Finding]:
     from ddpdoctor.bench import device_memory
 
     figures = device_memory(torch.device(ctx.device))
-    gpu, _cpu_nodes, others = rank_context(ctx)
+    where = rank_context(ctx)
+    gpu, others = where.gpu, where.others
     name = str(gpu.get("name") or torch.cuda.get_device_name(torch.device(ctx.device)))
     spec = memory_spec(name)
     path = (LinkPath("memory", f"{name} device memory", spec[0], spec[1]) if spec else
@@ -44,13 +54,14 @@ def _run(ctx: CheckContext) -> list[Finding]:
     evidence: list[Evidence] = []
     if others:
         evidence.append(Evidence("crowded", f"other processes use this GPU: pid {', '.join(map(str, others))} (NVML)"))
+    evidence += sharing_evidence(where)
     slowing = [r for r in gpu.get("throttle_reasons") or [] if any(s in str(r).lower() for s in _SLOWING)]
     if slowing:
         evidence.append(Evidence("clocks", f"clocks held down: {', '.join(map(str, slowing))} (NVML clocks-event "
                                  "reasons)"))
     verdict = judge(figures["copy_gbps"], path, evidence, Thresholds(ctx.options.min_busbw_pct,
                                                                     ctx.options.warn_busbw_pct))
-    status = worst([verdict])
+    status, kind = shared_outcome(worst([verdict]), where)
     if spec is None:
         text = f"device-to-device copy {figures['copy_gbps']:.0f} GB/s; no expected figure: {path.why}"
     else:
@@ -58,10 +69,11 @@ def _run(ctx: CheckContext) -> list[Finding]:
                 f"{spec[0]:g} GB/s {name} datasheet figure (read + written bytes, {int(figures['bytes']) >> 20} MiB)")
         if status != PASS:
             text += f"; bottleneck: {verdict.cause()}" if verdict.cause() else "; no cause found in NVML's facts"
+        text += SHARED_NOTE if kind else ""
     fix = (remedy(verdict.causes()) if verdict.causes() else
            "check the GPU's clocks and throttling (nvidia-smi -q -d CLOCK,PERFORMANCE), pending row remaps "
            "(ddpdoctor check --only gpu) and what else runs on it (nvidia-smi)") if status != PASS else ""
-    return [ctx.finding(status, text, fix, copy=verdict.to_json(), bytes=figures["bytes"], gpu=name)]
+    return [ctx.finding(status, text, fix, copy=verdict.to_json(), bytes=figures["bytes"], gpu=name, **kind)]
 
 
 def _combine(findings_by_rank: Mapping[int, list[Finding]], peers: Mapping[int, RankInfo]) -> list[Finding]:

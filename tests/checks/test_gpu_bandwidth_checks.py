@@ -52,3 +52,26 @@ def test_ranks_with_the_same_outcome_are_one_finding() -> None:
     [merged] = pcie_bandwidth._combine({0: [finding(0, 52.0)], 1: [finding(1, 50.0)]}, {})
     assert merged.ranks == [0, 1] and merged.summary.startswith("host-to-device 50.0 GB/s [lowest of ranks 0-1")
     assert set(merged.details["per_rank"]) == {"0", "1"}
+
+
+def test_a_low_figure_on_a_shared_gpu_warns_and_says_who_shared_it() -> None:
+    from ddpdoctor.checks.pcie_bandwidth import RankGpu, shared_outcome, sharing_evidence
+
+    alone = RankGpu(H100, [0], [], [])
+    assert shared_outcome("fail", alone) == ("fail", {})  # nobody else there: the GPU's own figure
+    assert shared_outcome("fail", RankGpu(H100, [0], [4242], [])) == ("warn", {"kind": "other_processes"})
+    two = RankGpu(H100, [0], [4242], [1])
+    assert shared_outcome("warn", two) == ("warn", {"kind": "shared_gpu"})  # the job's own ranks come first
+    assert shared_outcome("pass", two) == ("pass", {})  # a good figure stays a pass whoever was there
+    [evidence] = sharing_evidence(two)
+    assert evidence.cause == "crowded" and evidence.text == "rank 1 of this job also uses this GPU (NVML)"
+    assert sharing_evidence(RankGpu(H100, [0], [], [1, 2]))[0].text == "ranks 1-2 of this job also use this GPU (NVML)"
+
+
+def test_ranks_that_shared_their_gpu_stay_one_foldable_finding() -> None:
+    def finding(rank: int, gbps: float) -> Finding:
+        return Finding("memory_bandwidth", "warn", f"device-to-device copy {gbps} GB/s", [rank], "own GPU",
+                       {"copy": {"measured_busbw_gbps": gbps}, "kind": "shared_gpu"})
+    [merged] = memory_bandwidth._combine({0: [finding(0, 1500.0)], 1: [finding(1, 1400.0)]}, {})
+    assert merged.ranks == [0, 1] and merged.kind == "shared_gpu"  # the causal rule still finds it
+    assert merged.summary.startswith("device-to-device copy 1400.0 GB/s [lowest of ranks 0-1")

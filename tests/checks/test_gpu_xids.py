@@ -61,6 +61,17 @@ def test_an_application_xid_during_this_run_warns_and_names_the_rank() -> None:
     assert "compute-sanitizer" in xid31.remedy
 
 
+def test_an_application_xid_of_another_process_during_this_run_is_a_note() -> None:
+    # The same MMU fault during this run, but pid 13332 is not one of this job's ranks (rank 0 is pid 4242):
+    # another program's fault on a shared GPU. The first H100 run of the GPU suite warned here: a test job
+    # beside `check` hit a device-side assert (Xid 43 from its pid), and the README's check read WARN.
+    found = combine(_job("00000000:0A:00.0", "dmesg_xid31_62_45_13_43.log", uptime_s=14380.0,
+                         job_started_s=14320.0, pid=4242))
+    xid31 = next(f for f in _xids(found) if "Xid 31" in f.summary)
+    assert xid31.status == PASS and "note: Xid 31" in xid31.summary and not xid31.remedy
+    assert "from pid 13332 (cuda_plot_k32_v)" in xid31.summary and "a rank of this job" not in xid31.summary
+
+
 def test_a_recent_driver_xid_fails_with_the_action_and_its_cleanup_stays_a_note() -> None:
     # Ten minutes after a micro-controller halt (62) and the cleanup (45) it caused.
     found = combine(_job("00000000:0A:00.0", "dmesg_xid31_62_45_13_43.log", uptime_s=14370.7 + 600))

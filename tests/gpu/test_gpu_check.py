@@ -33,6 +33,13 @@ def _roots(doc: dict[str, Any], status: str) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["status"] == status and f["caused_by"] is None]
 
 
+def _one_root(doc: dict[str, Any], status: str) -> dict[str, Any]:
+    """The one unfolded finding of ``status``; else the assertion names every one (check and summary)."""
+    roots = _roots(doc, status)
+    assert len(roots) == 1, [(f["check"], f["summary"]) for f in roots]
+    return roots[0]
+
+
 def test_check_with_no_arguments_passes_and_makes_pytorch_warn_about_nothing() -> None:
     res = run_cli(["check"], env=clean_env(ONE_GPU), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -69,12 +76,16 @@ def test_two_ranks_on_one_gpu_are_one_fail_with_nccls_refusal_folded_under_it() 
     # its destructor's "destroy_process_group() was not called" (issue 35).
     assert PG_NOT_DESTROYED not in res.stderr, res.stderr[-3000:]
     doc = json.loads(res.stdout)
-    [dup] = _roots(doc, "fail")
+    dup = _one_root(doc, "fail")
     assert dup["check"] == "gpu" and dup["details"]["kind"] == "duplicate_gpu" and dup["ranks"] == [0, 1]
     assert "Duplicate GPU detected" in dup["summary"] and "set_device" in dup["remedy"]
     folded = [f for f in doc["findings"] if f["caused_by"] is not None]
     assert any(f["check"] == "connectivity" and f["status"] == "fail" for f in folded), doc["findings"]
-    assert all(f["caused_by"]["check"] == "gpu" and f["caused_by"]["rule"] == "duplicate_gpu" for f in folded)
+    # Everything else is under the duplicate GPU; only a copy measured while another job's process was on the
+    # GPU too (the suite runs its functional steps side by side) may sit under that process's warning.
+    assert all(f["caused_by"]["check"] == "gpu" and (f["caused_by"]["rule"] == "duplicate_gpu" or (
+        f["caused_by"]["rule"] == "other_processes" and f["check"] in ("memory_bandwidth", "pcie_bandwidth")))
+        for f in folded), folded
 
 
 def test_nccl_socket_ifname_ib0_is_one_root_cause() -> None:
@@ -87,7 +98,7 @@ def test_nccl_socket_ifname_ib0_is_one_root_cause() -> None:
     assert res.returncode == 1, res.stdout + res.stderr
     assert PG_NOT_DESTROYED not in res.stderr, res.stderr[-3000:]
     doc = json.loads(res.stdout)
-    [root] = _roots(doc, "fail")
+    root = _one_root(doc, "fail")
     assert root["check"] == "env" and root["details"]["variable"] == "NCCL_SOCKET_IFNAME", doc["findings"]
     folded = {f["check"] for f in doc["findings"] if f["caused_by"] is not None}
     assert "gpu" in folded, doc["findings"]  # the gpu preflight's reading of the same variable

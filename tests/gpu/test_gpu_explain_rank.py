@@ -97,4 +97,11 @@ def test_single_process_cuda_errors_are_not_ddp_problems(logs: Path, mode: str) 
                              stderr=subprocess.STDOUT, timeout=240, env=clean_env({"CUDA_VISIBLE_DEVICES": "0"}))
     text = log.read_text(errors="replace")
     assert run.returncode != 0 and ("device-side assert" in text or "out of memory" in text), text[-3000:]
-    assert explain(log) == (0, [])
+    # Named, worded for one process, exit 0 (issue 33: never silent where a known message is; the first
+    # H100 run of 2026-11-28 showed this test still expecting the old silence).
+    code, diags = explain(log)
+    assert code == 0 and len(diags) == 1, diags
+    [note] = diags
+    assert note["level"] == "note" and note["id"] == ("cuda-kernel-error" if mode == "assert" else "cuda-oom"), note
+    assert note["title"].endswith("(a single-process run: not a DDP problem)"), note
+    assert "cuda_single_process_error.py" in note["exception"]["frame"], note
