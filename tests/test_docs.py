@@ -175,6 +175,7 @@ def test_every_documented_command_line_parses_with_valid_values(doc: Path) -> No
 
 # Read by another program; the docs name it because the user sets or looks at it there.
 DOCUMENTED_EXTERNAL = {
+    "KEEP_LOGS": "scripts/gpu-tests.sh reads it (every log left loose, not packed); testing.md says so",
     "NCCL_GRAPH_FILE": "NCCL reads it (graph search override); explain.md names it as the cause of an error",
     "NCCL_TOPO_FILE": "NCCL reads it (topology override); explain.md names it as the cause of an error",
     "TMPDIR": "Python's tempfile reads it; testing.md says where the tests' temporary files go",
