@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,17 +47,29 @@ def test_eight_ranks_on_few_cores_blame_no_link_and_name_the_crowding() -> None:
     assert all("samples_gbps" in p for p in measured["details"]["pairs"])
 
 
+def _others_crowded(data: dict[str, Any]) -> bool:
+    """The report counted other processes' runnable threads on the job's cores (other test workers' jobs)."""
+    return any(int(entry.get("others") or 0) > 0 for f in data["findings"]
+               for entry in (f.get("details") or {}).get("crowded") or [])
+
+
 def test_a_throttled_rank_is_still_named_among_four(tmp_path: Path) -> None:
-    report = tmp_path / "report.json"
-    cmd = [*torchrun_cmd(), "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "--monitor-interval", "0.1",
-           str(REPO / "tests" / "faults" / "rank_fault.py"), "throttle", "3", "--",
-           "check", "--only", "bandwidth", "--timeout", "60", "--json", str(report)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=clean_env(), cwd=tmp_path)
-    assert report.exists(), proc.stderr[-3000:]
-    data = json.loads(report.read_text())
-    slow = [f for f in data["findings"] if f["check"] == "bandwidth" and f["status"] == "warn"
-            and " is slow" in f["summary"]]
+    """Up to three tries: a try whose report says other processes' threads also crowded the cores (another
+    test worker's ranks beside this job, which `check` rightly declines to blame a rank for) does not count
+    against the claim; a try on cores that only this job crowds must name rank 3."""
+    for attempt in range(3):
+        report = tmp_path / f"report{attempt}.json"
+        cmd = [*torchrun_cmd(), "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), "--monitor-interval", "0.1",
+               str(REPO / "tests" / "faults" / "rank_fault.py"), "throttle", "3", "--",
+               "check", "--only", "bandwidth", "--timeout", "60", "--json", str(report)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=clean_env(), cwd=tmp_path)
+        assert report.exists(), proc.stderr[-3000:]
+        data = json.loads(report.read_text())
+        slow = [f for f in data["findings"] if f["check"] == "bandwidth" and f["status"] == "warn"
+                and " is slow" in f["summary"]]
+        if [f["ranks"] for f in slow] == [[3]] or not _others_crowded(data):
+            break
     assert [f["ranks"] for f in slow] == [[3]], [f["summary"] for f in data["findings"]]
     assert slow[0]["summary"].startswith("rank 3 ")
     # Named after being measured again: its pairs carry more than one sample.
