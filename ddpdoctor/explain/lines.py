@@ -97,6 +97,11 @@ SUMMARY_TIME = re.compile(r"^\s*time\s*:\s*(\S+)")  # "  time      : 2026-11-22_
 # A Python exception's last line: "torch.OutOfMemoryError: CUDA out of memory. ...", "KeyError: 'RANK'".
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<exception>[A-Z]\w*(?:Error|Exception|Interrupt|Exit))"
                             r"(?:: (?P<message>.*))?$")
+# An exception's last line glued onto the line above it by the paste: the traceback's source line, a run of the
+# spaces that padded it to the terminal's or the page's width, then "AttributeError: 'NoneType' object has no
+# attribute 'dtype'" (a thread excerpt or a comment box that lost the line break and kept the padding). Four
+# spaces at least, after text, and a message: indentation and "x = f(y)  # ValueError" comments are not it.
+GLUED_EXCEPTION = re.compile(r"\S {4,}((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S.*)$")
 # glog "E1122 01:39:40.561000" (optionally after "[rank0]:[") and ISO-ish "2026-11-22 01:39:40,123"
 GLOG_TIME = re.compile(r"(?:^|[\[\s:])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
 ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")

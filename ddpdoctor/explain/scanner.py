@@ -32,6 +32,7 @@ from ddpdoctor.explain.knowledge import Signature, load_kb, prefilter_keyword
 from ddpdoctor.explain.lines import (
     DIST_CONTEXT,
     EXCEPTION_LINE,
+    GLUED_EXCEPTION,
     LINE_PREFIX_RANK,
     MIN_WRAP_CHARS,
     NCCL_RANK,
@@ -457,6 +458,12 @@ class Scanner:
                 return sig, last, used
         lookback = partial(self._lookback, block, start, tail)
         sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+        if sig is None and gate and (glued := GLUED_EXCEPTION.search(text)) is not None:
+            # The exception line a paste glued onto the source line above it, read as the line it was (on the
+            # same rank: a "[rank3]:" in front of the glued pair is the exception's too).
+            rank_prefix = LINE_PREFIX_RANK.match(text)
+            piece = (rank_prefix.group(0) + " " if rank_prefix else "") + text[glued.start(1):]
+            sig = self._match_line(piece, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
         if sig is None:
             self._floor = floor  # a line credited to nothing may still be the first piece of the next one's
         return sig, start, 0
@@ -723,6 +730,8 @@ class Scanner:
         prefix = LINE_PREFIX_RANK.match(text)
         body = text[prefix.end():].lstrip() if prefix else text
         m = EXCEPTION_LINE.match(strip_paste(body))
+        if m is None and (glued := GLUED_EXCEPTION.search(body)) is not None:  # glued onto its source line
+            m = EXCEPTION_LINE.match(glued.group(1))
         if m is None:
             return RankEvent(seq, when)
         frames = []

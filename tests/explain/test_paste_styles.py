@@ -246,6 +246,27 @@ def test_a_bare_exception_of_one_script_is_no_false_alarm() -> None:
 
 
 
+# --- an exception line glued onto the source line above it ------------------------------------------------------
+# A thread excerpt or a comment box that lost a line break but kept the padding to the page's width: the traceback's
+# last source line, a run of spaces, then the exception line (Python's traceback.format_exception_only).
+@pytest.mark.parametrize(("last", "want"), [
+    ("AttributeError: 'NoneType' object has no attribute 'dtype'", "python-exception"),
+    ("ValueError: Default process group has not been initialized, please make sure to call init_process_group.",
+     "default-pg-not-initialized"),
+])
+def test_an_exception_line_glued_onto_the_source_line_is_read_as_its_own_line(last: str, want: str) -> None:
+    def log(glue: str) -> str:
+        return (f'[rank1]: Traceback (most recent call last):\n[rank1]:   File "/home/u/train.py", line 31, in main\n'
+                f"[rank1]:     mask = build(shape, dtype=embeds.dtype){glue}{last}\n")
+    plain = explain_text(log("\n[rank1]: ")).failures
+    glued = explain_text(log(" " * 40)).failures
+    assert [(d.id, sorted(d.ranks)) for d in glued] == [(d.id, sorted(d.ranks)) for d in plain] == [(want, [1])]
+    assert glued[0].rank_events[1].frame == plain[0].rank_events[1].frame == "/home/u/train.py:31 in main"
+    # Two spaces before a comment's "# ValueError: ..." or a message quoting one is no glued line.
+    comment = "[rank1]:     x = f(y)  # ValueError: when y is empty\n[rank1]: step 3 loss 0.25\n"
+    assert explain_text(comment).failures == []
+
+
 # --- lines a paste flattened with a literal "\n" ----------------------------------------------------------------
 # torchrun's error file (torch/distributed/elastic/multiprocessing/errors/error_handler.py: {"message": {"message":
 # ..., "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": ...}}}) pasted as `cat error.json` shows it.
