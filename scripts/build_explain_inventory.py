@@ -34,7 +34,8 @@ a PyTorch 2.7.0a0 copy inside another repository, recorded as such in each entry
 What is read (``SCOPES``): torch's ``distributed/``, ``nn/parallel/``, ``multiprocessing/``, SyncBatchNorm's
 ``nn/modules/batchnorm.py`` and ``_functions.py`` (Python:
 ``raise``, ``warnings.warn``, logger ``error``/``warning``/``exception``/``critical`` calls, DDP's
-``_log_and_throw(Type, msg)``, ``torch._check*(cond, lambda: msg)``; torchrun and
+``_log_and_throw(Type, msg)``, ``torch._check*(cond, lambda: msg)``, FSDP's ``_p_assert(cond, msg)`` (the
+message positional or ``s=``, raised as ``AssertionError``: kind ``python-raise``); torchrun and
 elastic files form the source ``torch-elastic``); c10d's C++ in ``torch/csrc/distributed/`` (``TORCH_CHECK``,
 ``TORCH_CHECK_WITH``, ``C10_THROW_ERROR``, ``C10D_THROW_ERROR``, ``TORCH_WARN``, ``LOG(ERROR|WARNING)``,
 ``C10D_ERROR``/``C10D_WARNING`` and socket.cpp's ``recordError``, and messages built with ``c10::str`` /
@@ -205,6 +206,12 @@ def python_messages(text: str) -> Iterator[tuple[int, str, str, str, str]]:
             elif name == "_log_and_throw" and len(node.args) >= 2:
                 # DistributedDataParallel logs its construction errors, then raises them: _log_and_throw(Type, msg)
                 yield node.lineno, "python-raise", "error", _call_name(node.args[0]), _py_template(node.args[1])
+            elif name == "_p_assert" and recv in ("", "utils", "_utils"):
+                # FSDP's _p_assert(cond, s) (torch/distributed/utils.py): prints s, then the stack, then raises
+                # AssertionError(s); the message is the second positional argument or the keyword s=.
+                msg = node.args[1] if len(node.args) > 1 else next(
+                    (kw.value for kw in node.keywords if kw.arg == "s"), None)
+                yield node.lineno, "python-raise", "error", "AssertionError", _py_template(msg)
             elif name in TORCH_CHECKS and recv == "torch":
                 # torch._check(cond, lambda: msg): the message is the lambda's body; _check_with names the type
                 args = node.args[1:] if name == "_check_with" else node.args

@@ -1,4 +1,5 @@
-"""Message families found by issue 33's research note (old torch wheels' texts, libcudart's strings).
+"""Message families found by issue 33's research note (old torch wheels' texts, libcudart's strings), and the
+neighbours' texts read from their sources (FSDP's _p_assert messages, torchrun's restart line).
 
 Every text below is built from the format string of the release named next to it (the wheel's `.py` file or the
 string constant in its `libtorch*`/`libcudart`), not from a log: a positive per wording and release, and the
@@ -7,9 +8,12 @@ negatives the note lists.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ddpdoctor.explain import explain_text
+from tests.support import run_cli
 
 # --- 1. FSDP's grad_fn assertion -------------------------------------------------------------------------
 # torch/distributed/fsdp/_runtime_utils.py, _register_post_backward_hook:
@@ -254,3 +258,143 @@ def test_a_busy_gpu_in_one_process_is_a_note() -> None:
 ], ids=["no-driver-warning", "too-old-warning", "unknown-error-warning"])
 def test_cuda_initialization_warnings_are_no_false_alarm(text: str) -> None:
     assert explain_text(text).failures == []
+
+
+# --- 5. FSDP's _p_assert messages, from the inventory -------------------------------------------------------
+# torch 2.13.0 (cf30153c) torch/distributed/fsdp/_runtime_utils.py:1059-1069, _check_grad_to_accumulate:
+#   _p_assert(accumulated_grad.shape == new_sharded_grad.shape,
+#             "Shape mismatch when accumulating gradients: "
+#             f"existing gradient shape={accumulated_grad.shape} "
+#             f"new gradient shape={new_sharded_grad.shape}")
+# reached from _post_backward_hook (766) -> _reduce_grad (885) -> _accumulate_sharded_grad (923); _p_assert
+# (torch/distributed/utils.py:158-164) prints the message, then the stack (traceback.print_stack), then raises
+# AssertionError(message). scripts/build_explain_inventory.py reads these calls into torch-python.jsonl.
+SITE = "/opt/conda/lib/python3.11/site-packages/torch"
+SHAPES = ("Shape mismatch when accumulating gradients: existing gradient shape=torch.Size([1049088]) "
+          "new gradient shape=torch.Size([524544])")
+_BACKWARD_FRAMES = [
+    '  File "/workspace/train.py", line 64, in <module>', "    loss.backward()",
+    f'  File "{SITE}/_tensor.py", line 623, in backward', "    torch.autograd.backward(",
+    f'  File "{SITE}/autograd/__init__.py", line 395, in backward', "    _engine_run_backward(",
+    f'  File "{SITE}/autograd/graph.py", line 979, in _engine_run_backward',
+    "    return Variable._execution_engine.run_backward(  # Calls into the C++ engine to run the backward pass",
+    f'  File "{SITE}/utils/_contextlib.py", line 124, in decorate_context', "    return func(*args, **kwargs)",
+    f'  File "{SITE}/distributed/fsdp/_runtime_utils.py", line 766, in _post_backward_hook',
+    "    _reduce_grad(state, handle)",
+    f'  File "{SITE}/distributed/fsdp/_runtime_utils.py", line 885, in _reduce_grad',
+    "    grad_to_offload = _accumulate_sharded_grad(state, handle, new_sharded_grad)",
+    f'  File "{SITE}/distributed/fsdp/_runtime_utils.py", line 923, in _accumulate_sharded_grad',
+    "    _check_grad_to_accumulate(sharded_grad, flat_param._saved_grad_shard)",
+    f'  File "{SITE}/distributed/fsdp/_runtime_utils.py", line 1063, in _check_grad_to_accumulate',
+    "    _p_assert(",
+]
+
+
+def _p_assert_tail(rank: int, msg: str = SHAPES) -> str:
+    """What _p_assert leaves on a torchrun rank's output: the message, the stack, the traceback."""
+    lines = [msg, *_BACKWARD_FRAMES, f'  File "{SITE}/distributed/utils.py", line 162, in _p_assert',
+             "    traceback.print_stack()", "Traceback (most recent call last):", *_BACKWARD_FRAMES,
+             f'  File "{SITE}/distributed/utils.py", line 164, in _p_assert', "    raise AssertionError(s)",
+             f"AssertionError: {msg}"]
+    return "".join(f"[rank{rank}]: {ln}\n" for ln in lines)
+
+
+# torch 2.13.0 multiprocessing/api.py:1003 (the agent's first failure) and errors/__init__.py's summary.
+def _failed(pid: int) -> str:
+    return ("E1126 10:00:05.000000 4565 torch/distributed/elastic/multiprocessing/api.py:1003] failed (exitcode: 1) "
+            f"local_rank: 1 (pid: {pid}) of binary: /usr/bin/python3\n")
+
+
+def test_an_fsdp_p_assert_is_an_fsdp_usage_error_citing_its_source() -> None:
+    result = explain_text(_p_assert_tail(1) + _failed(4567))
+    first = result.problems[0]
+    assert [d.id for d in result.problems] == ["fsdp-usage-error"]
+    assert first.ranks == {1} and first.evidence[0].text == f"[rank1]: AssertionError: {SHAPES}"
+    assert first.details["template_source"] == ["pytorch 2.13.0+cpu torch/distributed/fsdp/_runtime_utils.py:1063"]
+    assert not any("inference_mode" in n for n in first.notes)  # the grad_fn note is that assertion's alone
+    assert {d.id: d.caused_by for d in result.diagnoses}["worker-failed"] == "fsdp-usage-error"
+
+
+@pytest.mark.parametrize(("msg", "where"), [
+    ("Expects the `FlatParameter` to be on CPU when parameter CPU offloading is enabled, not cuda:0",
+     "fsdp/_flat_param.py:1250"),
+    ("The post-backward callback should only be called on the root FSDP instance", "fsdp/_runtime_utils.py:1093"),
+    ("Freeing a tensor's storage is unsafe when it is not the sole occupant", "utils.py:199"),
+], ids=["f-string-flat-param", "runtime-utils", "storage-helper-in-distributed-utils"])
+def test_other_p_assert_messages_name_their_file(msg: str, where: str) -> None:
+    (d,) = explain_text(f"[rank0]: AssertionError: {msg}\n").diagnoses
+    assert d.id == "fsdp-usage-error"
+    assert d.details["template_source"] == [f"pytorch 2.13.0+cpu torch/distributed/{where}"]
+
+
+def test_the_fsdp_report_and_exit_code(tmp_path: Path) -> None:
+    log = tmp_path / "rank1.log"
+    log.write_text(_p_assert_tail(1) + _failed(4567))
+    proc = run_cli(["explain", str(log)])
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout
+    assert "1 known problem found" in out and out.index("[fsdp-usage-error]") < out.index("[worker-failed]")
+    line = _p_assert_tail(1).count("\n")  # the AssertionError line, the tail's last
+    assert f"rank1.log:{line}: [rank1]: AssertionError: {SHAPES}" in out
+
+
+# --- 6. torchrun restarting its worker group: a note, never the root cause ------------------------------------
+# torch 2.13.0 (cf30153c) torch/distributed/elastic/agent/server/api.py:941-949 SimpleElasticAgent._invoke_run:
+#   logger.info("[%s] Worker group %s. " "%s/%s attempts left;" " will restart worker group",
+#               role, state.name, self._remaining_restarts, spec.max_restarts)
+# then _restart_workers: "[%s] Stopping worker group" (733), "[%s] Rendezvous'ing worker group" (707),
+# "[%s] Starting worker group" (715).
+AGENT = "I1126 10:00:0{} 4565 torch/distributed/elastic/agent/server/api.py:{}] [default] {}\n"
+RESTART = (AGENT.format("5.100000", 941, "Worker group FAILED. 1/1 attempts left; will restart worker group")
+           + AGENT.format("5.200000", 733, "Stopping worker group")
+           + AGENT.format("6.000000", 707, "Rendezvous'ing worker group")
+           + AGENT.format("6.500000", 715, "Starting worker group"))
+
+
+def test_a_restart_before_the_failure_is_a_note_not_the_root_cause() -> None:
+    result = explain_text(_p_assert_tail(1) + _failed(4567) + RESTART + _p_assert_tail(1) + _failed(4603))
+    assert [d.id for d in result.problems] == ["fsdp-usage-error"]
+    (note,) = result.notes
+    assert note.id == "elastic-restart" and note.level == "note" and note.caused_by is None
+    assert {k: note.details[k] for k in ("state", "attempts_left", "max_restarts")} == {
+        "state": ["FAILED"], "attempts_left": ["1"], "max_restarts": ["1"]}
+    assert note.evidence[0].text.endswith("[default] Worker group FAILED. 1/1 attempts left; will restart worker group")
+
+
+def test_the_restart_report_and_exit_codes(tmp_path: Path) -> None:
+    failed = tmp_path / "torchrun.log"
+    failed.write_text(_p_assert_tail(1) + _failed(4567) + RESTART + _p_assert_tail(1) + _failed(4603))
+    proc = run_cli(["explain", str(failed)])
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout
+    assert out.index("1. ") < out.index("[fsdp-usage-error]") < out.index("Notes (hints, not failures):") \
+        < out.index("n1. ") < out.index("[elastic-restart]")
+    # A job that finished after its restart: the note alone, exit 0.
+    healed = tmp_path / "healed.log"
+    healed.write_text(RESTART + "[rank1]: epoch 3 step 100 loss 1.93\n")
+    proc = run_cli(["explain", str(healed)])
+    assert proc.returncode == 0, proc.stderr
+    assert "no failure found" in proc.stdout and "[elastic-restart]" in proc.stdout
+    assert "healed.log:1: " in proc.stdout and "Worker group FAILED. 1/1 attempts left" in proc.stdout
+
+
+@pytest.mark.parametrize("line", [
+    "INFO:torch.distributed.elastic.agent.server.api:[default] Worker group FAILED. 3/3 attempts left; will restart "
+    "worker group\n",  # the logging.basicConfig line format (torch 1.x scripts)
+    "[2024-05-02 10:01:09,001] torch.distributed.elastic.agent.server.api: [INFO] [default] Worker group UNHEALTHY. "
+    "2/3 attempts left; will restart worker group\n",  # torch 2.1-2.3's format
+    AGENT.format("5.100000", 941, "Worker group FAILED. 3/3 attempts left; will restart worker group"),
+], ids=["1.x", "2.1-unhealthy", "2.13"])
+def test_each_logging_format_of_the_restart_line_is_the_note(line: str) -> None:
+    (d,) = explain_text(line).diagnoses
+    assert (d.id, d.level) == ("elastic-restart", "note") and explain_text(line).failures == []
+
+
+@pytest.mark.parametrize("line", [
+    AGENT.format("6.500000", 715, "Starting worker group"),
+    AGENT.format("5.200000", 733, "Stopping worker group"),
+    "I1126 10:00:05.100000 4565 torch/distributed/elastic/agent/server/api.py:962] [default] Detected 1 new nodes "
+    "from group_rank=0; will restart worker group\n",
+], ids=["starting", "stopping", "membership-change"])
+def test_the_agents_other_restart_lines_stay_quiet(line: str) -> None:
+    assert explain_text(line).diagnoses == []
