@@ -398,3 +398,32 @@ def test_each_logging_format_of_the_restart_line_is_the_note(line: str) -> None:
 ], ids=["starting", "stopping", "membership-change"])
 def test_the_agents_other_restart_lines_stay_quiet(line: str) -> None:
     assert explain_text(line).diagnoses == []
+
+
+# --- Python's faulthandler: "Fatal Python error: <signal>" -------------------------------------------------------
+# CPython Modules/faulthandler.c: faulthandler_fatal_error writes "Fatal Python error: " and the handler's name
+# (faulthandler_handlers: "Bus error", "Illegal instruction", "Floating point exception" ("Floating-point exception"
+# from 3.13), "Aborted", "Segmentation fault"), then "Current thread 0x... (most recent call first):" and the
+# frames. Printed by a process started with -X faulthandler or PYTHONFAULTHANDLER=1, and by Ray's workers.
+FAULTHANDLER = (
+    "Fatal Python error: {name}\n\n"
+    "Current thread 0x00007f3a9c1ff740 (most recent call first):\n"
+    '  File "/home/u/train.py", line 88 in train_step\n'
+    '  File "/home/u/train.py", line 120 in main\n')
+
+
+@pytest.mark.parametrize("name", ["Segmentation fault", "Bus error", "Aborted", "Floating-point exception",
+                                  "Floating point exception", "Illegal instruction"])
+def test_faulthandlers_fatal_error_is_a_rank_killed_by_a_signal(name: str) -> None:
+    text = "".join(f"[rank2]: {line}\n" for line in FAULTHANDLER.format(name=name).splitlines())
+    [first, *_] = explain_text(text).failures
+    assert first.id == "worker-killed-by-signal" and sorted(first.ranks) == [2]
+    assert first.evidence[0].text.endswith(f"Fatal Python error: {name}")
+
+
+def test_faulthandlers_fatal_error_in_one_process_is_a_note() -> None:
+    """The same lines from a plain script (no rank, launcher or process group in the log): a crash of that one
+    process, named as a note (exit 0), not a DDP failure."""
+    proc = run_cli(["explain", "-"], input_text=FAULTHANDLER.format(name="Segmentation fault"))
+    assert proc.returncode == 0, proc.stdout
+    assert "A fatal signal ended this process (a single-process run: not a DDP problem)" in proc.stdout
