@@ -69,6 +69,7 @@ PROCESS_GROUP_FAILURES: tuple[Match, ...] = (
 )
 
 _NCCL = frozenset({"nccl"})
+_GLOO = frozenset({"gloo"})
 
 # A GPU measurement (pcie_bandwidth, memory_bandwidth) that came out low while other ranks of this job or
 # other processes used the GPU: a consequence of the sharing, warned about (checks/pcie_bandwidth.py).
@@ -76,7 +77,6 @@ _SHARED_BY_RANKS = tuple(Match(check, frozenset({WARN}), frozenset({"shared_gpu"
                          for check in ("pcie_bandwidth", "memory_bandwidth"))
 _SHARED_BY_OTHERS = tuple(Match(check, frozenset({WARN}), frozenset({"other_processes"}))
                           for check in ("pcie_bandwidth", "memory_bandwidth"))
-_GLOO = frozenset({"gloo"})
 
 RULES: tuple[Rule, ...] = (
     # The same fact said twice: the gpu check's preflight also reads NCCL_SOCKET_IFNAME.

@@ -11,8 +11,8 @@ The expectation is the datasheet figure for the GPU's name (:data:`ddpdoctor.ben
 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB 2.04 TB/s, ...); a copy kernel reaches a large fraction of it, not
 all. Below ``--min-busbw-pct`` (50) of it FAILs, below ``--warn-busbw-pct`` (80) WARNs, naming other
 processes on the GPU and clock throttling reasons (NVML). A low figure while other processes or other ranks
-of the job used the GPU only WARNs, folded under the finding that names them (the GPU may be fine). A GPU not in the table: the figure with "no model".
-About 0.1 s per rank. Without a GPU on the rank: ``skip``.
+of the job used the GPU only WARNs, folded under the finding that names them (the GPU may be fine). A GPU not
+in the table: the figure with "no model". About 0.1 s per rank. Without a GPU on the rank: ``skip``.
 """
 
 from __future__ import annotations
