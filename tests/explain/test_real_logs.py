@@ -104,8 +104,9 @@ class CorpusScore:
         for name in SETS:
             lines += self.part(name, False).figures() + self.part(name, True).figures()
         lines += self.tuning.figures() + self.held.figures()
-        for name in SETS:
-            lines += self.part(name, False).details()
+        tuning_details = [line for name in SETS for line in self.part(name, False).details()]
+        if tuning_details:  # headed: right under the held-out figures they read as held-out names
+            lines += ["the tuning halves' misses and false alarms (logs fixes may be made on):", *tuning_details]
         held = [self.part(name, True) for name in SETS]
         if SHOW_HELD_OUT:
             for score in held:
