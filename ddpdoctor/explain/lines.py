@@ -63,20 +63,23 @@ ANSI_SGR = re.compile(r"\x1b?\[\d{1,3}(?:;\d{1,3}){0,4}m|\x1b\[[\d;]{0,16}[A-HJK
 # horovodrun); and what the frameworks log only when the job is distributed: Lightning's `Initializing
 # distributed: GLOBAL_RANK: 0, MEMBER: 1/2` (fabric/utilities/distributed.py), accelerate's `Distributed
 # environment: MULTI_GPU` (state.py; `NO` for one process), the HF example scripts' `distributed training:
-# True`, and the rendezvous variables MASTER_ADDR / MASTER_PORT.
+# True`, and the rendezvous variables MASTER_ADDR / MASTER_PORT. And a traceback through DDP's own module
+# (torch/nn/parallel/distributed.py: DistributedDataParallel.forward, _pre_forward; a rank that pastes only its
+# own traceback shows it) or Lightning's DDP strategy (lightning/pytorch/strategies/ddp.py, ddp_spawn.py).
 DIST_CONTEXT = re.compile(
     rb"torch[./\\]distributed|torchrun|\[rank\d|\[RANK \d|ProcessGroup|NCCL|[Rr]ank \d|local_rank|LOCAL_RANK"
     rb"|DistributedDataParallel|init_process_group|torch[./\\]multiprocessing[./\\]spawn|WORLD_SIZE|deepspeed"
     rb"|accelerate[./\\]commands[./\\]launch|accelerate launch|requested gpu: \[\d, \d|requested GPUs: \[\d, \d"
     rb"|\[default\d\]:|\[default\d\d\]:|\]<stdout>:|\]<stderr>:|GLOBAL_RANK: \d|distributed training: True"
     rb"|Distributed environment: MULTI_|Distributed environment: DistributedType.MULTI_|Distributed environment: DEEPSPEED"
-    rb"|Distributed environment: FSDP|MASTER_ADDR|MASTER_PORT")
+    rb"|Distributed environment: FSDP|MASTER_ADDR|MASTER_PORT"
+    rb"|torch[./\\]nn[./\\]parallel[./\\]distributed\.py|strategies[./\\]ddp")
 # Literals every DIST_CONTEXT match contains. DIST_CONTEXT has no literal start, so `re` tries every
 # alternative at every position: 22-38 MB/s over a log with no sign (a plain single-GPU run pays it on every
 # block), against GB/s for `bytes.find` of a literal; the regex only confirms around each literal found.
 DIST_LITERALS = (b"NCCL", b"rank", b"Rank", b"RANK", b"torch", b"ProcessGroup", b"DistributedDataParallel",
                  b"init_process_group", b"WORLD_SIZE", b"deepspeed", b"accelerate", b"requested", b"[default",
-                 b"]<std", b"distributed training: True", b"Distributed environment: ", b"MASTER_")
+                 b"]<std", b"distributed training: True", b"Distributed environment: ", b"MASTER_", b"strategies")
 DIST_WINDOW = 32  # bytes either side of a literal: more than the longest DIST_CONTEXT alternative
 DIST_MAX_CANDIDATES = 256  # literals found but not confirmed (torch/nn/... frames): then one regex pass
 # mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.

@@ -190,3 +190,32 @@ def test_what_only_a_distributed_job_prints_makes_its_errors_ddp_problems(text: 
         assert got[0]["title"].startswith("The process asked for a GPU that does not exist")
     else:
         assert (proc.returncode, [(d["id"], d["level"]) for d in got]) == (0, [("cuda-oom", "note")]), got
+
+
+# A rank that pastes only its own traceback: no rank prefix, no launcher line, but the frames go through DDP's own
+# module (torch 2.x torch/nn/parallel/distributed.py: DistributedDataParallel.forward -> _run_ddp_forward), which
+# only a DDP job runs. The same traceback through DataParallel (one process, several GPUs) is no DDP job.
+DDP_FORWARD_TRACEBACK = """\
+Traceback (most recent call last):
+  File "/home/u/train.py", line 88, in <module>
+    loss = model(batch).loss
+  File "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1518, in _wrapped_call_impl
+    return self._call_impl(*args, **kwargs)
+  File "/opt/conda/lib/python3.10/site-packages/torch/nn/parallel/distributed.py", line 1519, in forward
+    else self._run_ddp_forward(*inputs, **kwargs)
+  File "/opt/conda/lib/python3.10/site-packages/torch/nn/parallel/distributed.py", line 1355, in _run_ddp_forward
+    return self.module(*inputs, **kwargs)  # type: ignore[index]
+  File "/home/u/model.py", line 40, in forward
+    mask = self.mask[:, :, :T, :T]
+AttributeError: 'GPT' object has no attribute 'mask'
+"""
+
+
+def test_a_traceback_through_ddps_forward_is_a_ranks_failure() -> None:
+    proc = run_cli(["explain", "--json", "-"], input_text=DDP_FORWARD_TRACEBACK)
+    assert proc.returncode == 1, proc.stdout
+    [first] = json.loads(proc.stdout)["diagnoses"]
+    assert first["id"] == "python-exception" and first["exception"]["frame"] == "/home/u/model.py:40 in forward"
+    one_process = DDP_FORWARD_TRACEBACK.replace("parallel/distributed.py", "parallel/data_parallel.py")
+    proc = run_cli(["explain", "--json", "-"], input_text=one_process)
+    assert (proc.returncode, json.loads(proc.stdout)["diagnoses"]) == (0, [])
