@@ -4,7 +4,13 @@ be a second fixture, made a second time)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -113,8 +119,12 @@ LONGEST_FIRST = (
 RUN_LAST = ("tests/check/test_noise.py",)
 
 
+def _module(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
+
+
 def _run_order(item: pytest.Item) -> int:
-    path = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
+    path = _module(item)
     if path in RUN_LAST:
         return len(LONGEST_FIRST) + 1 + RUN_LAST.index(path)
     return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
@@ -131,6 +141,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (none on this machine)"))
         if "requires_netns" in item.keywords and not have_netns():
             item.add_marker(pytest.mark.skip(reason="needs root and iproute2 (ip, tc) for network namespaces"))
+
+
+# Handed out last is not alone: at three workers on CI's two cores, the other workers' last modules still ran
+# beside the noise tests, and an 8-rank job on 2 cores read one rank as slow on all its links (a fresh clone,
+# 2026-11-28). So each test of the other modules holds a shared lock on one file of this run for its whole
+# protocol (setup, call, teardown), and a RUN_LAST test an exclusive one: it starts when no other test runs,
+# and none starts while it runs. Every wait has a deadline, after which the test runs anyway (and says so).
+MACHINE_LOCK_DEADLINE_S = 900.0
+
+
+@contextlib.contextmanager
+def _machine_share(exclusive: bool) -> Iterator[None]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:  # one process: nothing runs beside it
+        yield
+        return
+    fd = os.open(os.path.join(tempfile.gettempdir(), f"ddpdoctor-tests-{run}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        deadline = time.monotonic() + MACHINE_LOCK_DEADLINE_S
+        mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+        while True:
+            try:
+                fcntl.flock(fd, mode)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    print(f"tests/conftest.py: no {'exclusive' if exclusive else 'shared'} turn in "
+                          f"{MACHINE_LOCK_DEADLINE_S:.0f} s: running anyway", file=sys.stderr)
+                    break
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    with _machine_share(exclusive=_module(item) in RUN_LAST):
+        yield
 
 
 @pytest.fixture(autouse=True)
