@@ -48,8 +48,19 @@ def pytest_configure(config: pytest.Config) -> None:
     root = Path(__file__).resolve().parent.parent
     for folder in ("ddpdoctor", "tests"):
         compileall.compile_dir(root / folder, quiet=1)
-    if not hasattr(config, "workerinput"):  # once, in the process that runs or hands out the tests
+    if not hasattr(config, "workerinput") and _may_need_debian_packages(config):  # once, in the main process
         prefetch_in_background()
+
+
+def _may_need_debian_packages(config: pytest.Config) -> bool:
+    """Whether the tests asked for can need an apt install (Open MPI, Slurm, faketime, nftables): not the GPU suite.
+
+    Its machine has no network, and the prefetch thread (not a daemon, bounded by apt's deadlines) held pytest's
+    exit there: on the first H200 run a step whose 5 tests took 6 s ran into its 100 s limit.
+    """
+    gpu = Path(__file__).resolve().parent / "gpu"
+    paths = [Path(str(arg).split("::")[0]).resolve() for arg in config.args]
+    return not paths or any(not path.is_relative_to(gpu) for path in paths)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
