@@ -244,7 +244,6 @@ def stacks_by_py_spy(states: list[Any]) -> None:
             state.cur = None  # its stack, read now, is where it is: the call it last reported has returned
 
 
-
 # -- self-launch -----------------------------------------------------------------------------------
 
 def _rank_env(rank: int, nproc: int, job_port: int, channel: str) -> dict[str, str]:
