@@ -191,7 +191,11 @@ pack_logs() {
     local name status keep=() entry base
     for name in ${STEPS[@]+"${STEPS[@]}"}; do
         status=$(cat "$OUT/status/$name" 2>/dev/null || echo missing)
-        [[ $status == pass || $status == skipped* ]] || keep+=("$name.log")
+        [[ $status == pass || $status == skipped* ]] && continue
+        keep+=("$name.log")
+        # What its tests left (watch's evidence folders, the ranks' logs), files under 1 MB: into the archive.
+        [[ -d $TMP_ROOT/$name ]] && (cd "$TMP_ROOT" && find "$name" -type f -size -1024k -print0 |
+            tar czf "$OUT/tmp-$name.tar.gz" --null -T - 2>/dev/null) || true
     done
     keep=("${keep[@]:0:5}" summary.txt steps.txt logs.tar.gz)
     tar czf "$TMP_ROOT/logs.tar.gz" -C "$OUT" . 2>/dev/null && mv "$TMP_ROOT/logs.tar.gz" "$OUT/logs.tar.gz" || return 0

@@ -328,6 +328,9 @@ class Watchdog(threading.Thread):
             on_lost, self.on_lost = self.on_lost, None
             silent = time.monotonic() - self.sup_heard
             on_lost(time.time() - silent, silent, dict(self.sup_hosts))
+        # The thread's last poll may predate the script's own end (a final torch.cuda.synchronize()): the
+        # calls that completed since must not reach the report as still in flight (an H200 run read 85).
+        self.recorder.completions.poll()
         self.flush(force=True)
         self.client.send({"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at,
                           "sent": time.time(), "pitfalls": self.findings()})

@@ -39,10 +39,19 @@ def _watch(tmp_path: Path, target: str, *args: str, hang_timeout: float = HANG_T
     return res, json.loads(report.read_text())
 
 
+def _why(res: Any, tmp_path: Path) -> str:
+    """What a failed assertion shows: watch's own words, then the rank's output from the evidence folder (the
+    second H200 run read one job as a crash, and its assertion had kept neither)."""
+    parts = [f"watch's stderr (tail):\n{res.stderr[-3000:]}"]
+    for path in sorted((tmp_path / "evidence").glob("output_rank_*.txt")):
+        parts.append(f"{path.name} (tail):\n{path.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
+
+
 def test_a_kernel_that_never_ends_is_a_hang_waiting_for_the_gpu_with_the_all_reduce_pending(tmp_path: Path) -> None:
     res, doc = _watch(tmp_path, "nccl_kernel_hang.py")
-    assert res.returncode == 1, res.stderr[-3000:]
-    assert doc["status"] == "hang" and doc["stall"] is False
+    assert res.returncode == 1, _why(res, tmp_path)
+    assert doc["status"] == "hang" and doc["stall"] is False, _why(res, tmp_path)
     assert doc["stalled_s"] < HANG_TIMEOUT + 10
     (rank,) = doc["ranks"]
     wait = rank["wait"]
@@ -56,8 +65,8 @@ def test_a_kernel_that_never_ends_is_a_hang_waiting_for_the_gpu_with_the_all_red
 
 def test_a_deadlocked_dataloader_worker_on_a_gpu_job_is_named_with_its_stack(tmp_path: Path) -> None:
     res, doc = _watch(tmp_path, "nccl_dataloader_deadlock.py")
-    assert res.returncode == 1, res.stderr[-3000:]
-    assert doc["status"] == "hang" and doc["stalled_s"] < HANG_TIMEOUT + 10
+    assert res.returncode == 1, _why(res, tmp_path)
+    assert doc["status"] == "hang" and doc["stalled_s"] < HANG_TIMEOUT + 10, _why(res, tmp_path)
     wait = doc["ranks"][0]["wait"]
     assert wait["kind"] == "dataloader", wait
     assert wait["worker"]["stack"][-1].startswith(_line("nccl_dataloader_deadlock.py", "_LOCK.acquire()  # DEADLOCK"))
@@ -68,7 +77,7 @@ def test_a_healthy_nccl_ddp_job_is_not_a_hang(tmp_path: Path) -> None:
     ever inside a collective: completions, tracked with CUDA events, are the progress (20000 small steps:
     about as long as the hang timeout, or longer)."""
     res, doc = _watch(tmp_path, str(TARGETS / "nccl_ddp_train.py"), "--steps", "20000")
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert doc["status"] == "ok" and doc["evidence"] is None
+    assert res.returncode == 0, _why(res, tmp_path)
+    assert doc["status"] == "ok" and doc["evidence"] is None, _why(res, tmp_path)
     assert "HANG" not in res.stderr and "STALL" not in res.stderr
     assert doc["ranks"][0]["inflight"] == 0  # every tracked completion arrived

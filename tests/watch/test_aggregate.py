@@ -304,3 +304,37 @@ def test_a_rank_that_never_issued_what_the_others_issued_is_behind_only_once_it_
     agg.feed(1, {"t": "beat", "progress": 11, "done": 5, "cur": rec("backward", None, "skip.py:30"), "last": None,
                  "seqs": {"WORLD": 5}}, 6.6)
     assert agg.result(HANG)["divergence"]["behind"] == []
+
+
+def test_the_exit_message_counts_collectives_that_completed_after_the_watchdogs_last_poll() -> None:
+    """A healthy NCCL job ends with ``torch.cuda.synchronize()``: its last all_reduces complete after the
+    watchdog thread's last poll. The report must not show them as still in flight (an H200 run read 85)."""
+    import time
+
+    from ddpdoctor.watch.channel import Server
+    from ddpdoctor.watch.progress import InFlight
+    from ddpdoctor.watch.recorder import Record, Recorder
+    from ddpdoctor.watch.watchdog import Watchdog
+
+    server = Server("127.0.0.1", 0)
+    recorder = Recorder(0, 1)
+    dog = Watchdog(recorder, None, f"127.0.0.1:{server.port}", exit_on_lost=False)
+
+    class Event:  # a CUDA event whose work ends only once the script has ended (its last synchronize)
+        def query(self) -> bool:
+            return dog.stopping.is_set()
+
+    try:
+        dog.start()
+        assert dog.connected.wait(10)
+        rec = Record("all_reduce", "WORLD", None, 1, "all_reduce float32[4]", "float32[4]", "train.py:40")
+        recorder.completions._track(InFlight(rec, Event(), "gpu"))
+        dog.finish(0, crashed=False, error="")
+        messages: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 10
+        while not any(m.get("t") == "exit" for m in messages) and time.monotonic() < deadline:
+            messages += [m for _key, m in server.poll(0.1) if m is not None]
+    finally:
+        server.close()
+    beats = [m for m in messages if m.get("t") == "beat"]
+    assert beats and beats[-1]["inflight_n"] == 0 and beats[-1]["done"] == 1, beats[-1:]
