@@ -693,6 +693,22 @@ def suspects(pairs: Sequence[PairResult]) -> list[tuple[int, int]]:
     return sorted(picked)
 
 
+def undecided(pairs: Sequence[PairResult]) -> list[tuple[int, int]]:
+    """The suspects (:func:`suspects`) that the run's own noise keeps from being blamed: a first look would
+    blame them, but the margin that noise sets (:func:`run_spread`, above 1 / SLOW_FRACTION) does not.
+
+    Worth measuring again: the spread is a best/second-best ratio, and each repeat brings a link's second
+    best closer to its best. On two cores shared by four ranks one lucky sample of a healthy link (1.5 GB/s
+    beside 0.3) set a 5x margin and hid a rank throttled to a fifth of the CPU, in one run of six."""
+    analysis = analyse_pairs(pairs)
+    if analysis.margin <= 1 / SLOW_FRACTION:
+        return []
+    blamed = {(p.a, p.b) for p in analysis.slow_links}
+    blamed |= {(p.a, p.b) for p in pairs if {p.host_a, p.host_b} & set(analysis.slow_hosts)
+               or {p.a, p.b} & set(analysis.slow_ranks)}
+    return [pair for pair in suspects(pairs) if pair not in blamed]
+
+
 # -- verdict -----------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from ddpdoctor.bench.analysis import (
     pair_schedule,
     row_count,
     suspects,
+    undecided,
 )
 
 
@@ -107,6 +108,8 @@ def probe_combinations(combos: list[tuple[str, str, str]], device: Any, root: in
 REPEATS = 2
 # At most this many distinct rounds are measured again (a bounded cost whatever the first look found).
 MAX_REPEATED_ROUNDS = 4
+# While the run's own noise keeps a suspect from being judged, its rounds run again, at most this many times.
+MAX_EXTRA_REPEATS = 3
 
 
 def measure_pairs(hosts: Mapping[int, str], size: int, dtype: str, iters: int, warmup: int,
@@ -149,6 +152,15 @@ def measure_pairs(hosts: Mapping[int, str], size: int, dtype: str, iters: int, w
     again = [r for r in plan if wanted & set(r)][:MAX_REPEATED_ROUNDS]
     for _ in range(repeats if again else 0):
         for key, t in _run_rounds(again, rank, send, recv, iters, warmup, device).items():
+            samples[key].append(t)
+    # Still undecided (the run's noise hides what a first look blamed): more samples settle it either way,
+    # a bounded number of times. Every rank has the same numbers, so every rank decides alike.
+    for _ in range(MAX_EXTRA_REPEATS if again else 0):
+        unsettled = set(undecided(results()))
+        if not unsettled:
+            break
+        for key, t in _run_rounds([r for r in again if unsettled & set(r)], rank, send, recv, iters, warmup,
+                                  device).items():
             samples[key].append(t)
     return results()
 

@@ -11,6 +11,7 @@ from ddpdoctor.bench.analysis import (
     plan_round_count,
     stride_rounds,
     suspects,
+    undecided,
 )
 
 
@@ -58,3 +59,19 @@ def test_suspects_are_what_a_single_look_would_blame() -> None:
     first = [_pair(0, 1, 1.0), _pair(2, 3, 0.2), _pair(0, 2, 1.0), _pair(1, 3, 0.2)]
     assert suspects(first) == [(1, 3), (2, 3)]
     assert suspects([_pair(0, 1, 1.0), _pair(2, 3, 0.9), _pair(0, 2, 1.0), _pair(1, 3, 0.95)]) == []
+
+
+def test_a_suspect_hidden_by_one_lucky_sample_of_a_healthy_link_is_undecided_until_measured_again() -> None:
+    """Four ranks on two cores, rank 3 throttled to a fifth of the CPU (a real failing run's shape): one
+    healthy link's lucky 1.5 GB/s beside 0.3 sets a 5x margin, and rank 3 (0.33 at best) is not named.
+    Those pairs are undecided; two more samples of that link settle the margin, and rank 3 is named."""
+    lucky = [_pair(0, 1, 1.5, 0.3, 0.28), _pair(0, 2, 1.4, 1.1, 0.9),
+             _pair(1, 3, 0.30, 0.29, 0.31), _pair(2, 3, 0.33, 0.16, 0.15)]
+    assert analyse_pairs(lucky).slow_ranks == []
+    assert undecided(lucky) == [(1, 3), (2, 3)]
+    settled = [_pair(0, 1, 1.5, 0.3, 0.28, 1.3, 0.9), *lucky[1:]]
+    assert analyse_pairs(settled).slow_ranks == [3] and undecided(settled) == []
+    # A quiet run (margin 2) is never undecided: its verdict stands as the first look gave it.
+    quiet = [_pair(0, 1, 1.0, 0.98), _pair(0, 2, 1.0, 0.99), _pair(1, 3, 0.2, 0.19),
+             _pair(2, 3, 0.2, 0.2)]
+    assert analyse_pairs(quiet).slow_ranks == [3] and undecided(quiet) == []
