@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ddpdoctor.explain import explain_text
 from tests.support import run_cli
 
@@ -221,3 +223,33 @@ def test_a_cut_init_traceback_on_windows_asking_for_nccl_is_probably_no_nccl() -
     # The same frames on Linux stay the step's guess, not this cause.
     linux = text.replace("C:\\Users\\me", "/home/me").replace("\\", "/")
     assert [d.id for d in explain_text(linux).diagnoses] == ["traceback-cut"]
+
+
+# --- frameworks that only run as a multi-process job ----------------------------------------------------------
+
+# A frame of Megatron-LM (megatron/core/...) above an exception: Megatron runs as a torchrun/Slurm job even on
+# one GPU, so its frames are a sign of a distributed job as torch.distributed's are. A Pai-Megatron-Patch user's
+# paste (pp2_inputs_embeds_none_attribute_error_glued_mistral_pai_megatron.log, a tuning-half log of issue 33's
+# second set) was one such frame and its AttributeError, and was met with silence.
+MEGATRON_FRAME = (
+    'Traceback (most recent call last):\n'
+    '  File "/workspace/Megatron-LM/megatron/core/pipeline_parallel/schedules.py", line 381, in forward_step\n'
+    '    output_tensor, loss_func = forward_step_func(data_iterator, model)\n'
+    "AttributeError: 'NoneType' object has no attribute 'dtype'\n")
+
+
+@pytest.mark.parametrize("frame", ["/workspace/Megatron-LM/megatron/core/pipeline_parallel/schedules.py",
+                                   "/opt/conda/lib/python3.10/site-packages/colossalai/booster/booster.py",
+                                   "/opt/conda/lib/python3.10/site-packages/torchtitan/train.py",
+                                   "/opt/conda/lib/python3.10/site-packages/fairscale/nn/data_parallel/fsdp.py"])
+def test_an_exception_under_a_multi_process_frameworks_frame_is_a_ranks_exception(frame: str) -> None:
+    code, diags = _json(MEGATRON_FRAME.replace(
+        "/workspace/Megatron-LM/megatron/core/pipeline_parallel/schedules.py", frame))
+    assert (code, diags[0]["id"]) == (1, "python-exception")
+    assert diags[0]["details"]["exception"] == ["AttributeError"]
+
+
+def test_the_same_exception_in_a_one_process_script_is_no_false_alarm() -> None:
+    proc = run_cli(["explain", "-"], input_text=MEGATRON_FRAME.replace(
+        "/workspace/Megatron-LM/megatron/core/pipeline_parallel/schedules.py", "/home/u/model/schedules.py"))
+    assert proc.returncode == 0
