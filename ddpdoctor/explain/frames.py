@@ -22,16 +22,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ddpdoctor.explain.lines import strip_paste
+from ddpdoctor.explain.lines import SPAWN_HEADER, strip_paste
 from ddpdoctor.explain.phases import MAX_TAIL_LINE_CHARS
 
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
+# The stage of a cut traceback that mp.spawn reported as a process's exception (its frames name no distributed step).
+SPAWN_RAISED = "spawn-raised"
 MAX_CUT_LINES = 400  # lines after the last header looked at: a deeper traceback is not a paste someone cut
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>.]+)\s*$')
 # Where Python lives on Windows ("C:/Users/...", after _norm) and macOS (home folders, Homebrew, the framework build).
 _WINDOWS_PATH = re.compile(r"^[A-Za-z]:/")
 _MACOS_PATH = re.compile(r"^/Users/|^/opt/homebrew/|/Library/Frameworks/Python\.framework/")
 _NCCL_BACKEND = re.compile(r"""backend\s*=\s*["']nccl["']|["']nccl["']""")
+# accelerate's PartialState creates the process group with the backend it chose: "nccl" whenever CUDA is available
+# (accelerate/state.py: 0.25.0 PartialState.__init__, `self.backend = kwargs.pop("backend", "nccl")` then
+# `init_process_group(backend=self.backend, ...)` at line 217; 1.15.0 _prepare_backend, `backend = "nccl"` under
+# torch.cuda.is_available()), on Windows and macOS too, whose PyTorch builds have no NCCL.
+_ACCELERATE_STATE = "accelerate/state.py"
 MIN_WRAP_WIDTH = 60  # narrower lines are not taken for a terminal's wrap
 _EXCEPTION_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b")
 _RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)\d+\]: ?")
@@ -94,6 +101,8 @@ class CutTraceback:
     rank: int | None
     platform: str = ""  # "windows" or "macos" when the frames' paths show it (PyTorch's builds there lack NCCL)
     names_nccl: bool = False  # a frame's code line asks for the nccl backend
+    reported: str = ""  # the launcher's line that says the process raised (mp.spawn's), as pasted
+    reported_line: int = 0  # its line in the input
 
 
 def _norm(path: str) -> str:
@@ -156,16 +165,25 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
             n, path, func, frame, _, _ = frames[-1]
             frames[-1] = (n, path, func, frame, text.strip(), first_no + i)
         # a cut 'File "...' line (the paste's last) or a caret line: nothing to read
+    # torch.multiprocessing.spawn reports a process that raised as "-- Process N terminated with the following
+    # error:" and that process's traceback: whatever the frames, process N raised a Python exception.
+    before = tail[:max(0, tail.rfind(b"\n", 0, at))].rstrip(b"\r")  # up to the header's line, whatever prefixes it
+    spawn = SPAWN_HEADER.search(before[before.rfind(b"\n") + 1:][:MAX_TAIL_LINE_CHARS].decode("utf-8", "replace"))
     for n, path, func, frame, code, code_no in reversed(frames):
         if any(piece in path for piece, _ in _TRANSPARENT):
             continue
         got = _stage_of(path, func, code)
+        if got is None and spawn is not None:
+            header_no = first_no - 1
+            return CutTraceback(name, file_index, n, SPAWN_RAISED, func, frame, code, code_no, int(spawn.group(1)),
+                                reported=spawn.string.strip(), reported_line=header_no)
         if got is None:
             return None  # the innermost real frame is no distributed call: no guess
         stage, call = got
         paths = [f[1] for f in frames]
         platform = ("windows" if any(_WINDOWS_PATH.match(p) for p in paths)
                     else "macos" if any(_MACOS_PATH.search(p) for p in paths) else "")
-        nccl = any(_NCCL_BACKEND.search(f[4]) for f in frames)
+        nccl = any(_NCCL_BACKEND.search(f[4]) or (f[1].endswith(_ACCELERATE_STATE) and "init_process_group" in f[4])
+                   for f in frames)
         return CutTraceback(name, file_index, n, stage, call, frame, code, code_no, rank, platform, nccl)
     return None

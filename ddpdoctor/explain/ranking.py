@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from ddpdoctor.explain.frames import CutTraceback
+from ddpdoctor.explain.frames import SPAWN_RAISED, CutTraceback
 from ddpdoctor.explain.knowledge import ROLE_ORDER, Link, Signature
 from ddpdoctor.explain.model import (
     MAX_EVIDENCE,
@@ -271,6 +271,7 @@ def _probable_hang(facts: Facts, kb: dict[str, Signature]) -> Diagnosis | None:
 TRACEBACK_CUT = "traceback-cut"
 WORKER_FAILED = "worker-failed"
 NCCL_NOT_AVAILABLE = "nccl-not-available"
+PYTHON_EXCEPTION = "python-exception"
 
 
 def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[str]) -> list[Diagnosis]:
@@ -286,6 +287,15 @@ def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[
             sig = replace(kb[NCCL_NOT_AVAILABLE], title=f"Probably no NCCL in this PyTorch: the job asks for the nccl "
                           f"backend on {where} (its paths), and the traceback is cut in init_process_group (a guess "
                           "from the frames, not from an error message)")
+        elif cut.stage == SPAWN_RAISED:
+            if PYTHON_EXCEPTION in present or PYTHON_EXCEPTION not in kb:
+                continue
+            sig = replace(kb[PYTHON_EXCEPTION], title=f"Process {cut.rank} of mp.spawn raised a Python exception "
+                          "(torch.multiprocessing.spawn says so); the paste stops inside its traceback, before the "
+                          "exception line that would say which",
+                          remedy=f"Paste or read the rest of process {cut.rank}'s traceback: its last line names the "
+                          "exception (often the same on every process); fix that error first, the other processes' "
+                          "failures follow from it")
         elif cut.stage == WORKER_FAILED:
             if WORKER_FAILED in present or WORKER_FAILED not in kb:
                 continue
@@ -310,7 +320,7 @@ def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[
             stages = d.details.setdefault("stage", [])
             if cut.stage not in stages:
                 stages.append(cut.stage)
-        for text, line in ((cut.frame, cut.line), (cut.code, cut.code_line)):
+        for text, line in ((cut.reported, cut.reported_line), (cut.frame, cut.line), (cut.code, cut.code_line)):
             if text and len(d.evidence) < MAX_EVIDENCE:
                 d.evidence.append(Evidence(cut.file, line, text[:MAX_EVIDENCE_CHARS]))
     return list(out.values())

@@ -43,6 +43,7 @@ from ddpdoctor.explain.lines import (
     SUMMARY_ENTRY,
     SUMMARY_RANK,
     SUMMARY_TIME,
+    from_the_web,
     has_dist_sign,
     interleaved_tracebacks,
     quiet_level,
@@ -235,6 +236,9 @@ class Scanner:
                     block = unflatten(buf, end) if slash >= 0 and buf.find(b"\\n", slash, end) >= 0 else None
                     size = end if block is None else len(block)
                     block = buf if block is None else block
+                    plain = from_the_web(block, size)  # a copy from a web page: its spaces and HTML escapes
+                    if plain is not None:
+                        block, size = plain, len(plain)
                     lines_before = self._scan_block(block, size, tail, name, file_index, lines_before, file_rank)
                     tail = bytes(block[max(0, size - 8192):size])
                     # One copy of at most TAIL_BYTES per block: the end of the input is kept for free.

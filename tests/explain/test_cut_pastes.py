@@ -225,6 +225,46 @@ def test_a_cut_init_traceback_on_windows_asking_for_nccl_is_probably_no_nccl() -
     assert [d.id for d in explain_text(linux).diagnoses] == ["traceback-cut"]
 
 
+def test_a_cut_init_traceback_on_windows_through_accelerate_is_probably_no_nccl() -> None:
+    """accelerate's PartialState passes the backend it chose, "nccl" whenever CUDA is available (accelerate/state.py,
+    0.25 to 1.15), so its init_process_group(backend=self.backend) line on Windows asks for NCCL too."""
+    text = ('Traceback (most recent call last):\n'
+            '  File "D:\\AI\\sd-scripts\\train_network.py", line 996, in <module>\n'
+            '    trainer.train(args)\n'
+            '  File "D:\\AI\\Python\\Lib\\site-packages\\accelerate\\state.py", line 217, in __init__\n'
+            '    torch.distributed.init_process_group(backend=self.backend, **kwargs)\n'
+            '  File "D:\\AI\\Python\\Lib\\site-packages\\torch\\distributed\\c10d_logger.py", line 74, in wrapper\n')
+    code, diags = _json(text)
+    assert (code, diags[0]["id"]) == (1, "nccl-not-available") and "on Windows" in diags[0]["title"]
+    linux = text.replace("D:\\AI", "/opt/ai").replace("\\", "/")
+    assert [d.id for d in explain_text(linux).diagnoses] == ["traceback-cut"]
+
+
+# torch/multiprocessing/spawn.py (ProcessRaisedException): "-- Process %d terminated with the following error:" and
+# the process's traceback; here cut inside the model, whose frames name no distributed step.
+SPAWN_CUT = ('-- Process 1 terminated with the following error:\n'
+             'Traceback (most recent call last):\n'
+             '  File "/env/lib/python3.11/site-packages/torch/multiprocessing/spawn.py", line 74, in _wrap\n'
+             '    fn(i, *args)\n'
+             '  File "/test/test.py", line 48, in test_model\n'
+             '    y_pred = model_ddp(x)\n'
+             '  File "/env/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1355, in _run_ddp_forward\n'
+             '    return self.module(*inputs, **kwargs)  # type: ignore[index]\n'
+             '  File "/env/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1518, in _wrapped_call_impl\n'
+             '    return self._call_impl(*args, **kwargs)\n')
+
+
+def test_a_spawned_process_whose_traceback_is_cut_raised_an_exception() -> None:
+    code, diags = _json(SPAWN_CUT)
+    assert (code, diags[0]["id"], diags[0]["ranks"]) == (1, "python-exception", [1])
+    assert diags[0]["title"].startswith("Process 1 of mp.spawn raised a Python exception")
+    assert "-- Process 1 terminated with the following error:" in diags[0]["evidence"][0]["text"]
+    # Whole, the traceback's own exception line is the diagnosis (no guess beside it).
+    whole = explain_text(SPAWN_CUT + "ValueError: Pointer argument cannot be accessed from Triton (cpu tensor?)\n")
+    assert [d.id for d in whole.diagnoses] == ["python-exception"]
+    assert whole.diagnoses[0].details["exception"] == ["ValueError"]
+
+
 # --- frameworks that only run as a multi-process job ----------------------------------------------------------
 
 # A frame of Megatron-LM (megatron/core/...) above an exception: Megatron runs as a torchrun/Slurm job even on

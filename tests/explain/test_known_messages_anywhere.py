@@ -336,7 +336,16 @@ def test_a_single_process_failure_is_a_note_not_a_false_alarm(text: str, want: s
     # ProcessGroupNCCL.cpp broadcastUniqueNCCLID's message, cut before "store by key".
     ("RuntimeError: [1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value\n",
      "nccl-uniqueid-timeout", None),
-], ids=["ddp-attribute", "watchdog-frame-only", "exitcode-without-pid", "uniqueid-cut"])
+    # CPython subprocess.CalledProcessError.__str__ for a negative return code, raised by torch 1.x's launch.py.
+    ("subprocess.CalledProcessError: Command '['/opt/conda/bin/python', '-u', 'train.py', '--local_rank=1', "
+     "'--batch', '16']' died with <Signals.SIGSEGV: 11>.\n", "worker-killed-by-signal", ("signal", ["SIGSEGV"])),
+    # NCCL's CUDACHECK (src/include/checks.h) quoting the sticky error an earlier kernel left: the kernel is the cause.
+    ("gpu-dev006:25487:25487 [1] init.cc:924 NCCL WARN Cuda failure 'device-side assert triggered'\n"
+     "terminate called after throwing an instance of 'std::runtime_error'\n"
+     "  what():  NCCL error in: /opt/conda/torch/lib/c10d/../c10d/NCCLUtils.hpp:136, unhandled cuda error, NCCL "
+     "version 2.7.8\n", "cuda-kernel-error", ("cuda_error", ["device-side assert triggered"])),
+], ids=["ddp-attribute", "watchdog-frame-only", "exitcode-without-pid", "uniqueid-cut", "launch-died-with-signal",
+        "nccl-cuda-failure-device-assert"])
 def test_more_of_what_pastes_hold(text: str, want: str, detail: tuple[str, list[str]] | None) -> None:
     first = explain_text(text).diagnoses[0]
     assert first.id == want

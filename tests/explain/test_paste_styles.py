@@ -13,6 +13,7 @@ pasted line numbers); these styles are the ones a log collector adds.
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Callable
 
@@ -126,6 +127,10 @@ STYLES: dict[str, Callable[[str], str]] = {
     # A Markdown code block made by indenting every line four spaces; and that of a time-stamped log.
     "indented-4": _per_line(lambda i, ln: f"    {ln}"),
     "indented-4-timestamped": _per_line(lambda i, ln: f"    2024-05-01T10:00:00.123Z {ln}"),
+    # The log as a web page's source holds it, or a tool that escaped it for HTML (`in &lt;module&gt;`, `&#39;`).
+    "html-escaped": lambda text: html.escape(text),
+    # Copied from a rendered page, a chat or a document: no-break spaces for every space, curly quotes.
+    "web-page-copy": lambda text: text.replace(" ", "\u00a0").replace("'", "\u2019").replace('"', "\u201d"),
 }
 
 

@@ -19,6 +19,7 @@ tunes the knowledge base should see the held-out figures, not the logs behind th
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import os
 import re
@@ -390,6 +391,11 @@ def _wrapped(data: bytes, width: int) -> bytes:
     pytest.param(lambda b: b"".join(b"> " + ln for ln in b.splitlines(keepends=True)), id="quoted"),
     pytest.param(lambda b: b"".join(b"[%d] " % (i + 40) + ln for i, ln in enumerate(b.splitlines(keepends=True))),
                  id="pasted-line-numbers"),
+    # Copied from a web page: its HTML source (escaped quotes and angle brackets), or the rendered text (no-break
+    # spaces, curly quotes); the second changed the first diagnosis of 136 of 265 logs before lines.from_the_web.
+    pytest.param(lambda b: html.escape(b.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"),
+                 id="html-escaped"),
+    pytest.param(lambda b: b.replace(b" ", "\u00a0".encode()).replace(b"'", "\u2019".encode()), id="web-page-copy"),
 ])
 def test_real_logs_survive_how_they_are_pasted(transform: object, request: pytest.FixtureRequest) -> None:
     """Terminal-wrapped lines, CRLF line ends, e-mail/Markdown quote marks and editor line numbers change no
