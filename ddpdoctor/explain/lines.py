@@ -75,9 +75,10 @@ DIST_CONTEXT = re.compile(
     rb"|Distributed environment: FSDP|MASTER_ADDR|MASTER_PORT"
     rb"|torch[./\\]nn[./\\]parallel[./\\]distributed\.py|strategies[./\\]ddp"
     # Frameworks that only run as a multi-process job (their code in a frame path or a package name): Megatron
-    # (megatron/core, Megatron-LM, Pai-Megatron-Patch's megatron_patch), ColossalAI, torchtitan, nanotron,
+    # (megatron/core, Megatron-LM, Pai-Megatron-Patch's megatron_patch, class names such as MegatronGPTModel or a
+    # Ray actor's MegatronPolicyTrainer), ColossalAI, torchtitan, nanotron,
     # fairscale, Horovod; and the variables of the MPI and Slurm launchers.
-    rb"|[Mm]egatron[./\\_-]|colossalai[./\\]|torchtitan[./\\]|nanotron[./\\]|fairscale[./\\]|horovod[./\\]"
+    rb"|[Mm]egatron[A-Z./\\_-]|colossalai[./\\]|torchtitan[./\\]|nanotron[./\\]|fairscale[./\\]|horovod[./\\]"
     rb"|SLURM_PROCID|OMPI_COMM_WORLD_"
     # c10d and gloo exist only for process groups; a torch.distributed call in a traceback's source line.
     rb"|c10d|gloo[./\\]|\bdist\.(?:barrier|all_reduce|all_gather|broadcast|reduce_scatter|all_to_all|get_rank"

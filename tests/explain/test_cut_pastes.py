@@ -293,3 +293,12 @@ def test_the_same_exception_in_a_one_process_script_is_no_false_alarm() -> None:
     proc = run_cli(["explain", "-"], input_text=MEGATRON_FRAME.replace(
         "/workspace/Megatron-LM/megatron/core/pipeline_parallel/schedules.py", "/home/u/model/schedules.py"))
     assert proc.returncode == 0
+
+
+def test_a_fatal_signal_in_a_megatron_ray_actor_is_a_workers_death_and_alone_a_note() -> None:
+    """Ray prefixes an actor's lines with its class name: a Megatron trainer's (`MegatronPolicyTrainer`) is a rank
+    of a Megatron job, so faulthandler's report of its abort is a worker's death, not one process's crash."""
+    line = "(MegatronPolicyTrainer pid=15469, ip=10.100.0.114) Fatal Python error: Aborted\n"
+    code, diags = _json(line)
+    assert (code, diags[0]["id"], diags[0]["details"]["fatal_error"]) == (1, "worker-killed-by-signal", ["Aborted"])
+    assert run_cli(["explain", "-"], input_text=line.replace("MegatronPolicyTrainer", "PolicyTrainer")).returncode == 0
