@@ -14,7 +14,9 @@ up to the end of the input, is a cut traceback. Frames that only pass the call o
 ``Module._call_impl``, torchrun's ``@record``) are skipped; the innermost other frame is classified by its file,
 function and code line (a user's own ``dist.init_process_group(...)`` line counts: the paste may stop before
 torch's frames). An innermost frame that is no distributed call gives no guess: a cut traceback in the user's
-model says nothing about DDP.
+model says nothing about DDP, unless the launcher said whose it is: torch.multiprocessing.spawn's "-- Process N
+terminated with the following error:" right above the header says that process raised a Python exception
+(``SPAWN_RAISED``), whatever its frames.
 """
 
 from __future__ import annotations
@@ -173,10 +175,9 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
         if any(piece in path for piece, _ in _TRANSPARENT):
             continue
         got = _stage_of(path, func, code)
-        if got is None and spawn is not None:
-            header_no = first_no - 1
+        if got is None and spawn is not None:  # the spawn line is the one above the header (line first_no)
             return CutTraceback(name, file_index, n, SPAWN_RAISED, func, frame, code, code_no, int(spawn.group(1)),
-                                reported=spawn.string.strip(), reported_line=header_no)
+                                reported=spawn.string.strip(), reported_line=first_no - 1)
         if got is None:
             return None  # the innermost real frame is no distributed call: no guess
         stage, call = got
