@@ -8,6 +8,7 @@ and ``rank 3`` in NCCL lines. Pure functions of text: the scanner and the rankin
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal as _signal
 
@@ -116,6 +117,24 @@ EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<exception>[A-Z]\w*(?:Error
 # attribute 'dtype'" (a thread excerpt or a comment box that lost the line break and kept the padding). Four
 # spaces at least, after text, and a message: indentation and "x = f(y)  # ValueError" comments are not it.
 GLUED_EXCEPTION = re.compile(r"\S {4,}((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S.*)$")
+# Where a line that a paste flattened (a comment box or a thread's excerpt that lost the line breaks) holds the start
+# of another log line: Python logging's default "ERROR:torch.distributed.elastic...:", a glog header, a traceback's
+# header, torchrun's "[rank3]: " prefix, each after text and a space. Each piece is matched on its own, so two
+# messages on one flattened line are both read (a watchdog timeout, then torchrun's "failed (exitcode: 1)").
+EMBEDDED_LINE_START = re.compile(r"(?<=\S)[ \t]+(?=(?:ERROR|WARNING|CRITICAL|INFO):[\w.]+:|\[?[EWFI]\d{4} \d\d:\d\d:\d\d\.\d{3}"
+                                 r"|Traceback \(most recent call last\):|\[rank\d{1,7}\]: )")
+MAX_EMBEDDED_LINES = 32  # pieces read of one flattened line: the first ones; a bound keeps a line's cost linear
+
+
+def embedded_lines(text: str) -> list[str]:
+    """``text`` cut where another log line starts inside it (``EMBEDDED_LINE_START``); ``[text]`` when none does."""
+    starts = [m.end() for m in EMBEDDED_LINE_START.finditer(text)][:MAX_EMBEDDED_LINES - 1]
+    if not starts:
+        return [text]
+    bounds = [0, *starts, len(text)]
+    return [text[a:b].rstrip() for a, b in itertools.pairwise(bounds) if text[a:b].strip()]
+
+
 # glog "E1122 01:39:40.561000" (optionally after "[rank0]:[") and ISO-ish "2026-11-22 01:39:40,123"
 GLOG_TIME = re.compile(r"(?:^|[\[\s:])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
 ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")

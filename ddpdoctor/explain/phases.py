@@ -19,6 +19,10 @@ phase whose start PyTorch or NCCL logs and whose end they log too (the texts and
 * **NCCL communicator init** (NCCL ``src/init.cc``): ``NCCL INFO [Rank R] ncclCommInitRank... comm 0x... rank R
   nranks N ... - Init START`` without the ``- Init COMPLETE`` of the same communicator (PyTorch >= 2.2 creates
   communicators at the first collective, so this is also "inside the first collective");
+* **init_process_group** (a training script's own start-up line): ``| distributed init (rank R): env://, gpu G``,
+  which the ``init_distributed_mode`` of DeiT, MAE, DINO, ConvNeXt, BEiT and the many projects that copied it
+  prints right before ``torch.distributed.init_process_group(...)`` and ``torch.distributed.barrier()``, and ended
+  by whatever the script prints next (rank 0 goes on printing; the others are silenced by ``setup_for_distributed``);
 * **first collective**: every communicator completed (``Init COMPLETE``) and then nothing but NCCL INFO
   lines, where the log also holds rank 0's ``NCCL version`` line and the job's own output before NCCL's
   lines (a pasted excerpt of NCCL's INFO lines alone proves nothing: a healthy job's look the same).
@@ -58,6 +62,7 @@ STORE_CONNECT = "store connect"
 STORE_BARRIER = "store barrier"
 NCCL_INIT = "NCCL communicator init"
 FIRST_COLLECTIVE = "first collective"
+SCRIPT_INIT = "init_process_group"
 
 _RDZV_OPEN = re.compile(r"Rendezvous'ing worker group|The node '[^']*' attempts to join the next round of the "
                         r"rendezvous '(?P<run_id>[^']*)'")
@@ -74,6 +79,10 @@ _NCCL_START = re.compile(r"NCCL INFO (?:\[Rank \d+\] )?(?:\w+ )?comm (?P<comm>0x
 _NCCL_COMPLETE = re.compile(r"NCCL INFO (?:\w+ )?comm (?P<comm>0x[0-9a-fA-F]+) rank \d{1,7} nranks \d{1,7} "
                             r".*- Init COMPLETE")
 _NCCL_VERSION = re.compile(r"NCCL INFO NCCL version \d")
+# facebookresearch's init_distributed_mode (deit utils.py, mae util/misc.py, dino utils.py, ...):
+# print('| distributed init (rank {}): {}, gpu {}'.format(args.rank, args.dist_url, args.gpu), flush=True), then
+# init_process_group and barrier; DeiT's omits ", gpu {}", later copies add ", world size {}".
+_SCRIPT_INIT = re.compile(r"^\|? ?distributed init \(rank (?P<rank>\d{1,7})\): (?P<url>[^,\s]{1,200})")
 _NCCL_HOST = re.compile(r"^(?P<host>[\w.-]+:\d+):\d+ \[\d+\] NCCL ")
 # Lines that say nothing about progress: the launcher's banner, Python's echo of a warning's source line, and
 # the C++ stack c10 appends to a logged error (c10/util/Exception.cpp: "Exception raised from recvBytes at
@@ -88,7 +97,7 @@ _GLOG_QUIET = re.compile(r"^\s*(?:\[(?:rank|default)\d{1,7}\]:)?\[?[WIV]\d{4} \d
 MAX_EVIDENCE_LINES = 5
 # Every phase line holds one of these (see the regexes above).
 MARKER_WORDS = ("Init START", "Init COMPLETE", "store based barrier", "store-based barrier", "Rendezvous",
-                "rendezvous", "connect/validate", "client socket has connected")
+                "rendezvous", "connect/validate", "client socket has connected", "distributed init (rank")
 _MARKER_BYTES = tuple(w.encode() for w in MARKER_WORDS)
 
 
@@ -193,6 +202,10 @@ def _marker(raw: str, line: int, file_rank: int | None) -> Marker | None:
     if m:
         rank = rank_int(m.group("rank")) if m.group("rank") else line_rank
         return Marker(STORE_BARRIER, False, f"rank {rank}" if rank is not None else "", line, raw, rank, when)
+    m = _SCRIPT_INIT.search(text)
+    if m:
+        rank = rank_int(m.group("rank"))
+        return Marker(SCRIPT_INIT, True, f"rank {rank}", line, raw, rank, when, (("init_method", m.group("url")),))
     m = _RDZV_OPEN.search(text)
     if m:
         details = (("rendezvous", m.group("run_id")),) if m.group("run_id") else ()

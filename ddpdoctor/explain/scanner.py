@@ -43,6 +43,7 @@ from ddpdoctor.explain.lines import (
     SUMMARY_ENTRY,
     SUMMARY_RANK,
     SUMMARY_TIME,
+    embedded_lines,
     from_the_web,
     has_dist_sign,
     interleaved_tracebacks,
@@ -461,6 +462,13 @@ class Scanner:
                 self._floor = _line_end(block, last, size) + 1
                 return sig, last, used
         lookback = partial(self._lookback, block, start, tail)
+        pieces = embedded_lines(text) if gate else [text]
+        if len(pieces) > 1:  # a flattened paste: each log line it holds is read on its own
+            found = [self._match_line(piece, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+                     for piece in pieces]
+            sig = next((s for s in found if s is not None), None)
+            if sig is not None:
+                return sig, start, 0
         sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
         if sig is None and gate and (glued := GLUED_EXCEPTION.search(text)) is not None:
             # The exception line a paste glued onto the source line above it, read as the line it was (on the

@@ -256,6 +256,14 @@ def test_nccl_init_then_nothing_is_a_hang_at_the_first_collective_only_in_a_whol
     assert explain_text(job + nccl + "[rank0]: step 1 loss 2.3012\n").diagnoses == []
 
 
+def test_a_scripts_distributed_init_lines_then_nothing_is_a_hang_in_init_process_group() -> None:
+    """facebookresearch's init_distributed_mode (DeiT, MAE, DINO and their copies) prints this line on every rank
+    right before init_process_group and a barrier; rank 0 goes on printing after them. Nothing after: a hang there."""
+    init = "".join(f"| distributed init (rank {r}): env://, gpu {r}\n" for r in (2, 0, 3))
+    assert first(explain_text(init)) == ("probable-hang", [0, 2, 3], ["init_process_group"])
+    assert explain_text(init + "job dir: /work/mae\nNamespace(batch_size=64, epochs=400)\n").diagnoses == []
+
+
 # --- what a hang is not ------------------------------------------------------------------------------------
 
 # store_barrier_waiting_one_line_day_timeout.log's line (torch 1.x INFO), then the error torch raises when the

@@ -55,6 +55,10 @@ class _Recording:
         self._seen(string, pos, endpos)
         return self._rx.match(string, pos, endpos)
 
+    def finditer(self, string: Any, pos: int = 0, endpos: int = sys.maxsize) -> Any:
+        self._seen(string, pos, endpos)
+        return self._rx.finditer(string, pos, endpos)
+
     def sub(self, repl: Any, string: Any, count: int = 0) -> Any:
         self._seen(string)
         return self._rx.sub(repl, string, count=count)
@@ -130,7 +134,8 @@ def test_block_wide_regexes_have_no_repetition() -> None:
     """The regexes that run over whole 4 MB blocks (keyword prefilter, distributed-job sign) are literal
     alternations: their work per position is bounded by the longest keyword, whatever the text."""
     scanner = explain.Scanner()
-    for rx in (scanner._prefilter.regex, explain_lines.DIST_CONTEXT):
+    for rx in (scanner._prefilter.regex, explain_lines.DIST_CONTEXT, explain_lines._WEB_CHAR,
+               explain_lines._HTML_ESCAPE):
         source = re.sub(rb"\\.", b"", rx.pattern)  # escaped characters are literals
         source = source.replace(b"(?:", b"").replace(b"(?=", b"")  # groups and a one-byte lookahead
         assert not re.search(rb"[*+?{]", source), rx.pattern[:80]

@@ -351,3 +351,19 @@ def test_a_healthy_log_cut_short_stays_quiet(last: str) -> None:
 ])
 def test_typographic_characters_in_a_pasted_message_are_read_as_ascii(text: str, want: str) -> None:
     assert [d.id for d in explain_text(text).failures] == [want]
+
+
+def test_a_flattened_line_holding_two_log_lines_reads_both() -> None:
+    """A thread's excerpt that lost the line breaks: the rank's watchdog timeout and, on the same line, torchrun's
+    logging line about that rank's exit (Python logging's default "ERROR:logger:" format). Each is read: the
+    timeout is the cause, the failed worker its consequence (before, the launcher's line took the whole line)."""
+    line = ("RuntimeError: NCCL communicator was aborted on rank 0.  Original reason for failure was: [Rank 0] Watchdog "
+            "caught collective operation timeout: WorkNCCL(SeqNum=719709, OpType=ALLREDUCE, Timeout(ms)=1800000) ran "
+            "for 1807565 milliseconds before timing out. ERROR:torch.distributed.elastic.multiprocessing.api:failed "
+            "(exitcode: 1) local_rank: 0 (pid: 1530483) of binary: /home/u/.conda/envs/sod/bin/python3.8\n")
+    assert [d.id for d in explain_text(line).diagnoses] == ["nccl-timeout", "worker-failed"]
+    # A message that merely mentions a level word, or a rank in brackets, is one line.
+    from ddpdoctor.explain.lines import embedded_lines
+
+    for text in ("RuntimeError: bad value for ERROR: see the log", "[Rank 0] Watchdog caught collective operation"):
+        assert embedded_lines(text) == [text]
