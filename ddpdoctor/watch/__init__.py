@@ -7,6 +7,8 @@
 - :mod:`~ddpdoctor.watch.recorder`: wraps ``torch.distributed``'s collectives and records each call.
 - :mod:`~ddpdoctor.watch.channel`: the side channel (JSON lines over TCP) the ranks report on.
 - :mod:`~ddpdoctor.watch.aggregate`: the supervisor's picture: progress, mismatches, hangs, first divergence.
+- :mod:`~ddpdoctor.watch.state`: what it knows of each rank and of each process not bound to a rank yet.
+- :mod:`~ddpdoctor.watch.claims`: contradicting ``init_process_group`` claims, and the straggler every rank waits for.
 - :mod:`~ddpdoctor.watch.verdict`: which failure it was, by evidence: a host lost, a link cut, a crash, a desync
   (and a cut-off host's own verdict); ranks grouped by host.
 - :mod:`~ddpdoctor.watch.progress`: in each rank, what completed and what is still in flight (the hang clock).

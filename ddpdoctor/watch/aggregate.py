@@ -20,216 +20,22 @@ Ranks are keyed by rank; a process the script started itself (mp.spawn) is keyed
 
 from __future__ import annotations
 
-import collections
-import re
-import signal
-import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.stacks import StoreView, store_text
+from ddpdoctor.watch.claims import STRAGGLER_CONFIRM, claim_conflict, straggler
 from ddpdoctor.watch.pitfalls import merge as merge_pitfalls
 from ddpdoctor.watch.recorder import P2P_RECV, P2P_SEND
+from ddpdoctor.watch.state import ECHO_WINDOW_S, ProcState, RankState
 from ddpdoctor.watch.waits import ENDED, NOT_STARTED, classify, is_stall
 
 OK, HANG, MISMATCH, CRASH, INIT_CONFLICT = "ok", "hang", "mismatch", "crash", "init_conflict"
-HISTORY = 1000  # records kept per rank for the evidence bundle
-# Straggler: every other rank waits at least this much longer per step (median of the last steps) than it.
-STRAGGLER_MIN_US = 5000.0
-STRAGGLER_MIN_SHARE = 0.15
-STRAGGLER_MIN_STEPS = 8
-STRAGGLER_CONFIRM = 3  # consecutive checks (one a second) before it is named while the job runs
-# A rank whose collective failed because a peer went away is an echo of that peer's failure, not a cause.
-# These are the texts of ddpdoctor explain's `remote-process-exited` signature (gloo's pair.cc, NCCL's
-# ncclRemoteError). Its end can be timed a little before the peer's death is seen (the peer's exit closes
-# both sockets at once; a SIGKILL is only seen by waiting on the process), so within ECHO_WINDOW_S an echo
-# is ordered after a failure that is not one.
-_ECHO = re.compile(r"remote process exited or there was a network error|ncclRemoteError|"
-                   r"Connection closed by (?:remote )?peer|Connection reset by peer")
-ECHO_WINDOW_S = 1.0
 # A rank still starting (its Python importing torch) holds the hang clock, at most this long.
 STARTUP_LIMIT_S = 600.0
 SILENT_S = 5.0  # no message from a starting rank for this long: its watchdog cannot run
 # How far back a rank's own "I ended at" stamp may reach (a clock that disagrees is not believed further).
 MAX_STAMP_AGE_S = 60.0
-
-
-@dataclass
-class RankState:
-    """What the supervisor knows about one rank."""
-
-    rank: int
-    pid: int | None = None
-    host: str = ""
-    connected: bool = False
-    progress: int = -1
-    done: int = -1  # completions counted by the rank: the hang clock's input
-    started: bool = False  # its script runs (before: Python is importing torch and installing the hooks)
-    hello_at: float | None = None
-    heard_at: float | None = None  # its last message (a watchdog beats at least once a second)
-    inflight: list[dict[str, Any]] = field(default_factory=list)  # issued, not completed (oldest first)
-    inflight_n: int = 0
-    frames: list[list[Any]] | None = None  # its main thread's whole stack at the verdict
-    loader: dict[str, Any] | None = None  # the DataLoader worker it waits for, at the verdict
-    cur: dict[str, Any] | None = None
-    last: dict[str, Any] | None = None
-    seqs: dict[str, int] = field(default_factory=dict)
-    said_exit: bool = False  # the rank's own exit message arrived
-    message_code: int | None = None
-    raised: bool = False
-    error: str = ""
-    returncode: int | None = None  # from the OS, when ddpdoctor launched the rank
-    lost: bool = False  # the channel closed without an exit message
-    stack: list[str] | None = None
-    pitfalls: list[dict[str, Any]] = field(default_factory=list)
-    ended_at: float | None = None
-    # True when ddpdoctor started the process: then only its real end counts (after the exit message a
-    # rank may still run atexit handlers, uploading logs or checkpoints; it must not be torn down then).
-    owned: bool = False
-    claim: dict[str, Any] | None = None  # what it called init_process_group with
-    steps: dict[str, Any] | None = None  # per-step medians (recorder.step_stats)
-    history: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
-    fr: str | None = None  # its Flight Recorder dump's path, or why there is none
-
-    @property
-    def finished(self) -> bool:
-        if self.owned:
-            return self.returncode is not None
-        return self.said_exit or self.returncode is not None or self.lost
-
-    @property
-    def signal_name(self) -> str | None:
-        if self.returncode is not None and self.returncode < 0:
-            try:
-                return signal.Signals(-self.returncode).name
-            except ValueError:
-                return f"signal {-self.returncode}"
-        return None
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.returncode if self.returncode is not None else self.message_code
-
-    @property
-    def crashed(self) -> bool:
-        if self.signal_name or self.raised:
-            return True
-        if self.returncode is not None and not self.said_exit:
-            return self.returncode != 0  # os._exit / interpreter abort: it never reached the script's end
-        # A closed channel alone says "dead" only when there is no process to ask.
-        return self.lost and not self.said_exit and not self.owned
-
-    @property
-    def failed(self) -> bool:
-        """Crashed, or ended with a non-zero exit code: the run failed on this rank."""
-        return self.crashed or (self.finished and self.exit_code not in (None, 0))
-
-    @property
-    def echo(self) -> bool:
-        """Its error says a peer went away: it failed because another rank did."""
-        return self.raised and bool(_ECHO.search(self.error))
-
-    @property
-    def state(self) -> str:
-        if self.crashed:
-            return "crashed"
-        if self.finished:
-            return "exited"
-        if not self.connected:
-            return "not started"
-        return "waiting" if self.cur is not None else "running"
-
-    def how_ended(self) -> str:
-        """'exited with code 3', 'killed by signal 9 (SIGKILL)', 'raised ValueError: ...' (after 'rank N')."""
-        if self.returncode is not None and self.returncode < 0:
-            return f"was killed by signal {-self.returncode} ({self.signal_name})"
-        if self.raised:
-            return f"raised {self.error}" if self.error else "raised an exception"
-        if self.lost and not self.said_exit and self.returncode is None:
-            return "lost its connection without an exit status (killed, or crashed outside Python)"
-        # sys.exit("message"): python prints the message and exits 1; the message says why.
-        said = f": {self.error}" if self.error and self.exit_code == 1 else ""
-        return f"exited with code {self.exit_code}{said}"
-
-
-@dataclass
-class ProcState:
-    """A process the script started (mp.spawn) that has not claimed a rank (yet)."""
-
-    key: int
-    pid: int | None = None
-    host: str = ""
-    role: str = "child"
-    index: int | None = None
-    stack: list[str] | None = None
-    finished: bool = False
-
-
-def claim_conflict(claims: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first contradiction between init_process_group claims, or None.
-
-    Each is fatal in torch, but late and misleading: a second process claiming rank 0 dies of
-    ``EADDRINUSE`` when it tries to host the store on MASTER_PORT (it looks like a busy port), other
-    contradictions wait in the rendezvous until its timeout (30 minutes by default).
-    """
-    def where(claim: dict[str, Any]) -> str:
-        return f"pid {claim.get('pid')} at {claim.get('site')}"
-
-    for claim in claims:
-        rank, world = claim.get("rank"), claim.get("world_size")
-        if rank is not None and world is not None and not 0 <= rank < world:
-            return {"kind": "rank_outside_world", "claims": [claim],
-                    "summary": f"rank {rank} is outside a world of {world} ranks ({where(claim)})",
-                    "remedy": "ranks run from 0 to world_size-1: pass the process index as rank"}
-    by_rank: dict[int, dict[str, Any]] = {}
-    for claim in claims:
-        rank = claim.get("rank")
-        if rank is None:
-            continue
-        first = by_rank.setdefault(rank, claim)
-        if first is not claim and first.get("pid") != claim.get("pid"):
-            return {"kind": "duplicate_rank", "claims": [first, claim],
-                    "summary": f"two processes claim rank {rank}: {where(first)} and {where(claim)}",
-                    "remedy": "each process must pass its own rank to init_process_group (with mp.spawn: the "
-                              "process index the function receives first), not a constant"}
-    for key, label in (("world_size", "world sizes"), ("backend", "backends")):
-        seen: dict[Any, dict[str, Any]] = {}
-        for claim in claims:
-            value = claim.get(key)
-            if value is None or value == "default":
-                continue
-            seen.setdefault(value, claim)
-        if len(seen) > 1:
-            (a, first), (b, second) = list(seen.items())[:2]
-            return {"kind": f"different_{key}", "claims": [first, second],
-                    "summary": f"the processes disagree on {label}: {a} ({where(first)}) and {b} ({where(second)})",
-                    "remedy": f"pass the same {key} to init_process_group on every process"}
-    return None
-
-
-def straggler(stats: dict[int, dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The rank every other rank waits for, from the ranks' per-step medians; None when there is none.
-
-    A chronically late rank spends the least time in collectives (the others are already there) and
-    every other rank waits about as long as it is late. Medians over the last steps make one slow step
-    (a checkpoint, a cold cache) irrelevant.
-    """
-    usable = {r: s for r, s in stats.items() if s and s.get("window", 0) >= STRAGGLER_MIN_STEPS}
-    if len(usable) < 2 or len(usable) < len(stats):
-        return None
-    slow = min(usable, key=lambda r: (usable[r]["wait_us"], r))
-    excess = [usable[r]["wait_us"] - usable[slow]["wait_us"] for r in usable if r != slow]
-    step_us = statistics.median(s["step_us"] for s in usable.values())
-    if step_us <= 0 or min(excess) < max(STRAGGLER_MIN_US, STRAGGLER_MIN_SHARE * step_us):
-        return None
-    wait_us = statistics.median(excess)
-    share = wait_us / step_us
-    return {"rank": slow, "wait_us": round(wait_us, 1), "step_us": round(step_us, 1), "share": round(share, 3),
-            "summary": f"rank {slow} is the straggler: the others wait {wait_us / 1000:.0f} ms per step for it "
-                       f"({100 * share:.0f} % of the step)",
-            "remedy": f"look at what rank {slow} does alone each step (its data shard or loader, a slower "
-                      "host or GPU, extra logging or checkpointing on that rank)"}
 
 
 def _op_class(op: str) -> str:

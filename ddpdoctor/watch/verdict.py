@@ -54,7 +54,7 @@ from ddpdoctor.ranks import rank_phrase
 
 
 class RankState(Protocol):
-    """What this module reads of a rank (``aggregate.RankState``; a protocol, so the aggregator can import
+    """What this module reads of a rank (``state.RankState``; a protocol, so the aggregator can import
     this module without a circle)."""
 
     host: str

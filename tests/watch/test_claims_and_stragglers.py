@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.watch.aggregate import CRASH, INIT_CONFLICT, OK, Aggregator, claim_conflict, straggler
+from ddpdoctor.watch.aggregate import CRASH, INIT_CONFLICT, OK, Aggregator
+from ddpdoctor.watch.claims import claim_conflict, straggler
 from ddpdoctor.watch.report import render
 from ddpdoctor.watch.spawned import spawn_sites
 
