@@ -225,6 +225,9 @@ versions() {
     else
         echo "nvidia-smi: not found"
     fi
+    # DataLoader workers pass batches and NCCL its proxy state through /dev/shm; a container's default (64 MB) is
+    # shared by every phase-1 job (a DataLoader job once read as a crash there, cause unknown).
+    df -h /dev/shm 2>/dev/null | awk 'NR == 2 {print "/dev/shm: " $2 " total, " $4 " free"}' || true
     "$PY" - <<'PY'
 import os
 import platform
