@@ -1,7 +1,9 @@
 """``ddpdoctor bench``: nccl-tests-style collective bandwidth on every rank; slow ranks, hosts and links named.
 
 - :mod:`~ddpdoctor.bench.analysis`: the model: the numbers as nccl-tests defines them (sizes, algbw/busbw),
-  its data classes, the pair analysis and the verdict.
+  its data classes and the verdict.
+- :mod:`~ddpdoctor.bench.pairs`: the link test's plan (which pairs exchange in which round) and its analysis
+  (slow hosts, ranks and links, by a margin the run's own noise sets).
 - :mod:`~ddpdoctor.bench.ops`: the collectives, their timing, inputs whose exact result is known.
 - :mod:`~ddpdoctor.bench.measure`: one size of one op, and the pairwise link test, measured on every rank.
 - :mod:`~ddpdoctor.bench.render`: the nccl-tests table, the pair list, the JSON documents (ours and
@@ -22,10 +24,8 @@ from ddpdoctor.bench.analysis import (
     DTYPE_BYTES,
     MIB,
     BenchConfig,
-    PairResult,
     Row,
     Timing,
-    analyse_pairs,
     avg_busbw,
     bytes_per_rank,
     human_bytes,
@@ -57,6 +57,7 @@ from ddpdoctor.bench.expect import (
 from ddpdoctor.bench.gpu_copy import device_memory, host_device
 from ddpdoctor.bench.measure import gather, measure_pairs, measure_row
 from ddpdoctor.bench.nccl_tests import FOREIGN_FLAGS, foreign_notes, min_busbw_from_env, op_from_binary
+from ddpdoctor.bench.pairs import PairResult, analyse_pairs
 from ddpdoctor.bench.render import check_plot_available
 
 __all__ = [

@@ -15,9 +15,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.bench.analysis import BenchConfig, PairAnalysis, Row, analyse_pairs, human_bytes, problems
+from ddpdoctor.bench.analysis import BenchConfig, Row, human_bytes, problems
 from ddpdoctor.bench.expect import Assessment, Thresholds, assess, crowding
 from ddpdoctor.bench.measure import measure_pairs, measure_row, probe_combinations
+from ddpdoctor.bench.pairs import PairAnalysis, analyse_pairs
 from ddpdoctor.bench.render import (
     nccl_tests_json,
     preamble,

@@ -9,18 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddpdoctor.bench.analysis import (
-    OPS,
-    PairResult,
-    Row,
-    Timing,
-    combine_timing,
-    make_row,
-    pair_schedule,
-    row_count,
-    suspects,
-    undecided,
-)
+from ddpdoctor.bench.analysis import OPS, Row, Timing, combine_timing, make_row, row_count
+from ddpdoctor.bench.pairs import PairResult, pair_schedule, suspects, undecided
 
 
 def gather(value: Any) -> list[Any]:

@@ -16,7 +16,6 @@ from ddpdoctor.bench.analysis import (
     BLOCKING,
     OPS,
     BenchConfig,
-    PairAnalysis,
     Row,
     Timing,
     avg_busbw,
@@ -33,6 +32,7 @@ from ddpdoctor.bench.expect import (
     host_groups,
     host_groups_text,
 )
+from ddpdoctor.bench.pairs import PairAnalysis
 from ddpdoctor.errors import DoctorError
 
 

@@ -11,16 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpdoctor.bench.analysis import (
-    OPS,
-    PairResult,
-    analyse_pairs,
-    pair_schedule,
-    parse_size,
-    round_robin,
-    size_sweep,
-)
+from ddpdoctor.bench.analysis import OPS, parse_size, size_sweep
 from ddpdoctor.bench.ops import count_wrong, expected_output, make_input, modulus, pattern
+from ddpdoctor.bench.pairs import PairResult, analyse_pairs, pair_schedule, round_robin
 from ddpdoctor.errors import DoctorError
 from tests.netns import NetnsHosts, torchrun_on_hosts
 from tests.support import PG_NOT_DESTROYED, clean_env, free_port, run_cli, torchrun_cmd

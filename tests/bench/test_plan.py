@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ddpdoctor.bench.analysis import (
+from ddpdoctor.bench.pairs import (
     PairResult,
     analyse_pairs,
     pair_schedule,
