@@ -123,16 +123,20 @@ GLUED_EXCEPTION = re.compile(r"\S {4,}((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Excep
 # messages on one flattened line are both read (a watchdog timeout, then torchrun's "failed (exitcode: 1)").
 EMBEDDED_LINE_START = re.compile(r"(?<=\S)[ \t]+(?=(?:ERROR|WARNING|CRITICAL|INFO):[\w.]+:|\[?[EWFI]\d{4} \d\d:\d\d:\d\d\.\d{3}"
                                  r"|Traceback \(most recent call last\):|\[rank\d{1,7}\]: )")
-MAX_EMBEDDED_LINES = 32  # pieces read of one flattened line: the first ones; a bound keeps a line's cost linear
+MAX_EMBEDDED_LINES = 32  # pieces read of one flattened line: its first and last ones (an error ends a log)
 
 
 def embedded_lines(text: str) -> list[str]:
-    """``text`` cut where another log line starts inside it (``EMBEDDED_LINE_START``); ``[text]`` when none does."""
-    starts = [m.end() for m in EMBEDDED_LINE_START.finditer(text)][:MAX_EMBEDDED_LINES - 1]
+    """``text`` cut where another log line starts inside it (``EMBEDDED_LINE_START``); ``[text]`` when none does.
+    Of more than ``MAX_EMBEDDED_LINES`` pieces, the first and the last half of that are kept (a line's cost
+    stays bounded; a failure is most often at a log's end)."""
+    starts = [m.end() for m in EMBEDDED_LINE_START.finditer(text)]
     if not starts:
         return [text]
     bounds = [0, *starts, len(text)]
-    return [text[a:b].rstrip() for a, b in itertools.pairwise(bounds) if text[a:b].strip()]
+    pieces = [text[a:b].rstrip() for a, b in itertools.pairwise(bounds) if text[a:b].strip()]
+    half = MAX_EMBEDDED_LINES // 2
+    return pieces if len(pieces) <= MAX_EMBEDDED_LINES else pieces[:half] + pieces[-half:]
 
 
 # glog "E1122 01:39:40.561000" (optionally after "[rank0]:[") and ISO-ish "2026-11-22 01:39:40,123"

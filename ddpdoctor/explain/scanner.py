@@ -444,7 +444,7 @@ class Scanner:
             self.lines_windowed += 1
             lookback = partial(self._lookback, block, start, tail)
             for text in _windows(block, start, end):
-                sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+                sig = self._match_pieces(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
                 if sig is not None:
                     return sig, start, 0
             return None, start, 0
@@ -462,14 +462,7 @@ class Scanner:
                 self._floor = _line_end(block, last, size) + 1
                 return sig, last, used
         lookback = partial(self._lookback, block, start, tail)
-        pieces = embedded_lines(text) if gate else [text]
-        if len(pieces) > 1:  # a flattened paste: each log line it holds is read on its own
-            found = [self._match_line(piece, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
-                     for piece in pieces]
-            sig = next((s for s in found if s is not None), None)
-            if sig is not None:
-                return sig, start, 0
-        sig = self._match_line(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
+        sig = self._match_pieces(text, sigs, gate, name, file_index, line_no + 1, file_rank, lookback)
         if sig is None and gate and (glued := GLUED_EXCEPTION.search(text)) is not None:
             # The exception line a paste glued onto the source line above it, read as the line it was (on the
             # same rank: a "[rank3]:" in front of the glued pair is the exception's too).
@@ -657,6 +650,20 @@ class Scanner:
         if template is not None and template.signature == sig.id:
             return len(sig.patterns), {}
         return -1, None
+
+    def _match_pieces(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
+                      line_no: int, file_rank: int | None, lookback: Any) -> Signature | None:
+        """``_match_line`` for a line that may be a flattened paste: each log line it holds
+        (``lines.embedded_lines``) is credited on its own, the first match returned; else the line whole."""
+        pieces = embedded_lines(text) if gate else [text]
+        if len(pieces) > 1:
+            sigs = tuple(sigs)
+            found = [self._match_line(piece, sigs, gate, name, file_index, line_no, file_rank, lookback)
+                     for piece in pieces]
+            sig = next((s for s in found if s is not None), None)
+            if sig is not None:
+                return sig
+        return self._match_line(text, sigs, gate, name, file_index, line_no, file_rank, lookback)
 
     def _match_line(self, text: str, sigs: Iterable[Signature], gate: bool, name: str, file_index: int,
                     line_no: int, file_rank: int | None, lookback: Any, quote: str | None = None,

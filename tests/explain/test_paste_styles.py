@@ -362,6 +362,10 @@ def test_a_flattened_line_holding_two_log_lines_reads_both() -> None:
             "for 1807565 milliseconds before timing out. ERROR:torch.distributed.elastic.multiprocessing.api:failed "
             "(exitcode: 1) local_rank: 0 (pid: 1530483) of binary: /home/u/.conda/envs/sod/bin/python3.8\n")
     assert [d.id for d in explain_text(line).diagnoses] == ["nccl-timeout", "worker-failed"]
+    # The same at the end of a flattened line longer than what one match is handed (read in windows).
+    long_line = "INFO:train:step 1 loss 2.31 " * 200 + "Traceback (most recent call last): " + line
+    assert len(long_line) > 4096
+    assert [d.id for d in explain_text(long_line).diagnoses] == ["nccl-timeout", "worker-failed"]
     # A message that merely mentions a level word, or a rank in brackets, is one line.
     from ddpdoctor.explain.lines import embedded_lines
 
