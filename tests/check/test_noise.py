@@ -47,16 +47,12 @@ def test_eight_ranks_on_few_cores_blame_no_link_and_name_the_crowding() -> None:
     assert all("samples_gbps" in p for p in measured["details"]["pairs"])
 
 
-def _others_crowded(data: dict[str, Any]) -> bool:
-    """The report counted other processes' runnable threads on the job's cores (other test workers' jobs)."""
-    return any(int(entry.get("others") or 0) > 0 for f in data["findings"]
-               for entry in (f.get("details") or {}).get("crowded") or [])
-
-
 def test_a_throttled_rank_is_still_named_among_four(tmp_path: Path) -> None:
-    """Up to three tries: a try whose report says other processes' threads also crowded the cores (another
-    test worker's ranks beside this job, which `check` rightly declines to blame a rank for) does not count
-    against the claim; a try on cores that only this job crowds must name rank 3."""
+    """Up to three tries. On two cores shared by four ranks a try may honestly end in "contention" with nobody
+    blamed (the run's own noise too large to judge, or another test worker's ranks beside this job); no try may
+    ever blame another rank, and one of them must name rank 3 (1 of 6 tries alone, and one whole suite of five,
+    ended in contention before the undecided pairs were measured again; one suite in three still did after)."""
+    named: list[dict[str, Any]] = []
     for attempt in range(3):
         report = tmp_path / f"report{attempt}.json"
         cmd = [*torchrun_cmd(), "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
@@ -68,10 +64,12 @@ def test_a_throttled_rank_is_still_named_among_four(tmp_path: Path) -> None:
         data = json.loads(report.read_text())
         slow = [f for f in data["findings"] if f["check"] == "bandwidth" and f["status"] == "warn"
                 and " is slow" in f["summary"]]
-        if [f["ranks"] for f in slow] == [[3]] or not _others_crowded(data):
+        assert all(f["ranks"] == [3] for f in slow), [f["summary"] for f in slow]  # never another rank
+        if slow:
+            named = slow
             break
-    assert [f["ranks"] for f in slow] == [[3]], [f["summary"] for f in data["findings"]]
-    assert slow[0]["summary"].startswith("rank 3 ")
+    assert [f["ranks"] for f in named] == [[3]], [f["summary"] for f in data["findings"]]
+    assert named[0]["summary"].startswith("rank 3 ")
     # Named after being measured again: its pairs carry more than one sample.
-    pairs = slow[0]["details"]["pairs"]
+    pairs = named[0]["details"]["pairs"]
     assert any(len(p["samples_gbps"]) > 1 for p in pairs if 3 in (p["a"], p["b"]))
