@@ -81,9 +81,12 @@ DIST_CONTEXT = re.compile(
     # fairscale, Horovod; and the variables of the MPI and Slurm launchers.
     rb"|[Mm]egatron[A-Z./\\_-]|colossalai[./\\]|torchtitan[./\\]|nanotron[./\\]|fairscale[./\\]|horovod[./\\]"
     rb"|SLURM_PROCID|OMPI_COMM_WORLD_"
-    # c10d and gloo exist only for process groups; a torch.distributed call in a traceback's source line.
-    rb"|c10d|gloo[./\\]|\bdist\.(?:barrier|all_reduce|all_gather|broadcast|reduce_scatter|all_to_all|get_rank"
-    rb"|get_world_size)\(")
+    # c10d and gloo exist only for process groups (and NCCL's library in a native backtrace, libnccl.so: it is
+    # loaded when a process group or DataParallel's broadcast uses it); DGL's distributed graph store (its
+    # dgl.distributed package and the C++ RPC layer only it uses, dgl/src/rpc/); a torch.distributed call in a
+    # traceback's source line.
+    rb"|c10d|gloo[./\\]|libnccl|dgl[./\\]distributed|dgl[./\\]src[./\\]rpc[./\\]"
+    rb"|\bdist\.(?:barrier|all_reduce|all_gather|broadcast|reduce_scatter|all_to_all|get_rank|get_world_size)\(")
 # Literals every DIST_CONTEXT match contains. DIST_CONTEXT has no literal start, so `re` tries every
 # alternative at every position: 22-38 MB/s over a log with no sign (a plain single-GPU run pays it on every
 # block), against GB/s for `bytes.find` of a literal; the regex only confirms around each literal found.
@@ -91,7 +94,7 @@ DIST_LITERALS = (b"NCCL", b"rank", b"Rank", b"RANK", b"torch", b"ProcessGroup", 
                  b"init_process_group", b"WORLD_SIZE", b"deepspeed", b"accelerate", b"requested", b"[default",
                  b"]<std", b"distributed training: True", b"Distributed environment: ", b"MASTER_", b"strategies",
                  b"egatron", b"colossalai", b"torchtitan", b"nanotron", b"fairscale", b"horovod", b"SLURM_PROCID",
-                 b"OMPI_COMM_WORLD_", b"c10d", b"gloo", b"dist.")
+                 b"OMPI_COMM_WORLD_", b"c10d", b"gloo", b"dist.", b"libnccl", b"dgl")
 DIST_WINDOW = 32  # bytes either side of a literal: more than the longest DIST_CONTEXT alternative
 DIST_MAX_CANDIDATES = 256  # literals found but not confirmed (torch/nn/... frames): then one regex pass
 # mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.

@@ -45,6 +45,7 @@ from ddpdoctor.explain.model import (
     Evidence,
     RankEvent,
 )
+from ddpdoctor.explain.native import VerbsCrash
 from ddpdoctor.explain.phases import PhaseEnd
 
 PROBABLE_HANG = "probable-hang"
@@ -69,6 +70,8 @@ class Facts:
     last_progress: dict[int, tuple[str, int, str]] = field(default_factory=dict)
     # Inputs that end in a traceback cut before its exception line, whose last frame names a distributed step.
     cut_tracebacks: list[CutTraceback] = field(default_factory=list)
+    # Native backtraces in which NCCL called the InfiniBand verbs libraries and they crashed (see native.py).
+    verbs_crashes: list[VerbsCrash] = field(default_factory=list)
 
 
 def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts | None = None,
@@ -94,6 +97,9 @@ def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts
     if hang is not None:
         diags.append(hang)
     diags.extend(_cut_traceback_guesses(facts, kb or {}, {d.id for d in diags}))
+    crash = _verbs_crash(facts, kb or {}, {d.id for d in diags})
+    if crash is not None:
+        diags.append(crash)
     for d in diags:
         d.caused_by = None
         d.first_rank, d.first_rank_by = _first_rank(d, facts.summary_roots)
@@ -324,3 +330,45 @@ def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[
             if text and len(d.evidence) < MAX_EVIDENCE:
                 d.evidence.append(Evidence(cut.file, line, text[:MAX_EVIDENCE_CHARS]))
     return list(out.values())
+
+
+# -- a native crash in the verbs libraries, called by NCCL ---------------------------------------------------
+
+NCCL_IB_ERROR = "nccl-ib-error"
+
+
+def _verbs_crash(facts: Facts, kb: dict[str, Signature], present: set[str]) -> Diagnosis | None:
+    """One ``nccl-ib-error`` for the native backtraces that show NCCL calling the verbs libraries and those
+    crashing (see native.py), quoting the signal's line, the verbs frame and NCCL's frame; none when an NCCL IB
+    error line was found already (it says more)."""
+    if not facts.verbs_crashes or NCCL_IB_ERROR not in kb or NCCL_IB_ERROR in present:
+        return None
+    first = facts.verbs_crashes[0]
+    died = f"crashed ({first.signal_name})" if first.signal_name else "crashed"
+    sig = replace(kb[NCCL_IB_ERROR],
+                  title=f"A process {died} inside the InfiniBand verbs library ({first.verbs_call}), called by NCCL "
+                        f"({first.nccl_lib}): NCCL's IB transport crashed on this machine's RDMA stack",
+                  cause="The native backtrace runs from NCCL into the verbs libraries (libibverbs or its provider) "
+                        "and ends there: NCCL loads the host's libibverbs and calls it to list and open the "
+                        "InfiniBand/RoCE devices when it creates a communicator, and that call crashed. No NCCL error "
+                        "is printed for it. It comes from the machine, not the training code: a container's "
+                        "rdma-core that does not match the host's driver (MOFED/OFED), two copies of libibverbs on "
+                        "the library path (HPC-X's or MPI's beside the system's), a provider library (libmlx5) "
+                        "missing, or /dev/infiniband passed into a container without its libraries.",
+                  remedy="Run once with NCCL_IB_DISABLE=1: if the job then starts (over TCP sockets), the verbs stack "
+                         "is at fault. Check `ibv_devinfo` in the same environment (container) the job runs in, "
+                         "`ldd` of libnccl / `ldconfig -p | grep ibverbs` for two libibverbs, and make the "
+                         "container's rdma-core match the host's driver (or mount the host's libraries).")
+    d = Diagnosis(sig, fatal=True)
+    d.first_seq = (first.file_index, first.signal_line or first.verbs_line)
+    for crash in facts.verbs_crashes:
+        d.count += 1
+        if crash.rank is not None and len(d.ranks) < MAX_RANKS:
+            d.ranks.add(crash.rank)
+        d.rank_events.setdefault(crash.rank, RankEvent((crash.file_index, crash.signal_line or crash.verbs_line),
+                                                       None))
+        for text, line in ((crash.signal, crash.signal_line), (crash.verbs_frame, crash.verbs_line),
+                           (crash.nccl_frame, crash.nccl_line)):
+            if text and len(d.evidence) < MAX_EVIDENCE:
+                d.evidence.append(Evidence(crash.file, line, text[:MAX_EVIDENCE_CHARS]))
+    return d

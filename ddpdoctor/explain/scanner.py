@@ -64,6 +64,7 @@ from ddpdoctor.explain.model import (
     ExplainResult,
     RankEvent,
 )
+from ddpdoctor.explain.native import verbs_crash
 from ddpdoctor.explain.phases import TAIL_BYTES, where_input_ends
 from ddpdoctor.explain.prefilter import build_prefilter, prefilter_anchors
 from ddpdoctor.explain.ranking import Facts, order_diagnoses
@@ -261,6 +262,9 @@ class Scanner:
         cut_at_end = cut_traceback(end_tail, lines_in_input, name, file_index, file_rank)
         if cut_at_end is not None:
             self._facts.cut_tracebacks.append(cut_at_end)
+        crash = verbs_crash(end_tail, lines_in_input, name, file_index, file_rank)
+        if crash is not None:
+            self._facts.verbs_crashes.append(crash)
         if any(i in self._found for i in TIMEOUT_IDS):  # what the rank the others waited for did last
             self._facts.last_progress.update(last_progress_lines(end_tail, len(end_tail) == consumed,
                                                                  lines_in_input, name, file_rank))
