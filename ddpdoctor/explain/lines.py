@@ -119,6 +119,25 @@ EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<exception>[A-Z]\w*(?:Error
 # spaces that padded it to the terminal's or the page's width, then "AttributeError: 'NoneType' object has no
 # attribute 'dtype'" (a thread excerpt or a comment box that lost the line break and kept the padding). Four
 # spaces at least, after text, and a message: indentation and "x = f(y)  # ValueError" comments are not it.
+# The same exception's name twice back to back (``RuntimeErrorRuntimeError: ...``): several processes wrote their
+# exception lines into one stream at the same moment (ranks launched without per-rank prefixes), as interleaved
+# tracebacks are. One process prints its exception line whole, so this is a sign of a multi-process job.
+SEVERAL_WRITERS = re.compile(r"((?:[A-Z][a-z0-9]*)+(?:Error|Exception))\1")
+MAX_GLUED_NAME_CHARS = 200  # two glued names longer than this are not read as one (the regex backtracks on names)
+
+
+def one_writer(exception: str, message: str) -> tuple[str, str]:
+    """An exception line's type and message as one process wrote them, when several writers glued theirs
+    (``RuntimeErrorRuntimeError: RuntimeError/path...`` -> ``RuntimeError``, ``/path...``); unchanged otherwise."""
+    twice = SEVERAL_WRITERS.match(exception[:MAX_GLUED_NAME_CHARS + 1])
+    if twice is None or twice.end() != len(exception):
+        return exception, message
+    exception = twice.group(1)
+    while message.startswith(exception):
+        message = message[len(exception):].lstrip(": ")
+    return exception, message
+
+
 GLUED_EXCEPTION = re.compile(r"\S {4,}((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S.*)$")
 # Where a line that a paste flattened (a comment box or a thread's excerpt that lost the line breaks) holds the start
 # of another log line: Python logging's default "ERROR:torch.distributed.elastic...:", a glog header, a traceback's

@@ -34,9 +34,11 @@ from ddpdoctor.explain.lines import (
     EXCEPTION_LINE,
     GLUED_EXCEPTION,
     LINE_PREFIX_RANK,
+    MAX_GLUED_NAME_CHARS,
     MIN_WRAP_CHARS,
     NCCL_RANK,
     PG_RANK,
+    SEVERAL_WRITERS,
     SIGTERM_LIKE,
     SPAWN_HEADER,
     SRUN_LABEL,
@@ -47,6 +49,7 @@ from ddpdoctor.explain.lines import (
     from_the_web,
     has_dist_sign,
     interleaved_tracebacks,
+    one_writer,
     quiet_level,
     rank_int,
     signal_name,
@@ -726,7 +729,8 @@ class Scanner:
                 self._distributed = True
             elif not self._distributed:  # the traceback around it may show the job is distributed
                 around = "\n".join((text, *lookback(TRACEBACK_LOOKBACK_LINES))).encode("utf-8", "replace")
-                self._distributed = DIST_CONTEXT.search(around) is not None
+                self._distributed = (DIST_CONTEXT.search(around) is not None
+                                     or SEVERAL_WRITERS.search(text[:MAX_GLUED_NAME_CHARS]) is not None)
             diag = self._found.get(sig.id)
             if diag is None:
                 diag = self._found[sig.id] = Diagnosis(sig)
@@ -737,6 +741,8 @@ class Scanner:
             event = None
             if rank not in diag.rank_events:  # the first line on this rank: what and where, for the ranking
                 event = self._event(text, seq, when, lookback)
+            if "exception" in groups:  # several ranks' exception lines glued into one: the type and message once
+                groups["exception"], groups["message"] = one_writer(groups["exception"], groups.get("message") or "")
             if "frame" not in groups and event is not None and event.frame is not None:
                 groups["frame"] = event.frame
             diag.add(ev, rank, index, groups, seq, when, fatal, event)
@@ -763,8 +769,8 @@ class Scanner:
             if prefix is not None and (p is None or p.group(0) != prefix.group(0)):
                 continue  # another rank's line, interleaved: not this traceback
             frames.append(ln[p.end():] if p else ln)
-        return RankEvent(seq, when, m.group("exception"), (m.group("message") or "").strip()[:MAX_DETAIL_CHARS],
-                         user_frame(frames))
+        exception, message = one_writer(m.group("exception"), (m.group("message") or "").strip())
+        return RankEvent(seq, when, exception, message[:MAX_DETAIL_CHARS], user_frame(frames))
 
     @staticmethod
     def _wrapped_label(lookback: Any, text: str) -> bool:

@@ -1,0 +1,90 @@
+"""Pastes of issue 33's later sets' tuning halves, in the general form their sources print (issue 33).
+
+* several ranks writing the same exception line into one stream at once (``RuntimeErrorRuntimeError: ...``), a sign
+  of a multi-process job as interleaved tracebacks are;
+* torchrun's own traceback cut right after ``ChildFailedError:`` (its failure table, which starts on the next line,
+  not pasted);
+* a CUDA kernel's device-side assertion as the GPU prints it (``<file>.cu:N: <fn>: block: [..], thread: [..]
+  Assertion `...` failed.``);
+* a script reading a launcher's variable that is not set (``KeyError: 'MASTER_HOST'``: torchpack's dist-run, Slurm's
+  and MPI's variables beside torchrun's).
+
+The sources of each text are in ddpdoctor/explain/kb.json next to its pattern.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ddpdoctor.explain import explain_text
+from tests.support import run_cli
+
+
+def _verdict(text: str) -> tuple[int, list[dict]]:
+    proc = run_cli(["explain", "--json", "-"], input_text=text)
+    return proc.returncode, json.loads(proc.stdout)["diagnoses"]
+
+
+TE = "/opt/te/transformer_engine/common/fused_attn/fused_attn_f16_arbitrary_seqlen.cu:227"
+
+
+def test_exception_lines_glued_by_several_ranks_are_a_distributed_failure_named_once() -> None:
+    glued = (f"RuntimeErrorRuntimeError: RuntimeError{TE} in function operator(): cuDNN Error: [cudnn_frontend] "
+             "Error: No execution plans built successfully.\n"
+             f": : : {TE} in function operator(): cuDNN Error: [cudnn_frontend] Error: No execution plans built\n")
+    code, diags = _verdict(glued)
+    assert code == 1
+    assert diags[0]["id"] == "python-exception"
+    said = diags[0]["exception"]
+    assert (said["exception"], said["message"][:len(TE)]) == ("RuntimeError", TE), said
+    assert diags[0]["details"]["exception"] == ["RuntimeError"]
+    # The same line written once, by one process with no sign of a job around it, stays that process's own error.
+    alone = f"RuntimeError: {TE} in function operator(): cuDNN Error: [cudnn_frontend] Error: No execution plans\n"
+    assert _verdict(alone) == (0, [])
+
+
+def test_torchruns_traceback_cut_after_childfailederror_says_a_worker_failed() -> None:
+    cut = ('Traceback (most recent call last):\n'
+           '  File "/home/u/.local/bin/torchrun", line 8, in <module>\n'
+           '    sys.exit(main())\n'
+           '  File "/home/u/.local/lib/python3.9/site-packages/torch/distributed/launcher/api.py", line 264, in '
+           'launch_agent\n'
+           '    raise ChildFailedError(\n'
+           'torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n')
+    code, diags = _verdict(cut)
+    assert code == 1
+    assert [d["id"] for d in diags] == ["worker-failed"]
+    assert "ChildFailedError" in diags[0]["evidence"][0]["text"]
+
+
+ASSERTION = ("../aten/src/ATen/native/cuda/IndexKernel.cu:93: operator(): block: [0,0,0], thread: [3,0,0] Assertion "
+             "`-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed.")
+
+
+def test_a_kernels_own_assertion_is_a_cuda_kernel_error_quoting_it() -> None:
+    log = ("Training 1/1.0 epoch:   0%|          | 0/104 [00:00<?, ?it/s]" + ASSERTION + "\n"
+           "[rank6]: Traceback (most recent call last):\n"
+           '[rank6]:   File "/opt/app/ppo.py", line 508, in <module>\n')
+    code, diags = _verdict(log)
+    assert code == 1
+    assert diags[0]["id"] == "cuda-kernel-error"
+    assert diags[0]["ranks"] == [] or diags[0]["ranks"] == [6]
+    assert "index out of bounds" in diags[0]["evidence"][0]["text"]
+    # One process with no sign of a job: its own failure, shown as a note (the single-process device-assert rule).
+    assert [(d.id, d.signature.role) for d in explain_text(ASSERTION + "\n").diagnoses] == [("cuda-kernel-error", "note")]
+    code, diags = _verdict(ASSERTION + "\n")
+    assert code == 0 and [d["id"] for d in diags] == ["cuda-kernel-error"]
+
+
+def test_a_launchers_variable_missing_is_a_script_started_without_its_launcher() -> None:
+    for variable in ("MASTER_HOST", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "LOCAL_RANK"):
+        log = ('Traceback (most recent call last):\n'
+               '  File "/home/u/bevfusion/tools/train.py", line 24, in main\n'
+               '    dist.init()\n'
+               '  File "/home/u/env/lib/python3.8/os.py", line 673, in __getitem__\n'
+               '    raise KeyError(key) from None\n'
+               f"KeyError: '{variable}'\n")
+        code, diags = _verdict(log)
+        assert (code, diags[0]["id"]) == (1, "env-not-set"), variable
+    # Any other missing key is the script's own KeyError, not a launcher's variable.
+    assert _verdict("KeyError: 'up_blocks.0'\n") == (0, [])
