@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ddpdoctor.explain.lines import SPAWN_HEADER, strip_paste
+from ddpdoctor.explain.lines import LINE_PREFIX_RANK, SPAWN_HEADER, rank_int, strip_paste
 from ddpdoctor.explain.phases import MAX_TAIL_LINE_CHARS
 
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
@@ -43,7 +43,6 @@ _NCCL_BACKEND = re.compile(r"""backend\s*=\s*["']nccl["']|["']nccl["']""")
 _ACCELERATE_STATE = "accelerate/state.py"
 MIN_WRAP_WIDTH = 60  # narrower lines are not taken for a terminal's wrap
 _EXCEPTION_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b")
-_RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)\d+\]: ?")
 
 # Frames that pass a call on without being it.
 _TRANSPARENT = (
@@ -145,9 +144,10 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
     for i, raw in enumerate(lines[1:], start=1):
         wrapped, above = above == width >= MIN_WRAP_WIDTH, len(raw.rstrip("\r"))
         text = strip_paste(raw.rstrip("\r"))
-        if (prefix := _RANK_PREFIX.match(text)) is not None:
-            rank = int(re.sub(r"\D", "", prefix.group(0)))
+        if (prefix := LINE_PREFIX_RANK.match(text)) is not None:  # torchrun's [rankN]:, mpirun's [1,N]<stderr>:
+            rank = rank_int(prefix.group(1) or prefix.group(2) or prefix.group(3) or "")
             text = text[prefix.end():]
+            text = text.removeprefix(" ")
         if not text.strip():
             continue
         # The rest of the line above that a terminal wrapped: the line above as wide as the widest, this one no

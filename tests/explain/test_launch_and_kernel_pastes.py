@@ -7,7 +7,10 @@
 * a CUDA kernel's device-side assertion as the GPU prints it (``<file>.cu:N: <fn>: block: [..], thread: [..]
   Assertion `...` failed.``);
 * a script reading a launcher's variable that is not set (``KeyError: 'MASTER_HOST'``: torchpack's dist-run, Slurm's
-  and MPI's variables beside torchrun's).
+  and MPI's variables beside torchrun's);
+* (the tenth and eleventh sets) exception lines behind Open MPI's ``[1,0]<stderr>:`` tags, OpenMMLab's anomalous
+  parameters lines, a PyTorch without ``torch.distributed``, and NCCL's watchdog raising a CUDA error from its event
+  query (``WorkNCCL::finishedGPUExecutionInternal`` in the C++ frames).
 
 The sources of each text are in ddpdoctor/explain/kb.json next to its pattern.
 """
@@ -88,3 +91,53 @@ def test_a_launchers_variable_missing_is_a_script_started_without_its_launcher()
         assert (code, diags[0]["id"]) == (1, "env-not-set"), variable
     # Any other missing key is the script's own KeyError, not a launcher's variable.
     assert _verdict("KeyError: 'up_blocks.0'\n") == (0, [])
+
+
+def test_mpirun_and_horovodrun_tagged_exception_lines_name_the_ranks() -> None:
+    # Open MPI's --tag-output (horovodrun runs mpirun with it): [jobid,rank]<stderr>: before each line.
+    lines = []
+    for rank in (1, 0):
+        lines += [f"[1,{rank}]<stderr>:Traceback (most recent call last):",
+                  f'[1,{rank}]<stderr>:  File "trainer.py", line 31, in <module>',
+                  f"[1,{rank}]<stderr>:    BATCH_SIZE = int(args.b_size) or 16384",
+                  f"[1,{rank}]<stderr>:AttributeError: 'Namespace' object has no attribute 'b_size'"]
+    code, diags = _verdict("\n".join(lines) + "\n")
+    assert code == 1
+    assert diags[0]["id"] == "python-exception" and diags[0]["ranks"] == [0, 1]
+    assert diags[0]["first_rank"] == 1  # the first in the paste
+    assert diags[0]["exception"]["frame"] == "trainer.py:31 in <module>"
+
+
+def test_openmmlabs_anomalous_parameter_lines_are_unused_parameters_named() -> None:
+    log = ("08/03 15:04:42 - mmengine - ERROR - mmengine/logging/logger.py - print_log - 323 - "
+           "module.backbone.final.kernel with shape torch.Size([96, 96]) is not in the computational graph\n"
+           "module.backbone.final.bias with shape torch.Size([1, 96]) is not in the computational graph\n")
+    code, diags = _verdict(log)
+    assert code == 1 and diags[0]["id"] == "unused-parameters"
+    assert diags[0]["details"]["param_names"] == ["module.backbone.final.kernel", "module.backbone.final.bias"]
+
+
+def test_a_pytorch_without_the_distributed_package_is_named_with_a_note() -> None:
+    log = ('Traceback (most recent call last):\n'
+           '  File "train.py", line 146, in <module>\n'
+           '    torch.distributed.init_process_group(backend="nccl", world_size=args.world_size)\n'
+           "AttributeError: module 'torch.distributed' has no attribute 'init_process_group'\n")
+    code, diags = _verdict(log)
+    assert code == 1 and diags[0]["id"] == "nccl-not-available"
+    assert any("no distributed package at all" in note for note in diags[0]["notes"])
+    # Another module's missing attribute is the script's own error.
+    assert _verdict("AttributeError: module 'torch.cuda' has no attribute 'foo'\n") == (0, [])
+
+
+def test_the_watchdog_raising_a_cuda_error_from_its_event_query_is_a_kernel_error() -> None:
+    lib = "/opt/venv/lib/python3.12/site-packages/torch/lib"
+    log = ("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n\n"
+           "Exception raised from c10_cuda_check_implementation at /pytorch/c10/cuda/CUDAException.cpp:44 "
+           "(most recent call first):\n"
+           f"frame #2: c10d::ProcessGroupNCCL::WorkNCCL::finishedGPUExecutionInternal() const + 0x50 (0x7fd3 in "
+           f"{lib}/libtorch_cuda.so)\n"
+           f"frame #3: c10d::ProcessGroupNCCL::WorkNCCL::isCompleted() + 0x68 (0x7fd3 in {lib}/libtorch_cuda.so)\n"
+           f"frame #4: c10d::ProcessGroupNCCL::Watchdog::runLoop() + 0x969 (0x7fd3 in {lib}/libtorch_cuda.so)\n")
+    code, diags = _verdict(log)
+    assert code == 1 and [d["id"] for d in diags] == ["cuda-kernel-error"]
+    assert "finishedGPUExecutionInternal" in diags[0]["evidence"][0]["text"]
