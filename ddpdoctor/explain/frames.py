@@ -16,7 +16,9 @@ function and code line (a user's own ``dist.init_process_group(...)`` line count
 torch's frames). An innermost frame that is no distributed call gives no guess: a cut traceback in the user's
 model says nothing about DDP, unless the launcher said whose it is: torch.multiprocessing.spawn's "-- Process N
 terminated with the following error:" right above the header says that process raised a Python exception
-(``SPAWN_RAISED``), whatever its frames.
+(``SPAWN_RAISED``), whatever its frames. Otherwise the innermost real frame is kept as ``RANK_RAISED``: in a job the
+rest of the log shows to be distributed, a rank's traceback cut in its own code is that rank raising there, which
+the ranking words as such (``ranking._cut_traceback_guesses``), and says nothing in a single-process log.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from ddpdoctor.explain.phases import MAX_TAIL_LINE_CHARS
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
 # The stage of a cut traceback that mp.spawn reported as a process's exception (its frames name no distributed step).
 SPAWN_RAISED = "spawn-raised"
+# The stage of a cut traceback whose innermost real frame is the rank's own code (no distributed call).
+RANK_RAISED = "rank-raised"
 MAX_CUT_LINES = 400  # lines after the last header looked at: a deeper traceback is not a paste someone cut
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>.]+)\s*$')
 # Where Python lives on Windows ("C:/Users/...", after _norm) and macOS (home folders, Homebrew, the framework build).
@@ -43,6 +47,9 @@ _NCCL_BACKEND = re.compile(r"""backend\s*=\s*["']nccl["']|["']nccl["']""")
 _ACCELERATE_STATE = "accelerate/state.py"
 MIN_WRAP_WIDTH = 60  # narrower lines are not taken for a terminal's wrap
 _EXCEPTION_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b")
+
+# torch's own launcher and process code: a traceback cut there is the launcher's, not a rank's own code.
+_LAUNCHER_CODE = ("torch/distributed/", "torch/multiprocessing/", "/runpy.py", "multiprocessing/")
 
 # Frames that pass a call on without being it.
 _TRANSPARENT = (
@@ -178,8 +185,10 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
         if got is None and spawn is not None:  # the spawn line is the one above the header (line first_no)
             return CutTraceback(name, file_index, n, SPAWN_RAISED, func, frame, code, code_no, int(spawn.group(1)),
                                 reported=spawn.string.strip(), reported_line=first_no - 1)
-        if got is None:
-            return None  # the innermost real frame is no distributed call: no guess
+        if got is None:  # the innermost real frame is no distributed call: the rank raised in its own code
+            if any(piece in path for piece in _LAUNCHER_CODE):
+                return None  # torchrun's own traceback (its agent, its metrics wrapper): no rank's
+            return CutTraceback(name, file_index, n, RANK_RAISED, func, frame, code, code_no, rank)
         stage, call = got
         paths = [f[1] for f in frames]
         platform = ("windows" if any(_WINDOWS_PATH.match(p) for p in paths)

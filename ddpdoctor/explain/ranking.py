@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from ddpdoctor.explain.frames import SPAWN_RAISED, CutTraceback
+from ddpdoctor.explain.frames import RANK_RAISED, SPAWN_RAISED, CutTraceback
 from ddpdoctor.explain.knowledge import ROLE_ORDER, Link, Signature
 from ddpdoctor.explain.model import (
     MAX_EVIDENCE,
@@ -96,7 +96,7 @@ def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts
     hang = _probable_hang(facts, kb or {})
     if hang is not None:
         diags.append(hang)
-    diags.extend(_cut_traceback_guesses(facts, kb or {}, {d.id for d in diags}))
+    diags.extend(_cut_traceback_guesses(facts, kb or {}, {d.id for d in diags}, distributed))
     crash = _verbs_crash(facts, kb or {}, {d.id for d in diags})
     if crash is not None:
         diags.append(crash)
@@ -280,7 +280,8 @@ NCCL_NOT_AVAILABLE = "nccl-not-available"
 PYTHON_EXCEPTION = "python-exception"
 
 
-def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[str]) -> list[Diagnosis]:
+def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[str],
+                           distributed: bool = True) -> list[Diagnosis]:
     """What the cut tracebacks' last frames say (see frames.py), worded as the guesses they are: one
     ``traceback-cut`` for the steps the frames name, or ``worker-failed`` when the frame is torchrun raising
     ChildFailedError (the summary that would name the rank was cut) and no real summary line was found."""
@@ -302,6 +303,19 @@ def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[
                           remedy=f"Paste or read the rest of process {cut.rank}'s traceback: its last line names the "
                           "exception (often the same on every process); fix that error first, the other processes' "
                           "failures follow from it")
+        elif cut.stage == RANK_RAISED:
+            # Only in a job the log shows to be distributed, and only when nothing else was found (torchrun's
+            # failure summary already says a worker failed, and says more): a single process's cut traceback is its
+            # own affair.
+            if not distributed or PYTHON_EXCEPTION not in kb or present or len(facts.cut_tracebacks) > 1:
+                continue
+            who = f"Rank {cut.rank}" if cut.rank is not None else "A rank"
+            where = cut.call if cut.call.isidentifier() else "its own code"
+            sig = replace(kb[PYTHON_EXCEPTION], title=f"{who} raised an exception in {where} (its traceback is cut "
+                          "before the exception line that would say which; a guess from the frames)",
+                          remedy="Paste or read the rest of that rank's traceback (its own log or the lines prefixed "
+                          "with its rank): the last line names the exception; fix that error first, the other ranks' "
+                          "failures and torchrun's summary follow from it")
         elif cut.stage == WORKER_FAILED:
             if WORKER_FAILED in present or WORKER_FAILED not in kb:
                 continue

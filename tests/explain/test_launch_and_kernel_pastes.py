@@ -141,3 +141,39 @@ def test_the_watchdog_raising_a_cuda_error_from_its_event_query_is_a_kernel_erro
     code, diags = _verdict(log)
     assert code == 1 and [d["id"] for d in diags] == ["cuda-kernel-error"]
     assert "finishedGPUExecutionInternal" in diags[0]["evidence"][0]["text"]
+
+
+CUT_IN_MODEL = ['Traceback (most recent call last):',
+                '  File "/home/u/sid_train.py", line 393, in <module>',
+                '    main()',
+                '  File "/home/u/training/loop.py", line 120, in training_loop',
+                '    loss = model(batch)',
+                '  File "/home/u/env/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1736, in '
+                '_wrapped_call_impl',
+                '    return self._call_impl(*args, **kwargs)',
+                '  File "/home/u/training/networks.py", line 88, in forward']
+
+
+def test_a_ranks_traceback_cut_in_its_own_code_is_that_rank_raising_worded_as_a_guess() -> None:
+    code, diags = _verdict("".join(f"[rank0]: {line}\n" for line in CUT_IN_MODEL))
+    assert code == 1
+    assert [d["id"] for d in diags] == ["python-exception"] and diags[0]["ranks"] == [0]
+    assert diags[0]["title"].startswith("Rank 0 raised an exception in forward (its traceback is cut")
+    assert "networks.py" in " ".join(e["text"] for e in diags[0]["evidence"])
+    # The same traceback with no sign of a distributed job: one process's own affair, no diagnosis.
+    assert _verdict("\n".join(CUT_IN_MODEL) + "\n") == (0, [])
+    # With torchrun's failure summary found, that summary is the diagnosis; the cut traceback adds no guess above it.
+    block = "[E ... api.py:826] failed (exitcode: 1) local_rank: 0 (pid: 2980343) of binary: /usr/bin/python3\n"
+    code, diags = _verdict("".join(f"[rank0]: {line}\n" for line in CUT_IN_MODEL) + block)
+    assert [d["id"] for d in diags][:1] == ["worker-failed"]
+
+
+def test_torchruns_own_traceback_cut_in_its_agent_is_no_ranks_exception() -> None:
+    site = "/usr/lib/python3.11/site-packages/torch/distributed"
+    log = ("torchrun --nproc_per_node=1 train.py\n"
+           "Traceback (most recent call last):\n"
+           f'  File "{site}/launcher/api.py", line 237, in launch_agent\n'
+           "    result = agent.run()\n"
+           f'  File "{site}/elastic/metrics/api.py", line 129, in wrapper\n'
+           "    result = f(*args, **kwargs)\n")
+    assert "python-exception" not in [d["id"] for d in _verdict(log)[1]]
