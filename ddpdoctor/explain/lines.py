@@ -75,6 +75,9 @@ DIST_CONTEXT = re.compile(
     rb"|Distributed environment: MULTI_|Distributed environment: DistributedType.MULTI_|Distributed environment: DEEPSPEED"
     rb"|Distributed environment: FSDP|MASTER_ADDR|MASTER_PORT"
     rb"|torch[./\\]nn[./\\]parallel[./\\]distributed\.py|strategies[./\\]ddp"
+    # Lightning's launchers of the processes of a multi-device strategy (strategies/launchers/: the DDP strategy's
+    # subprocess_script.py, ddp_spawn's multiprocessing.py), in a traceback's frames.
+    rb"|strategies[./\\]launchers[./\\](?:subprocess_script|multiprocessing)\.py"
     # Frameworks that only run as a multi-process job (their code in a frame path or a package name): Megatron
     # (megatron/core, Megatron-LM, Pai-Megatron-Patch's megatron_patch, class names such as MegatronGPTModel or a
     # Ray actor's MegatronPolicyTrainer), ColossalAI, torchtitan, nanotron,
