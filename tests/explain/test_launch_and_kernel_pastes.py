@@ -177,3 +177,17 @@ def test_torchruns_own_traceback_cut_in_its_agent_is_no_ranks_exception() -> Non
            f'  File "{site}/elastic/metrics/api.py", line 129, in wrapper\n'
            "    result = f(*args, **kwargs)\n")
     assert "python-exception" not in [d["id"] for d in _verdict(log)[1]]
+
+
+def test_lightnings_process_launcher_in_the_frames_makes_the_job_distributed() -> None:
+    pl = "/env/lib/python3.10/site-packages/pytorch_lightning"
+    head = ['Traceback (most recent call last):',
+            '  File "/work/train.py", line 455, in main',
+            '    trainer.fit(model)']
+    launcher = [f'  File "{pl}/strategies/launchers/subprocess_script.py", line 105, in launch',
+                '    return function(*args, **kwargs)']
+    tail = [f'  File "{pl}/trainer/trainer.py", line 579, in _fit_impl',
+            '    self._run(model, ckpt_path=ckpt_path)']
+    code, diags = _verdict("\n".join(head + launcher + tail) + "\n")
+    assert (code, [d["id"] for d in diags]) == (1, ["python-exception"])
+    assert _verdict("\n".join(head + tail) + "\n") == (0, [])
