@@ -175,6 +175,8 @@ def test_every_documented_command_line_parses_with_valid_values(doc: Path) -> No
 
 # Read by another program; the docs name it because the user sets or looks at it there.
 DOCUMENTED_EXTERNAL = {
+    "CUDA_KERNEL_ASSERT": "not a variable: PyTorch's kernel assertion macro, whose output explain.md says is recognised",
+    "MASTER_HOST": "torchpack's dist-run sets it and its scripts read it; explain.md names its KeyError as env-not-set",
     "KEEP_LOGS": "scripts/gpu-tests.sh reads it (every log left loose, not packed); testing.md says so",
     "NCCL_GRAPH_FILE": "NCCL reads it (graph search override); explain.md names it as the cause of an error",
     "NCCL_TOPO_FILE": "NCCL reads it (topology override); explain.md names it as the cause of an error",

@@ -191,3 +191,35 @@ def test_lightnings_process_launcher_in_the_frames_makes_the_job_distributed() -
     code, diags = _verdict("\n".join(head + launcher + tail) + "\n")
     assert (code, [d["id"] for d in diags]) == (1, ["python-exception"])
     assert _verdict("\n".join(head + tail) + "\n") == (0, [])
+
+
+def test_the_twelfth_and_thirteenth_sets_messages_in_their_general_form() -> None:
+    # DDP's reducer asserting on zero parameters to bucket (older torch): a module with nothing to train.
+    assert_line = ('RuntimeError: tensors.size() > 0 INTERNAL ASSERT FAILED at '
+                   '"../torch/csrc/distributed/c10d/reducer.cpp":1929, please report a bug to PyTorch.\n')
+    assert _verdict("[rank0]: " + assert_line)[1][0]["id"] == "ddp-no-trainable-parameters"
+    # The old launcher killing its workers after a failure, alone, and torchrun's agent line cut after local_rank.
+    assert [d["id"] for d in _verdict("Killing subprocess 31867\nKilling subprocess 31868\n")[1]] == ["worker-failed"]
+    cut = "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: \n"
+    code, diags = _verdict(cut)
+    assert (code, [d["id"] for d in diags], diags[0]["details"].get("exit_code")) == (1, ["worker-failed"], ["1"])
+    # ... and beside the real error the killing lines add nothing.
+    oom = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\nKilling subprocess 31867\n"
+    assert [d["id"] for d in _verdict(oom)[1]] == ["cuda-oom"]
+
+
+def test_cudas_invalid_argument_is_not_nccls_and_nccls_still_is() -> None:
+    cuda = "RuntimeError: CUDA error: invalid argument\nCUDA kernel errors might be asynchronously reported\n"
+    assert "nccl-invalid-usage" not in [d["id"] for d in _verdict("[rank0]: " + cuda)[1]]
+    nccl = ("[rank0]: RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, "
+            "invalid argument, NCCL version 2.14.3\n")
+    assert _verdict(nccl)[1][0]["id"] == "nccl-invalid-usage"
+
+
+def test_a_build_without_kernels_for_the_gpu_is_named_in_a_job_and_a_note_alone() -> None:
+    line = "RuntimeError: CUDA error: no kernel image is available for execution on the device\n"
+    code, diags = _verdict("-- Process 0 terminated with the following error:\n[rank0]: " + line)
+    assert (code, diags[0]["id"]) == (1, "cuda-arch-unsupported")
+    assert "get_arch_list" in diags[0]["remedy"]
+    code, diags = _verdict(line)
+    assert (code, [d["id"] for d in diags]) == (0, ["cuda-arch-unsupported"])
