@@ -118,10 +118,6 @@ SUMMARY_TIME = re.compile(r"^\s*time\s*:\s*(\S+)")  # "  time      : 2026-11-22_
 # A Python exception's last line: "torch.OutOfMemoryError: CUDA out of memory. ...", "KeyError: 'RANK'".
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<exception>[A-Z]\w*(?:Error|Exception|Interrupt|Exit))"
                             r"(?:: (?P<message>.*))?$")
-# An exception's last line glued onto the line above it by the paste: the traceback's source line, a run of the
-# spaces that padded it to the terminal's or the page's width, then "AttributeError: 'NoneType' object has no
-# attribute 'dtype'" (a thread excerpt or a comment box that lost the line break and kept the padding). Four
-# spaces at least, after text, and a message: indentation and "x = f(y)  # ValueError" comments are not it.
 # The same exception's name twice back to back (``RuntimeErrorRuntimeError: ...``): several processes wrote their
 # exception lines into one stream at the same moment (ranks launched without per-rank prefixes), as interleaved
 # tracebacks are. One process prints its exception line whole, so this is a sign of a multi-process job.
@@ -141,6 +137,10 @@ def one_writer(exception: str, message: str) -> tuple[str, str]:
     return exception, message
 
 
+# An exception's last line glued onto the line above it by the paste: the traceback's source line, a run of the
+# spaces that padded it to the terminal's or the page's width, then "AttributeError: 'NoneType' object has no
+# attribute 'dtype'" (a thread excerpt or a comment box that lost the line break and kept the padding). Four
+# spaces at least, after text, and a message: indentation and "x = f(y)  # ValueError" comments are not it.
 GLUED_EXCEPTION = re.compile(r"\S {4,}((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S.*)$")
 # Where a line that a paste flattened (a comment box or a thread's excerpt that lost the line breaks) holds the start
 # of another log line: Python logging's default "ERROR:torch.distributed.elastic...:", a glog header, a traceback's
