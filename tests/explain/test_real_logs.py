@@ -330,7 +330,7 @@ def test_issue33_set_score_does_not_slip() -> None:
 # issue 33 is meant to raise them). raises=AssertionError: a crash or a broken corpus still fails the test.
 ISSUE33_TARGET_XFAIL = pytest.mark.xfail(
     strict=False, raises=AssertionError,
-    reason="issue 33's set, held-out half: right cause first 17/24 (70.8 %), recognised 19/24, false alarms 0/3 "
+    reason="issue 33's set, held-out half: right cause first 17/24 (70.8 %), recognised 21/24, false alarms 0/3 "
            "with the knowledge base at 0dea8e8 (2026-11-28; 16/24 at 4343cf8, 15/24 at 3caef78, 12/24 at 77af24a); "
            "target >= 90 % and no false alarm")
 
