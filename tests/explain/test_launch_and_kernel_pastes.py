@@ -223,3 +223,13 @@ def test_a_build_without_kernels_for_the_gpu_is_named_in_a_job_and_a_note_alone(
     assert "get_arch_list" in diags[0]["remedy"]
     code, diags = _verdict(line)
     assert (code, [d["id"] for d in diags]) == (0, ["cuda-arch-unsupported"])
+
+
+def test_a_long_calledprocesserror_wrapped_by_a_terminal_still_names_the_signal() -> None:
+    args = ", ".join(f"'--opt{i}', '{i * 7}'" for i in range(40))
+    line = (f"subprocess.CalledProcessError: Command '['/opt/conda/bin/python', '-u', 'train.py', '--local_rank=0', "
+            f"{args}]' died with <Signals.SIGKILL: 9>.")
+    wrapped = "\n".join(line[i:i + 80] for i in range(0, len(line), 80)) + "\n"
+    assert len(wrapped.splitlines()) > 8  # more pieces than the scanner rejoins around a keyword
+    code, diags = _verdict(wrapped)
+    assert (code, diags[0]["id"], diags[0]["details"]["signal"]) == (1, "worker-killed-by-signal", ["SIGKILL"])
