@@ -85,6 +85,9 @@ STAGES = (
     Stage("init", ("torch/distributed/distributed_c10d.py",),
           frozenset({"init_process_group", "_new_process_group_helper", "_store_based_barrier", "new_group"}),
           re.compile(r"\b(?:init_process_group|PartialState|init_distributed|initialize_model_parallel)\(")),
+    # accelerate's state objects create the process group in their constructors (PartialState.__init__, 0.25;
+    # _prepare_backend, 1.x): a traceback cut inside one (its code line cut too) is in that step.
+    Stage("init", (_ACCELERATE_STATE,), frozenset({"__init__", "_prepare_backend"}), None),
     Stage("ddp-init", ("torch/nn/parallel/distributed.py", "torch/distributed/utils.py"),
           frozenset({"__init__", "_verify_param_shape_across_processes", "_sync_module_states",
                      "_sync_params_and_buffers", "_ddp_init_helper"}),
@@ -193,7 +196,7 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
         paths = [f[1] for f in frames]
         platform = ("windows" if any(_WINDOWS_PATH.match(p) for p in paths)
                     else "macos" if any(_MACOS_PATH.search(p) for p in paths) else "")
-        nccl = any(_NCCL_BACKEND.search(f[4]) or (f[1].endswith(_ACCELERATE_STATE) and "init_process_group" in f[4])
-                   for f in frames)
+        # accelerate asks for nccl whenever CUDA is available, so a cut in its state's set-up counts as asking.
+        nccl = any(_NCCL_BACKEND.search(f[4]) or f[1].endswith(_ACCELERATE_STATE) for f in frames)
         return CutTraceback(name, file_index, n, stage, call, frame, code, code_no, rank, platform, nccl)
     return None

@@ -83,6 +83,10 @@ DIST_CONTEXT = re.compile(
     # Ray actor's MegatronPolicyTrainer), ColossalAI, torchtitan, nanotron,
     # fairscale, Horovod; and the variables of the MPI and Slurm launchers.
     rb"|[Mm]egatron[A-Z./\\_-]|colossalai[./\\]|torchtitan[./\\]|nanotron[./\\]|fairscale[./\\]|horovod[./\\]"
+    # verl's workers and controller (Ray actors of an FSDP or Megatron job: verl/workers/fsdp_workers.py,
+    # verl/single_controller/); torch.distributed's own exception types, also as a Ray task error's cause
+    # (ray.exceptions.RayTaskError(DistBackendError)).
+    rb"|verl[./\\](?:workers|single_controller|trainer)[./\\]|Dist(?:Backend|Network|Store)Error"
     rb"|SLURM_PROCID|OMPI_COMM_WORLD_"
     # c10d and gloo exist only for process groups (and NCCL's library in a native backtrace, libnccl.so: it is
     # loaded when a process group or DataParallel's broadcast uses it); DGL's distributed graph store (its
@@ -97,7 +101,8 @@ DIST_LITERALS = (b"NCCL", b"rank", b"Rank", b"RANK", b"torch", b"ProcessGroup", 
                  b"init_process_group", b"WORLD_SIZE", b"deepspeed", b"accelerate", b"requested", b"[default",
                  b"]<std", b"distributed training: True", b"Distributed environment: ", b"MASTER_", b"strategies",
                  b"egatron", b"colossalai", b"torchtitan", b"nanotron", b"fairscale", b"horovod", b"SLURM_PROCID",
-                 b"OMPI_COMM_WORLD_", b"c10d", b"gloo", b"dist.", b"libnccl", b"dgl")
+                 b"OMPI_COMM_WORLD_", b"c10d", b"gloo", b"dist.", b"libnccl", b"dgl", b"verl",
+                 b"DistBackendError", b"DistNetworkError", b"DistStoreError")
 DIST_WINDOW = 32  # bytes either side of a literal: more than the longest DIST_CONTEXT alternative
 DIST_MAX_CANDIDATES = 256  # literals found but not confirmed (torch/nn/... frames): then one regex pass
 # mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.

@@ -233,3 +233,33 @@ def test_a_long_calledprocesserror_wrapped_by_a_terminal_still_names_the_signal(
     assert len(wrapped.splitlines()) > 8  # more pieces than the scanner rejoins around a keyword
     code, diags = _verdict(wrapped)
     assert (code, diags[0]["id"], diags[0]["details"]["signal"]) == (1, "worker-killed-by-signal", ["SIGKILL"])
+
+
+def test_verls_workers_and_torch_distributed_error_types_are_signs_of_a_job() -> None:
+    ray = "(main_task pid=2022388) "
+    log = (f'{ray}  File "/home/u/prime/training/verl/workers/fsdp_workers.py", line 1040, in compute_rm_score\n'
+           f"{ray}    token_level_scores, metrics = self.prm.update_policy(rm_data)\n"
+           f"{ray}ZeroDivisionError: integer division or modulo by zero\n")
+    code, diags = _verdict(log)
+    assert (code, diags[0]["id"]) == (1, "python-exception")
+    assert diags[0]["exception"]["exception"] == "ZeroDivisionError"
+    relayed = ("ray.exceptions.RayTaskError(DistBackendError): ray::FSDPRefRayActorBase.init_model() (pid=305566)\n"
+               "KeyError: 'model.layers.0'\n")
+    assert _verdict(relayed)[0] == 1
+    # Without either, the same exception is the process's own.
+    assert _verdict("ZeroDivisionError: integer division or modulo by zero\n") == (0, [])
+
+
+def test_a_traceback_cut_in_accelerates_state_on_windows_is_probably_no_nccl() -> None:
+    site = "F:\\venv\\lib\\site-packages\\accelerate"
+    log = ("[W socket.cpp:697] [c10d] The client socket has failed to connect to [host]:29500 (system error: 10049).\n"
+           "Traceback (most recent call last):\n"
+           '  File "F:\\work\\train_network.py", line 220, in train\n'
+           "    accelerator = train_util.prepare_accelerator(args)\n"
+           f'  File "{site}\\accelerator.py", line 369, in __init__\n'
+           "    self.state = AcceleratorState(\n"
+           f'  File "{site}\\state.py", line 732, in __init__\n'
+           "    Partia\n")
+    code, diags = _verdict(log)
+    assert (code, diags[0]["id"]) == (1, "nccl-not-available")
+    assert "Windows" in diags[0]["title"] and "a guess" in diags[0]["title"]
