@@ -35,6 +35,7 @@ from tests.support import report_summary
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "real_logs"
 INDEX = json.loads((CORPUS / "index.json").read_text(encoding="utf-8"))["logs"]
 SHOW_HELD_OUT = os.environ.get("DDPDOCTOR_SHOW_HELD_OUT") == "1"
+REPORT_PASTED = os.environ.get("DDPDOCTOR_REPORT_PASTED") == "1"
 
 
 def held_out(file_name: str) -> bool:
@@ -85,9 +86,11 @@ SETS = {"older": "older corpus (issue 26 and before)", "issue-33": "issue 33's s
         "issue-33-m": "issue 33's thirteenth set (collected by a rule)",
         "issue-33-n": "issue 33's fourteenth set (collected by a rule)",
         "issue-33-o": "issue 33's fifteenth set (collected by a rule)"}
-# Sets that are only reported: their score is printed with no threshold, and a pasted-differently change on one of
-# their logs is listed in the summary (names masked as for the held-out halves) instead of failing the test, since
-# finding where explain fails is what they were collected for (docs/internals/explain-corpus.md).
+# Sets that are only reported: their score is printed with no threshold, and (with DDPDOCTOR_REPORT_PASTED=1) a
+# pasted-differently change on one of their logs is listed in the summary (names masked as for the held-out halves)
+# instead of failing the test, since finding where explain fails is what they were collected for
+# (docs/internals/explain-corpus.md). Without the variable their logs are not pasted differently at all: nine
+# transforms of some 340 logs that assert nothing cost the suite ~15 s of CPU, and it is at its time limit.
 REPORTED_ONLY = {"issue-33-b", "issue-33-c", "issue-33-d", "issue-33-e", "issue-33-f", "issue-33-g",
                  "issue-33-h", "issue-33-i", "issue-33-j", "issue-33-k",
                  "issue-33-l", "issue-33-m", "issue-33-n", "issue-33-o"}
@@ -412,7 +415,8 @@ def _wrapped(data: bytes, width: int) -> bytes:
 ])
 def test_real_logs_survive_how_they_are_pasted(transform: object, request: pytest.FixtureRequest) -> None:
     """Terminal-wrapped lines, CRLF line ends, e-mail/Markdown quote marks and editor line numbers change no
-    diagnosis or rank. A gap the scanner is known to have on one log is recorded next to that log in
+    diagnosis or rank (the older corpus and issue 33's first set; the reported-only sets with
+    DDPDOCTOR_REPORT_PASTED=1, listed, not asserted). A gap the scanner is known to have on one log is recorded next to that log in
     index.json (`known_gaps`: transform id -> what is lost and why); it is not asserted, and the end-of-run
     summary says whether it is still open, so it is neither hidden nor forgotten once fixed."""
     from ddpdoctor.explain import explain_text
@@ -420,6 +424,8 @@ def test_real_logs_survive_how_they_are_pasted(transform: object, request: pytes
     how = request.node.callspec.id
     changed, gaps = [], []
     for entry in INDEX:
+        if corpus_set(entry) in REPORTED_ONLY and not REPORT_PASTED:
+            continue  # nothing asserted on them: see REPORTED_ONLY
         data = (CORPUS / entry["file"]).read_bytes()
         plain = _plain_first(entry["file"])
         pasted = _first(explain_text(transform(data), name=entry["file"]))  # type: ignore[operator]
