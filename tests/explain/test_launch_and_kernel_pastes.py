@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import json
 
+from typer.testing import CliRunner
+
+from ddpdoctor.cli import app
 from ddpdoctor.explain import explain_text
-from tests.support import run_cli
 
 
 def _verdict(text: str) -> tuple[int, list[dict]]:
-    proc = run_cli(["explain", "--json", "-"], input_text=text)
-    return proc.returncode, json.loads(proc.stdout)["diagnoses"]
+    """`ddpdoctor explain --json -` on ``text``: its exit code and diagnoses. The CLI runs in this process
+    (typer's runner): dozens of one-line pastes, each a Python start-up as a subprocess, cost the suite ~10 s."""
+    run = CliRunner().invoke(app, ["explain", "--json", "-"], input=text)
+    assert run.exception is None or isinstance(run.exception, SystemExit), run.exception
+    return run.exit_code, json.loads(run.stdout)["diagnoses"]
 
 
 TE = "/opt/te/transformer_engine/common/fused_attn/fused_attn_f16_arbitrary_seqlen.cu:227"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 
+from typer.testing import CliRunner
+
+from ddpdoctor.cli import app
 from ddpdoctor.explain import explain_text
-from tests.support import run_cli
 
 SITE = "/opt/conda/lib/python3.10/site-packages/torch/lib"
 
@@ -46,8 +48,10 @@ C10_FRAMES = (
 
 
 def _first(text: str) -> tuple[int, dict]:
-    proc = run_cli(["explain", "--json", "-"], input_text=text)
-    return proc.returncode, json.loads(proc.stdout)["diagnoses"][0]
+    """`ddpdoctor explain --json -` on ``text`` (the CLI in this process, typer's runner): exit code, first diagnosis."""
+    run = CliRunner().invoke(app, ["explain", "--json", "-"], input=text)
+    assert run.exception is None or isinstance(run.exception, SystemExit), run.exception
+    return run.exit_code, json.loads(run.stdout)["diagnoses"][0]
 
 
 def test_a_ucx_segfault_in_the_verbs_library_called_by_nccl_is_nccls_ib_transport_with_the_frames_quoted() -> None:
