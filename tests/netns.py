@@ -159,6 +159,12 @@ class NetnsHosts:
                 proc.wait(timeout=30)
         self.inits.clear()
         for name in self.names:
+            # Whatever still runs in the host's network namespace (a launcher's workers in sessions of their own,
+            # which a killpg of the launcher misses) would keep the namespace alive and outlive the test.
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30)
+            for pid in pids.stdout.split():
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         self.names.clear()
 
