@@ -49,7 +49,7 @@ MIN_WRAP_WIDTH = 60  # narrower lines are not taken for a terminal's wrap
 _EXCEPTION_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b")
 
 # torch's own launcher and process code: a traceback cut there is the launcher's, not a rank's own code.
-_LAUNCHER_CODE = ("torch/distributed/", "torch/multiprocessing/", "/runpy.py", "multiprocessing/")
+_LAUNCHER_CODE = ("torch/distributed/", "multiprocessing/", "/runpy.py")  # torch's and the standard library's
 
 # Frames that pass a call on without being it.
 _TRANSPARENT = (

@@ -281,7 +281,7 @@ PYTHON_EXCEPTION = "python-exception"
 
 
 def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[str],
-                           distributed: bool = True) -> list[Diagnosis]:
+                           distributed: bool) -> list[Diagnosis]:
     """What the cut tracebacks' last frames say (see frames.py), worded as the guesses they are: one
     ``traceback-cut`` for the steps the frames name, or ``worker-failed`` when the frame is torchrun raising
     ChildFailedError (the summary that would name the rank was cut) and no real summary line was found."""
@@ -340,10 +340,16 @@ def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[
             stages = d.details.setdefault("stage", [])
             if cut.stage not in stages:
                 stages.append(cut.stage)
-        for text, line in ((cut.reported, cut.reported_line), (cut.frame, cut.line), (cut.code, cut.code_line)):
-            if text and len(d.evidence) < MAX_EVIDENCE:
-                d.evidence.append(Evidence(cut.file, line, text[:MAX_EVIDENCE_CHARS]))
+        _quote(d, cut.file, ((cut.reported, cut.reported_line), (cut.frame, cut.line), (cut.code, cut.code_line)))
     return list(out.values())
+
+
+def _quote(d: Diagnosis, file: str, lines: Iterable[tuple[str, int]]) -> None:
+    """The (text, line number) pairs of a derived diagnosis (a cut traceback, a native crash) as its evidence; an
+    empty text is a line the paste did not have."""
+    for text, line in lines:
+        if text and len(d.evidence) < MAX_EVIDENCE:
+            d.evidence.append(Evidence(file, line, text[:MAX_EVIDENCE_CHARS]))
 
 
 # -- a native crash in the verbs libraries, called by NCCL ---------------------------------------------------
@@ -381,8 +387,6 @@ def _verbs_crash(facts: Facts, kb: dict[str, Signature], present: set[str]) -> D
             d.ranks.add(crash.rank)
         d.rank_events.setdefault(crash.rank, RankEvent((crash.file_index, crash.signal_line or crash.verbs_line),
                                                        None))
-        for text, line in ((crash.signal, crash.signal_line), (crash.verbs_frame, crash.verbs_line),
-                           (crash.nccl_frame, crash.nccl_line)):
-            if text and len(d.evidence) < MAX_EVIDENCE:
-                d.evidence.append(Evidence(crash.file, line, text[:MAX_EVIDENCE_CHARS]))
+        _quote(d, crash.file, ((crash.signal, crash.signal_line), (crash.verbs_frame, crash.verbs_line),
+                               (crash.nccl_frame, crash.nccl_line)))
     return d
