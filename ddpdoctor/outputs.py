@@ -416,10 +416,28 @@ def _live(pid: int) -> bool:
     return True
 
 
+def _writer_alive(pid: int, st: os.stat_result) -> bool | None:
+    """Whether the process ``pid`` that is alive now is the one that wrote the partial output ``st``: True when
+    it started before the file's last write (a pid is not reused while its process lives), False when it started
+    after (the writer died and its pid went to another process), None when that cannot be read.
+
+    A writer locks its file right after creating it (:func:`atomic_output`), so a sweep by another process of
+    the same run (watch's ranks dump their Flight Recorder files into one folder at once) can find a fresh file
+    not locked yet: its writer is alive, and it is no "older run that was killed"."""
+    import psutil  # here, not at the top: only a sweep that finds a live pid needs it (ckpt strip's start-up)
+
+    try:
+        started = psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+    return started <= st.st_mtime + 1.0  # create_time is read from the boot time and clock ticks: ~10 ms
+
+
 def _remove_if_stale(path: str, st: os.stat_result, pid: int) -> str:
     """Remove a partial output when no process can still be writing it: nobody holds its lock (a writer
-    keeps ``flock`` on it to the end) and its pid is gone. ``"removed"``, ``"live"`` (locked: a run is
-    writing it), or ``"unproven"`` (unlocked, but its pid is alive again, reused by another process)."""
+    keeps ``flock`` on it to the end) and its writer is gone (its pid is, or went to a process started after the
+    file's last write). ``"removed"``, ``"live"`` (locked, or its writer still runs: a run is writing it), or
+    ``"unproven"`` (unlocked, its pid alive, and whether that process is the writer cannot be read)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     if stat.S_ISDIR(st.st_mode):
         flags |= os.O_DIRECTORY
@@ -433,7 +451,11 @@ def _remove_if_stale(path: str, st: os.stat_result, pid: int) -> str:
         except OSError:
             return "live"
         if _live(pid):
-            return "unproven"
+            writer = _writer_alive(pid, st)
+            if writer is None:
+                return "unproven"
+            if writer:
+                return "live"
         if stat.S_ISDIR(st.st_mode):
             shutil.rmtree(path)
         else:

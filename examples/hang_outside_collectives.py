@@ -7,6 +7,9 @@ filesystem (issue 25). Here, on gloo, every rank trains ``--steps`` DDP steps an
 
     --mode sleep       every rank sleeps (stands for a GPU kernel that never ends, a stuck NFS read)
     --mode dataloader  the DataLoader's worker blocks forever on a lock in ``__getitem__`` (num_workers=2)
+    --gil-rank N       (with --mode sleep) rank N sleeps in a C call that holds the GIL instead (a C extension
+                       blocked in a system call without releasing it): its own threads cannot run, so its
+                       stack can only be read from outside (watch uses py-spy)
 
     ddpdoctor watch --nproc 2 --hang-timeout 15 examples/hang_outside_collectives.py --mode dataloader
     # HANG: no rank made progress for 15 s; each rank "waiting for a batch from DataLoader worker 1 (pid ...)"
@@ -19,6 +22,7 @@ would look the same), with "raise --hang-timeout if this is expected".
 from __future__ import annotations
 
 import argparse
+import ctypes
 import threading
 import time
 
@@ -51,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("sleep", "dataloader"), default="sleep")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--gil-rank", type=int, default=-1)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     world = dist.get_world_size()
@@ -65,6 +70,10 @@ def main() -> None:
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         print(f"step {step} done", flush=True)
+        if step + 1 == args.steps and args.mode == "sleep" and dist.get_rank() == args.gil_rank:
+            hold_the_gil = ctypes.PyDLL(None).sleep  # PyDLL: the GIL stays held during the call
+            hold_the_gil.argtypes = [ctypes.c_uint]
+            hold_the_gil(600)  # this rank stops here, with the GIL
         if step + 1 == args.steps and args.mode == "sleep":
             time.sleep(600)  # every rank stops here, outside any collective
     dist.destroy_process_group()

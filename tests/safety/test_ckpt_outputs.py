@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 
@@ -207,6 +208,18 @@ def test_partials_that_may_still_be_written_or_are_not_ours_are_left(tmp_path: P
     assert res.returncode == 0, res.stderr
     assert live.exists() and dead_but_locked.exists() and old_format.exists()
     assert f"{old_format}" in res.stderr and "older ddpdoctor run" in res.stderr
+    # A writer that is alive and has not locked its fresh file yet (watch's ranks dump into one folder at once:
+    # one rank's sweep met another's new file, and named it "a partial output of an older run that was killed").
+    assert f"{live}" not in res.stderr
+    # Unlocked, its pid alive but started after the file's last write: the pid went to another process, the
+    # writer is dead (this test process stands for the process that got the pid).
+    reused = tmp_path / f".v.pt.{os.getpid()}-0123abcd{PARTIAL_SUFFIX}"
+    reused.write_bytes(b"half")
+    an_hour_before = psutil.Process().create_time() - 3600
+    os.utime(reused, (an_hour_before, an_hour_before))
+    res = _cli(["ckpt", "strip", str(src), "-o", str(tmp_path / "out3.pt")])
+    assert res.returncode == 0 and not reused.exists(), res.stderr
+    assert f"removed {reused}" in res.stderr and live.exists() and f"{live}" not in res.stderr
     if os.geteuid() == 0:
         stale = tmp_path / f".w.pt.999999999-0123abcd{PARTIAL_SUFFIX}"
         stale.write_bytes(b"half")
