@@ -370,6 +370,21 @@ _HTML_ESCAPES = ((b"&lt;", b"<"), (b"&gt;", b">"), (b"&quot;", b'"'), (b"&#39;",
 _HTML_ESCAPE = re.compile(b"|".join(re.escape(escaped) for escaped, _ in _HTML_ESCAPES))
 
 
+# A stretch of a block at least this long has its line breaks counted with numpy: bytes.count of one byte is a
+# plain C loop (~1.5 GB/s: 2-3 ms of a 4 MB block, a sixth of a healthy log's scan), numpy's compare and count run
+# at ~5 GB/s. Shorter stretches (between two hits) keep bytes.count; numpy is imported only for a large input.
+NUMPY_COUNT_MIN_BYTES = 1 << 18
+
+
+def newlines(block: bytes | bytearray, start: int, end: int) -> int:
+    """How many ``\n`` bytes ``block[start:end]`` holds (the line numbers of the hits after it)."""
+    if end - start < NUMPY_COUNT_MIN_BYTES:
+        return block.count(b"\n", start, end)
+    import numpy as np
+
+    return int(np.count_nonzero(np.frombuffer(block, dtype=np.uint8, count=end - start, offset=start) == 10))
+
+
 def from_the_web(block: bytes | bytearray, size: int) -> bytearray | None:
     """``block[:size]`` with a web copy's typographic characters and HTML escapes read as plain text, or None
     when it has none. An ASCII log without ``&`` costs four one-byte ``find`` passes (memchr, ~20 GB/s); one

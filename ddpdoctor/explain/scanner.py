@@ -49,6 +49,7 @@ from ddpdoctor.explain.lines import (
     from_the_web,
     has_dist_sign,
     interleaved_tracebacks,
+    newlines,
     one_writer,
     quiet_level,
     rank_int,
@@ -324,14 +325,14 @@ class Scanner:
         if pending is not None:  # a match at the end of the previous block wants to see these lines
             hits.setdefault(0, _line_end(block, 0, size))
         if not hits:
-            return lines_before + block.count(b"\n", 0, size)
+            return lines_before + newlines(block, 0, size)
         line_no = lines_before  # 0-based number of the line starting at counted_to
         counted_to = 0
         done_to = -1  # lines up to this offset were already handled as follow-ups
         for start in sorted(hits):
             if start <= done_to:
                 continue
-            line_no += block.count(b"\n", counted_to, start)
+            line_no += newlines(block, counted_to, start)
             counted_to = start
             if pending is not None and start == 0:
                 follow, remaining = pending
@@ -353,7 +354,7 @@ class Scanner:
                 counted_to = done_to
             elif sig is not None and sig.followup_lines:
                 self._pending = (tuple(self._by_id[i] for i in sig.followup_ids), sig.followup_lines)
-        return line_no + block.count(b"\n", counted_to, size)
+        return line_no + newlines(block, counted_to, size)
 
     def _admitted(self, block: bytearray, size: int) -> dict[int, int]:
         """The lines of ``block[:size]`` the prefilter admits: offset of each line's start -> of its end."""
