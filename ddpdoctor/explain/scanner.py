@@ -84,6 +84,10 @@ from ddpdoctor.explain.templates import Template, matcher_for
 
 CHUNK_BYTES = 4 << 20  # read size: large enough for C-speed scans, small enough for flat memory
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines) is scanned as it is
+# How much of an input's start is searched for a sign of a distributed job (lines.has_dist_sign): its ~35 literals
+# are each searched to the end of what is given, and over a whole 4 MB first block with none of them (a trainer's
+# log) that was 80-90 ms, a seventh of a 200 MB scan; start-up lines are in the first MiB.
+DIST_SIGN_BYTES = 1 << 20
 # The most characters any regex is handed at once (a line, a window of a longer line, or a rejoined wrapped
 # line); see the module docstring. Real error lines are far shorter; only what they match is needed.
 MAX_MATCH_CHARS = 4096
@@ -310,12 +314,12 @@ class Scanner:
         Returns the number of lines before the next block: newlines are counted once, hit to hit and
         then to the end (counting the whole block again cost as much as a prefilter pass).
         """
-        if not self._distributed and lines_before == 0 and (has_dist_sign(block, size)
+        if not self._distributed and lines_before == 0 and (has_dist_sign(block, min(size, DIST_SIGN_BYTES))
                                                             or interleaved_tracebacks(block, size)):
-            # The first block of each input only (the launcher's banner, torchrun's and NCCL's start-up lines
-            # are there); later signs are looked for around the lines a needs_distributed signature matched
-            # (see _match_line). Checking every block of a log with no sign cost twelve passes per block:
-            # trainer and HF-Trainer logs ran at half speed for it.
+            # The start of each input only (the launcher's banner, torchrun's and NCCL's start-up lines are
+            # there); later signs are looked for around the lines a needs_distributed signature matched (see
+            # _match_line). Checking every block of a log with no sign cost twelve passes per block: trainer and
+            # HF-Trainer logs ran at half speed for it.
             self._distributed = True
         if lines_before == 0 and self._first_block:
             self._scan_first_block(block, size, name, file_index, file_rank, tail)

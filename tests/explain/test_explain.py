@@ -697,3 +697,22 @@ def test_arbitrary_bytes_never_crash(junk: bytes, real: str, cut: int) -> None:
 def test_concatenated_real_messages_never_crash(parts: list[str]) -> None:
     result = explain_text("".join(parts))
     assert all(d.count >= 1 for d in result.diagnoses)
+
+
+def test_a_start_up_line_marks_a_long_log_distributed_for_a_bare_error_at_its_end() -> None:
+    """ProcessGroupNCCL's start-up line, 2.4 MB of a trainer's lines, then a bare CUDA OOM with no rank prefix: the
+    OOM is a rank's failure (exit 1, no single-process note), as when the two lines are close. The sign is looked
+    for in the input's first MiB only (scanner.DIST_SIGN_BYTES: ~35 literal searches over a whole 4 MB block cost a
+    trainer's 200 MB log a seventh of its scan)."""
+    from benchmarks.explain_throughput import trainer
+
+    start = b"[W1122 10:00:00.000 ProcessGroupNCCL.cpp:100] [PG ID 0 PG GUID 0(default_pg) Rank 3] started\n"
+    oom = (b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of "
+           b"79.15 GiB of which 1.06 GiB is free.\n")
+    body = "".join(trainer(i) for i in range(20000)).encode()
+    assert len(body) > 2 << 20
+    result = explain_text(start + body + oom, name="job.log")
+    assert ids(result) == ["cuda-oom"] and diag(result, "cuda-oom").fatal
+    assert not result.notes
+    alone = explain_text(body + oom, name="job.log")  # the same error with no sign of a job: a note
+    assert [n.id for n in alone.notes] == ["cuda-oom"]
