@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from ddpdoctor import outputs
@@ -80,39 +81,66 @@ def _write(path: str, kind: outputs.Kind, data: bytes, command: str = "watch") -
     outputs.write_bytes(outputs.resolve("--evidence", path, kind, command=command), data)
 
 
+Action = Callable[[str], None]  # writes one file of the bundle at the path it is given
+
+
+def _text_writer(text: str) -> Action:
+    return lambda path: _write(path, outputs.TEXT, text.encode("utf-8"))
+
+
+def _history_writer(doc: dict[str, Any]) -> Action:
+    return lambda path: _write(path, outputs.JSON, (json.dumps(doc, indent=1) + "\n").encode("utf-8"), "watch history")
+
+
+def _plan(result: dict[str, Any], histories: dict[int, list[dict[str, Any]]],
+          rank_output: dict[int | None, str] | None, report: str = "") -> list[tuple[str, Action | None]]:
+    """The bundle's files, in order, each with what writes it (None: a Flight Recorder dump its rank wrote
+    already). One list for :func:`write` and for the report's ``evidence:`` line (:func:`planned`), so the line
+    names what the folder holds: a crash before any collective has no stacks, histories or dumps."""
+    plan: list[tuple[str, Action | None]] = [
+        ("verdict.json", lambda p: outputs.write_json(p, result, "watch", flag="--evidence")),
+        ("report.txt", _text_writer(report + "\n")),
+        ("env.json", lambda p: outputs.write_json(p, _env_facts(), "env", flag="--evidence")),
+    ]
+    folder = result.get("evidence")
+    for rank in result["ranks"]:
+        number = rank["rank"]
+        if rank["stack"]:
+            plan.append((f"stack_rank_{number}.txt", _text_writer("\n".join(rank["stack"]) + "\n")))
+        history = histories.get(number)
+        if history:
+            doc = outputs.stamp({"rank": number, "calls": history}, "watch history")
+            plan.append((f"history_rank_{number}.json", _history_writer(doc)))
+        if folder and rank.get("flight_recorder") and os.path.exists(fr_path(folder, number)):
+            plan.append((os.path.relpath(fr_path(folder, number), folder), None))
+    for key, text in (rank_output or {}).items():
+        if text:
+            name = f"output_rank_{key}.txt" if key is not None else "output_script.txt"
+            plan.append((name, _text_writer(text)))
+    return plan
+
+
+def planned(result: dict[str, Any], histories: dict[int, list[dict[str, Any]]],
+            rank_output: dict[int | None, str] | None) -> list[str]:
+    """The names :func:`write` will write for this result (the report names them before they are written: the
+    report itself is one of them)."""
+    return [name for name, _ in _plan(result, histories, rank_output)]
+
+
 def write(folder: str, result: dict[str, Any], report: str, histories: dict[int, list[dict[str, Any]]],
           rank_output: dict[int | None, str] | None = None) -> list[str]:
     """Write the bundle; the names written (a file that cannot be written is named with why, not fatal:
     the report on the terminal matters more than any one file)."""
     written: list[str] = []
-
-    def attempt(name: str, action: Any) -> None:
+    for name, action in _plan({**result, "evidence": folder}, histories, rank_output, report):
+        if action is None:
+            written.append(name)
+            continue
         try:
             action(os.path.join(folder, name))
             written.append(name)
         except (OSError, DoctorError, TypeError, ValueError) as exc:
             written.append(f"{name} (not written: {exc})")
-
-    attempt("verdict.json", lambda p: outputs.write_json(p, result, "watch", flag="--evidence"))
-    attempt("report.txt", lambda p: _write(p, outputs.TEXT, (report + "\n").encode("utf-8")))
-    attempt("env.json", lambda p: outputs.write_json(p, _env_facts(), "env", flag="--evidence"))
-    for rank in result["ranks"]:
-        number = rank["rank"]
-        if rank["stack"]:
-            attempt(f"stack_rank_{number}.txt",
-                    lambda p, r=rank: _write(p, outputs.TEXT, ("\n".join(r["stack"]) + "\n").encode("utf-8")))
-        history = histories.get(number)
-        if history:
-            doc = outputs.stamp({"rank": number, "calls": history}, "watch history")
-            attempt(f"history_rank_{number}.json",
-                    lambda p, d=doc: _write(p, outputs.JSON, (json.dumps(d, indent=1) + "\n").encode("utf-8"),
-                                            "watch history"))
-        if rank.get("flight_recorder") and os.path.exists(fr_path(folder, number)):
-            written.append(os.path.relpath(fr_path(folder, number), folder))
-    for key, text in (rank_output or {}).items():
-        if text:
-            name = f"output_rank_{key}.txt" if key is not None else "output_script.txt"
-            attempt(name, lambda p, t=text: _write(p, outputs.TEXT, t.encode("utf-8")))
     return written
 
 

@@ -294,8 +294,9 @@ def rank_table(result: dict[str, Any], hosts: dict[int, str]) -> list[str]:
     return ["", tabulate(rows, headers=headers, tablefmt="simple")]
 
 
-def render(result: dict[str, Any]) -> str:
-    """The report: headline, divergence, per-rank table, stacks, warnings."""
+def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
+    """The report: headline, divergence, per-rank table, stacks, warnings; ``bundle``: the evidence bundle's
+    file names (evidence.planned), which the last line names (without it, the kinds a bundle can hold)."""
     lines = [headline(result), *hosts_line(result)]
     failure = result.get("failure") or {}
     kind = failure.get("class")
@@ -383,6 +384,26 @@ def render(result: dict[str, Any]) -> str:
                   + (ras.get("error") or "; ".join(said) or "every rank NCCL knows is alive")]
     lines += teardown_lines(result.get("teardown"))
     if result.get("evidence"):
-        lines += ["", f"evidence: {result['evidence']} (verdict.json, report.txt, env.json, and per rank "
-                  "stack_rank_N.txt, history_rank_N.json, flight_recorder/fr_rank_N)"]
+        held = bundle_phrase(bundle) if bundle is not None else (
+            "verdict.json, report.txt, env.json, and per rank stack_rank_N.txt, history_rank_N.json, "
+            "flight_recorder/fr_rank_N")
+        lines += ["", f"evidence: {result['evidence']} ({held})"]
     return "\n".join(lines)
+
+
+_PER_RANK_NAME = re.compile(r"^(?P<head>.*_rank_)(?P<rank>\d+)(?P<tail>(?:\.\w+)?)$")
+
+
+def bundle_phrase(names: list[str]) -> str:
+    """The evidence bundle's files as the report names them: the run's files, then each per-rank kind once with
+    its ranks ("verdict.json, report.txt, env.json; stack_rank_N.txt for ranks 0-2; output_rank_N.txt for
+    ranks 0-2"), so a crash before any collective does not send the reader looking for stacks or dumps."""
+    single: list[str] = []
+    per_rank: dict[str, list[int]] = {}
+    for name in names:
+        m = _PER_RANK_NAME.match(name)
+        if m is None:
+            single.append(name)
+        else:
+            per_rank.setdefault(f"{m['head']}N{m['tail']}", []).append(int(m["rank"]))
+    return "; ".join([", ".join(single), *(f"{kind} for {rank_phrase(ranks)}" for kind, ranks in per_rank.items())])

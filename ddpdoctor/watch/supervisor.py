@@ -97,7 +97,10 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
 
     if result.get("status") != OK:
         join_other_evidence(result)
-    text = render(result)
+    histories = {r: list(s.history) for r, s in agg.ranks.items()} if agg is not None else {}
+    outputs = {rank: output.tail_text(rank) for rank in output.tails} if output is not None else {}
+    bundle = evidence.planned(result, histories, outputs) if agg is not None and result.get("evidence") else None
+    text = render(result, bundle)
     # The report and --json first, the bundle after: the bundle's env.json alone can take seconds on a busy
     # node, and under torchrun the launcher may end this process soon after another rank failed.
     if not json_to_stdout(json_path):
@@ -108,8 +111,6 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
         except (OSError, DoctorError) as exc:
             print(f"ddpdoctor watch: cannot write --json {json_path}: {exc}", file=sys.stderr, flush=True)
     if agg is not None and result.get("evidence"):
-        histories = {r: list(s.history) for r, s in agg.ranks.items()}
-        outputs = {rank: output.tail_text(rank) for rank in output.tails} if output is not None else {}
         try:
             evidence.write(result["evidence"], result, text, histories, outputs)
         except Exception as exc:  # the report on the terminal matters more than the bundle
@@ -585,7 +586,9 @@ def lost_contact_report(info: LaunchInfo, config: WatchConfig, since: float, sil
                    "stack": user_stack(frame) if frame is not None else [], "flight_recorder": fr}],
         "evidence": folder,
     }
-    text = render(result)
+    # The rank's Flight Recorder dump is written after the verdict is out (below), and named with the bundle.
+    bundle = [*evidence.planned(result, {}, {}), os.path.relpath(fr, folder)] if folder and fr else None
+    text = render(result, bundle)
     from ddpdoctor.outputs import emit_json, json_to_stdout
 
     if not json_to_stdout(config.json_path):

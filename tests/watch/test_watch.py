@@ -64,7 +64,27 @@ def watch(tmp_path: Path, example: str, nproc: int, *script_args: str,
     elapsed = time.monotonic() - started
     assert report.exists(), f"no report after {elapsed:.0f} s; stderr:\n{proc.stderr[-3000:]}"
     assert leftovers(example) == [], "processes of the job survived watch"
-    return proc, json.loads(report.read_text())
+    data = json.loads(report.read_text())
+    if data["evidence"]:
+        assert_evidence_line_names_the_bundle(proc.stderr, Path(data["evidence"]))
+    return proc, data
+
+
+def assert_evidence_line_names_the_bundle(stderr: str, bundle: Path) -> None:
+    """The report's last line names exactly the files the bundle holds (it named stacks and Flight Recorder
+    dumps that a crash before any collective never had, and not the ranks' output files it had)."""
+    [line] = [ln for ln in stderr.splitlines() if ln.startswith(f"evidence: {bundle} (")]
+    named: set[str] = set()
+    for part in line[len(f"evidence: {bundle} ("):-1].split("; "):
+        kind, _, ranks = part.partition(" for ")
+        if not ranks:
+            named |= set(part.split(", "))
+            continue
+        for piece in ranks.split(" ", 1)[1].split(","):
+            first, _, last = piece.partition("-")
+            named |= {kind.replace("_N", f"_{r}") for r in range(int(first), int(last or first) + 1)}
+    held = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()}
+    assert named == held, (line, sorted(held))
 
 
 def watch_inline(tmp_path: Path, name: str, source: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
