@@ -367,6 +367,10 @@ def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
         elif result["status"] == "hang":
             lines += ["", "fix: a collective inside `if rank == ...` (or skipped by a data-dependent branch) must "
                       "run on every rank; if one rank legitimately works alone for longer, raise --hang-timeout"]
+        elif result["status"] == "crash" and result.get("known_cause"):
+            known = result["known_cause"]
+            lines += ["", f"what that exception means (ddpdoctor explain: {known['id']}): {known['title']}",
+                      f"fix: {known['remedy']}"]
     straggler = result.get("straggler")
     if straggler:
         lines += ["", f"warning: {straggler['summary']}", f"  fix: {straggler['remedy']}"]

@@ -43,6 +43,7 @@ from ddpdoctor.watch import evidence
 from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
 from ddpdoctor.watch.config import WatchConfig
+from ddpdoctor.watch.known_errors import known_cause
 from ddpdoctor.watch.output import RankOutput
 from ddpdoctor.watch.reaper import Teardown, die_with_supervisor
 from ddpdoctor.watch.recorder import site_name
@@ -97,6 +98,10 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
 
     if result.get("status") != OK:
         join_other_evidence(result)
+    if result.get("status") == CRASH:
+        by_rank = {r["rank"]: r for r in result["ranks"]}
+        first = by_rank.get((result.get("crash_order") or [None])[0])
+        result["known_cause"] = known_cause(first["error"], first["rank"]) if first else None
     histories = {r: list(s.history) for r, s in agg.ranks.items()} if agg is not None else {}
     outputs = {rank: output.tail_text(rank) for rank in output.tails} if output is not None else {}
     bundle = evidence.planned(result, histories, outputs) if agg is not None and result.get("evidence") else None

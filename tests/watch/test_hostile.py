@@ -190,6 +190,10 @@ dist.destroy_process_group()
     # A plain sys.exit(1): the message's case below asserts the same words, then the message.
     ("os.kill(os.getpid(), signal.SIGKILL)", "rank 1 was killed by signal 9 (SIGKILL)"),
     ("sys.exit('no data in /data/shard1')", "rank 1 exited with code 1: no data in /data/shard1"),
+    # An exception ddpdoctor explain knows (the CUDA caching allocator's message, raised by hand on this CPU
+    # machine): its cause and fix come under the crash.
+    ("raise __import__('torch').OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a "
+     "total capacity of 79.15 GiB of which 1.06 GiB is free.')", "rank 1 raised OutOfMemoryError: CUDA out of memory"),
 ])
 def test_a_failing_rank_is_named_first_with_its_exit_and_watch_exits_1(tmp_path: Path, how: str, words: str) -> None:
     report = tmp_path / "watch.json"
@@ -205,6 +209,12 @@ def test_a_failing_rank_is_named_first_with_its_exit_and_watch_exits_1(tmp_path:
     assert data["status"] == "crash" and data["exit_code"] == 1
     assert data["crash_order"][0] == 1
     assert "Traceback" not in proc.stderr.split("ddpdoctor watch: ")[-1]
+    if "OutOfMemoryError" in how:
+        assert data["known_cause"]["id"] == "cuda-oom"
+        assert "what that exception means (ddpdoctor explain: cuda-oom): CUDA out of memory on a rank" in proc.stderr
+        assert "fix: Lower the per-rank batch size" in proc.stderr
+    else:  # an exit code says nothing explain could add to
+        assert data["known_cause"] is None and "what that exception means" not in proc.stderr
 
 
 def test_every_rank_exiting_3_is_a_failed_run_not_our_bug_code(tmp_path: Path) -> None:

@@ -192,6 +192,8 @@ def test_a_rank_that_dies_mid_run_is_a_crash_not_a_hang(tmp_path: Path, mode: st
         assert rank1["signal"] == "SIGKILL"
     if mode == "raise":
         assert "CRASH: rank 1 raised ValueError: corrupt sample" in proc.stderr
+        # A script's own exception: explain knows nothing more than the headline says (no "fix:" invented).
+        assert data["known_cause"] is None and "fix:" not in proc.stderr
     else:
         assert "CRASH: rank 1 was killed by signal 9 (SIGKILL)" in proc.stderr
     assert "HANG" not in proc.stderr

@@ -1,0 +1,36 @@
+"""What ``ddpdoctor explain`` knows about the exception a rank crashed with: its cause and fix, next to the crash.
+
+A crash verdict names the first rank that failed and its exception (``RuntimeError: Distributed package doesn't
+have NCCL built in``); the explain knowledge base (``ddpdoctor/explain/kb.json``, every message with its source)
+often knows what that message means. The exception line is read as a rank's line of a distributed job (the
+verdict comes from one), and only a specific diagnosis is kept: the catch-all for unknown exceptions and the
+guesses made from cut tracebacks would only repeat the headline.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# The site watch appends to a rank's error ("... (at train.py:12)"): not part of the message explain knows.
+_SITE = re.compile(r" \(at [^()]*:\d+\)$")
+# Diagnoses that say no more than "this rank raised": the headline already does.
+_SAYS_NOTHING_MORE = frozenset(("python-exception", "traceback-cut", "worker-failed"))
+
+
+def known_cause(error: str | None, rank: int) -> dict[str, Any] | None:
+    """``{"id", "title", "remedy", "command"}`` of the explain diagnosis for rank ``rank``'s ``error`` (``Type:
+    message``), or None when explain knows nothing specific about it. Never raises: the verdict must not fail for it."""
+    if not error:
+        return None
+    try:
+        from ddpdoctor.explain import explain_text
+
+        result = explain_text(f"[rank{rank}]: {_SITE.sub('', error)}\n", name="rank error")
+    except Exception:  # explain's own bug must not cost the verdict
+        return None
+    for diagnosis in result.diagnoses:
+        if diagnosis.id not in _SAYS_NOTHING_MORE and not diagnosis.signature.catch_all:
+            sig = diagnosis.signature
+            return {"id": sig.id, "title": sig.title, "remedy": sig.remedy, "command": sig.command}
+    return None
