@@ -25,6 +25,7 @@ from ddpdoctor.fr.model import (
     RankDump,
     Side,
     StackNow,
+    Unreadable,
 )
 from ddpdoctor.ranks import rank_phrase
 from ddpdoctor.runtime.hosts import ranks_by_host
@@ -68,10 +69,11 @@ def _label(trace: GroupTrace, members: Sequence[int], world: int) -> str:
 
 
 def analyze(dumps: Sequence[RankDump], table: CallTable, world_size: int | None = None,
-            stacks: Mapping[int, StackNow] | None = None, stacks_files: Sequence[str] = ()) -> FrReport:
-    """The report for these dumps; ranks without a dump are named and the verdict uses the others."""
+            stacks: Mapping[int, StackNow] | None = None, stacks_files: Sequence[str] = (),
+            unreadable: Sequence[Unreadable] = ()) -> FrReport:
+    """The report for these dumps; ranks without a (readable) dump are named and the verdict uses the others."""
     by_rank = {d.rank: d for d in dumps}
-    world = max([world_size or 0, max(by_rank) + 1,
+    world = max([world_size or 0, max(by_rank) + 1, *(u.rank + 1 for u in unreadable),
                  *(max(t.ranks) + 1 for d in dumps for t in d.groups.values() if t.ranks)])
     if world > MAX_RANK:
         raise DoctorError(f"a dump names rank {world - 1}: more ranks than any job has; the dump or its name is "
@@ -86,6 +88,7 @@ def analyze(dumps: Sequence[RankDump], table: CallTable, world_size: int | None 
     missing = sorted(set(range(world)) - set(by_rank))
     return FrReport(dumps=sorted(dumps, key=lambda d: d.rank), missing=missing, world_size=world,
                     groups=verdicts, stacks_files=list(stacks_files),
+                    unreadable=sorted(unreadable, key=lambda u: u.rank),
                     hosts=ranks_by_host((rank, now.host) for rank, now in (stacks or {}).items() if now.host != "?"))
 
 

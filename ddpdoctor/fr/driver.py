@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ddpdoctor.errors import EXIT_OK, EXIT_PROBLEM, DoctorError
 from ddpdoctor.fr.analyze import analyze
 from ddpdoctor.fr.load import collect_inputs, read_all, read_stacks
-from ddpdoctor.fr.model import CallTable, FrReport
+from ddpdoctor.fr.model import CallTable, FrReport, Unreadable
 from ddpdoctor.fr.report import render_text, to_json
 from ddpdoctor.outputs import Plan, emit_json, json_to_stdout
 
@@ -31,17 +31,22 @@ def diagnose(paths: Sequence[str], prefix: str | None = None, world_size: int | 
     """
     inputs = collect_inputs(paths, prefix)
     table = CallTable()
-    dumps = read_all(inputs, table)
+    unreadable: list[Unreadable] = []
+    dumps = read_all(inputs, table, unreadable)
+    if not dumps:  # nothing to judge: each file given is damaged or foreign (one line each, at most three)
+        raise DoctorError("no readable Flight Recorder dump: " + "; ".join(
+            f"{u.path}: {u.why}" for u in unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" * (len(unreadable) > 3)))
     if world_size is not None and world_size < 1:
         raise DoctorError("--world-size must be at least 1")
-    if world_size is not None and max(d.rank for d in dumps) >= world_size:
-        raise DoctorError(f"--world-size {world_size} but there is a dump from rank {max(d.rank for d in dumps)}")
+    highest = max(rank for rank, _ in inputs.dumps)
+    if world_size is not None and highest >= world_size:
+        raise DoctorError(f"--world-size {world_size} but there is a dump from rank {highest}")
     stacks = read_stacks(inputs.stacks)
-    return analyze(dumps, table, world_size, stacks, inputs.stacks)
+    return analyze(dumps, table, world_size, stacks, inputs.stacks, unreadable)
 
 
 def run(options: FrOptions) -> int:
-    """Print the report (or the JSON); exit 1 when a rank diverged or left no dump, else 0."""
+    """Print the report (or the JSON); exit 1 when a rank diverged or left no (readable) dump, else 0."""
     plan = Plan("fr")
     for path in options.paths:
         plan.reads("PATH", path)

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import ddpdoctor
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.fileio import read_regular
-from ddpdoctor.fr.model import NO_CALL, Call, CallTable, GroupTrace, P2POp, RankDump, StackNow
+from ddpdoctor.fr.model import NO_CALL, Call, CallTable, GroupTrace, P2POp, RankDump, StackNow, Unreadable
 from ddpdoctor.outputs import PARTIAL_SUFFIX, json_command
 from ddpdoctor.safejson import UntrustedJSONError, loads_untrusted
 
@@ -48,6 +48,16 @@ _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
 
 class UnsafeDump(Exception):
     """The pickle names a Python global: loading it would run code."""
+
+
+class UnreadableDump(DoctorError):
+    """A rank's dump that holds no readable document: empty, cut short, damaged, or not a dump at all. That rank
+    is counted as having left no usable dump (named with ``why``), and the others are still judged; a file that
+    is refused as hostile (it names code to run) stops the run instead (plain DoctorError, exit 2)."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path, self.why = path, why
 
 
 class OddKey(ValueError):
@@ -228,6 +238,21 @@ def rank_from_name(path: str, prefix: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
+# PyTorch's dump names (TORCH_NCCL_DEBUG_INFO_TEMP_FILE's and TORCH_FR_DUMP_TEMP_FILE's default
+# /tmp/nccl_trace_rank_<N>) and watch's bundle (flight_recorder/fr_rank_<N>): a file named so is a rank's dump
+# even when it holds nothing readable (the rank was killed while writing it), never an unrelated file to skip.
+_DUMP_NAME = re.compile(r"(?:^|[_.-])rank[_-]?\d+$")
+
+
+def _named_like_a_dump(path: str, prefix: str | None) -> bool:
+    name = os.path.basename(path)
+    for ext in _EXTENSIONS:
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+            break
+    return name.startswith(prefix) if prefix is not None else _DUMP_NAME.search(name) is not None
+
+
 def _looks_like_stacks(path: str) -> bool:
     if not path.endswith(".json"):
         return False
@@ -264,8 +289,8 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
             stacks.append(path)
             return
         rank = rank_from_name(path, prefix)
-        if rank is not None and not explicit and not _looks_like_dump(path):
-            rank = None
+        if rank is not None and not explicit and not _looks_like_dump(path) and not _named_like_a_dump(path, prefix):
+            rank = None  # /tmp/core.12345: a number at the end, but no dump's name and no dump's bytes
         if rank is None:
             if explicit:
                 hint = f" starting with {prefix!r}" if prefix else " ending in _rank_<N> (PyTorch's default)"
@@ -303,7 +328,8 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
 
 
 def read_document(path: str) -> tuple[str, dict[str, Any]]:
-    """('pickle' | 'json', the dump's top-level dict); DoctorError (exit 2) for anything else."""
+    """('pickle' | 'json', the dump's top-level dict); UnreadableDump for a damaged or foreign file, DoctorError
+    (exit 2) for one refused as hostile."""
     try:
         data = read_regular(path, MAX_DUMP_BYTES)
     except OSError as exc:
@@ -311,8 +337,8 @@ def read_document(path: str) -> tuple[str, dict[str, Any]]:
     # Sniffed before parsing: a checkpoint or log passed by mistake is refused at once.
     if data[:1] != b"\x80" and data.lstrip()[:1] != b"{":
         if not data:
-            raise DoctorError(f"{path}: empty file (the rank was killed while writing its dump?)")
-        raise DoctorError(f"{path}: not a Flight Recorder dump (neither a pickle nor JSON)")
+            raise UnreadableDump(path, "empty file (the rank was killed while writing its dump?)")
+        raise UnreadableDump(path, "not a Flight Recorder dump (neither a pickle nor JSON)")
     if data[:1] == b"\x80":
         fmt = "pickle"
         try:
@@ -325,22 +351,22 @@ def read_document(path: str) -> tuple[str, dict[str, Any]]:
         except OddKey as exc:
             raise DoctorError(f"{path}: refused: not a Flight Recorder dump ({exc})") from None
         except MemoryError:
-            raise DoctorError(f"{path}: corrupt pickle (announces an impossible length)") from None
+            raise UnreadableDump(path, "corrupt pickle (announces an impossible length)") from None
         except Exception as exc:  # any failure of a damaged pickle is bad input, not a bug
-            raise DoctorError(f"{path}: truncated or corrupt Flight Recorder dump ({_brief(exc)})") from None
+            raise UnreadableDump(path, f"truncated or corrupt Flight Recorder dump ({_brief(exc)})") from None
     else:
         fmt = "json"
         try:
             doc = loads_untrusted(data)
         except UntrustedJSONError as exc:
-            raise DoctorError(f"{path}: truncated or corrupt JSON dump ({str(exc)[:120]})") from None
+            raise UnreadableDump(path, f"truncated or corrupt JSON dump ({str(exc)[:120]})") from None
     try:
         check_plain(doc, EXPANSION_FLOOR + EXPANSION_PER_BYTE * len(data))
     except Unbounded as exc:
         raise DoctorError(f"{path}: refused: not a Flight Recorder dump ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries", []), list) or \
             not ({"entries", "pg_status", "pg_config"} & set(doc)):
-        raise DoctorError(f"{path}: not a Flight Recorder dump (no 'entries')")
+        raise UnreadableDump(path, "not a Flight Recorder dump (no 'entries')")
     return fmt, doc
 
 
@@ -493,10 +519,15 @@ def normalise(rank: int, path: str, fmt: str, doc: dict[str, Any], table: CallTa
     return dump
 
 
-def read_dumps(inputs: Inputs, table: CallTable) -> Iterator[RankDump]:
-    """One dump at a time, so memory holds one raw document, never all of them."""
+def read_dumps(inputs: Inputs, table: CallTable, unreadable: list[Unreadable]) -> Iterator[RankDump]:
+    """One dump at a time, so memory holds one raw document, never all of them; the ones that cannot be read
+    go to ``unreadable``."""
     for rank, path in inputs.dumps:
-        fmt, doc = read_document(path)
+        try:
+            fmt, doc = read_document(path)
+        except UnreadableDump as exc:
+            unreadable.append(Unreadable(rank, path, exc.why))
+            continue
         yield normalise(rank, path, fmt, doc, table)
         del doc
 
@@ -505,27 +536,31 @@ def read_dumps(inputs: Inputs, table: CallTable) -> Iterator[RankDump]:
 PARALLEL_FROM = 32
 
 
-def _read_chunk(chunk: list[tuple[int, str]]) -> tuple[list[RankDump], list[Call]]:
+def _read_chunk(chunk: list[tuple[int, str]]) -> tuple[list[RankDump], list[Call], list[Unreadable]]:
     table = CallTable()
-    dumps = list(read_dumps(Inputs(chunk, [], []), table))
-    return dumps, table.calls
+    unreadable: list[Unreadable] = []
+    dumps = list(read_dumps(Inputs(chunk, [], []), table, unreadable))
+    return dumps, table.calls, unreadable
 
 
-def read_all(inputs: Inputs, table: CallTable, workers: int | None = None) -> list[RankDump]:
-    """Every dump reduced, in worker processes when there are many (each holds one raw dump at a time).
+def read_all(inputs: Inputs, table: CallTable, unreadable: list[Unreadable],
+             workers: int | None = None) -> list[RankDump]:
+    """Every dump reduced, in worker processes when there are many (each holds one raw dump at a time); the
+    ranks whose dump cannot be read go to ``unreadable``.
 
     Each worker interns its own calls; their ids are mapped into ``table`` here.
     """
     workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
     if workers <= 1 or len(inputs.dumps) < PARALLEL_FROM:
-        return list(read_dumps(inputs, table))
+        return list(read_dumps(inputs, table, unreadable))
     from concurrent.futures import ProcessPoolExecutor
 
     size = max(1, -(-len(inputs.dumps) // (workers * 4)))
     chunks = [inputs.dumps[i:i + size] for i in range(0, len(inputs.dumps), size)]
     result: list[RankDump] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for dumps, calls in pool.map(_read_chunk, chunks):
+        for dumps, calls, bad in pool.map(_read_chunk, chunks):
+            unreadable.extend(bad)
             remap = array("i", (table.intern(call) for call in calls))
             for dump in dumps:
                 for trace in dump.groups.values():

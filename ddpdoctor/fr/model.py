@@ -239,6 +239,19 @@ class GroupVerdict:
                 "divergences": [d.to_dict() for d in self.divergences]}
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A rank whose dump could not be read, and why (``load.UnreadableDump``'s text without the path): empty
+    (the rank was killed while writing it), cut short, damaged, or not a dump."""
+
+    rank: int
+    path: str
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "path": self.path, "why": self.why}
+
+
 @dataclass
 class FrReport:
     """The whole verdict: the dumps read, the ranks with none, every group's verdict (failing first)."""
@@ -251,6 +264,7 @@ class FrReport:
     # host -> its ranks. Flight Recorder dumps carry no host name (torch 2.13's dump: version, pg_config,
     # pg_status, entries, nccl_comm_state), so this comes from the `stacks --json` files read beside them.
     hosts: dict[str, list[int]] = field(default_factory=dict)
+    unreadable: list[Unreadable] = field(default_factory=list)  # ranks among ``missing`` whose file was damaged
 
     @property
     def status(self) -> str:
@@ -261,6 +275,6 @@ class FrReport:
         if failing:
             return failing[0].divergences[0].summary
         if self.missing:
-            return (f"no dump from {'rank' if len(self.missing) == 1 else 'ranks'} "
+            return (f"no {'readable ' if self.unreadable else ''}dump from {'rank' if len(self.missing) == 1 else 'ranks'} "
                     f"{format_rank_list(self.missing)}; the other ranks agree")
         return "every rank issued the same collectives in the same order"

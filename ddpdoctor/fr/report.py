@@ -25,9 +25,13 @@ def render_text(report: FrReport) -> str:
         lines.append(f"  stacks from {', '.join(report.stacks_files)}")
     if len(report.hosts) > 1:
         lines.append(f"  hosts: {hosts_text(report.hosts)}")
+    for bad in report.unreadable:
+        lines.append(f"  rank {bad.rank}'s dump {bad.path} cannot be read: {bad.why}")
+    unwritten = [r for r in report.missing if r not in {u.rank for u in report.unreadable}]
+    if unwritten:
+        lines.append(f"  no dump from {rank_phrase(unwritten)}: it died or could not write")
     if report.missing:
-        lines.append(f"  no dump from {rank_phrase(report.missing)}: it died or could not write "
-                     "(the verdict below uses the other ranks)")
+        lines.append("  (the verdict below uses the other ranks)")
     for group in report.groups:
         lines.append("")
         mark = "FAIL" if group.divergences else "ok"
@@ -50,7 +54,7 @@ def render_text(report: FrReport) -> str:
                          "collective is stuck or busy elsewhere (`ddpdoctor stacks` on the live job shows where), "
                          "a mismatch is code that calls collectives in a rank-dependent order.")
         if report.missing:
-            lines.append(f"Rank(s) {format_rank_list(report.missing)} left no dump: check their logs "
+            lines.append(f"Rank(s) {format_rank_list(report.missing)} left no readable dump: check their logs "
                          "(`ddpdoctor explain`) for a crash, OOM kill or segfault.")
     else:
         lines.append(f"Result: PASS: {report.summary()}")
@@ -67,6 +71,7 @@ def to_json(report: FrReport) -> dict[str, Any]:
         "world_size": report.world_size,
         "ranks": [d.rank for d in report.dumps],
         "missing_ranks": report.missing,
+        "unreadable_dumps": [u.to_dict() for u in report.unreadable],
         "dumps": [d.to_dict() for d in report.dumps],
         "stacks_files": report.stacks_files,
         "hosts": report.hosts,

@@ -42,14 +42,39 @@ def test_a_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_path: Path
     assert not marker.exists()
 
 
-def test_a_truncated_dump_is_one_line_and_exit_2(real: Path, tmp_path: Path) -> None:
+def test_a_truncated_dump_names_its_rank_and_the_others_are_still_judged(real: Path, tmp_path: Path) -> None:
+    """Rank 0's dump cut in half (killed while writing): named with why, counted as a rank with no readable dump
+    (exit 1, never PASS), the other ranks' dumps still judged; alone, it is one line and exit 2."""
     data = (real / "nccl_trace_rank_0").read_bytes()
     cut = tmp_path / "nccl_trace_rank_0"
     cut.write_bytes(data[: len(data) // 2])
     out = run_cli(["fr", str(cut), str(real / "nccl_trace_rank_1"), str(real / "nccl_trace_rank_2")], timeout=60)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.startswith(f"ddpdoctor: error: {cut}: truncated or corrupt Flight Recorder dump")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"rank 0's dump {cut} cannot be read: truncated or corrupt Flight Recorder dump" in out.stdout
+    assert "Result: FAIL: " in out.stdout and "Rank(s) 0 left no readable dump" in out.stdout
+    alone = run_cli(["fr", str(cut)], timeout=60)
+    assert alone.returncode == 2 and alone.stderr.count("\n") == 1, alone.stderr
+    assert alone.stderr.startswith(f"ddpdoctor: error: no readable Flight Recorder dump: {cut}: truncated or corrupt")
     assert (real / "nccl_trace_rank_0").read_bytes() == data  # inputs never changed
+
+
+def test_a_folder_with_empty_and_garbage_dumps_is_never_a_pass(real: Path, tmp_path: Path) -> None:
+    """An explorer's find: ranks 1 and 2 left an empty file and garbage under the dump names, and `fr FOLDER`
+    skipped both as not dumps, guessed a world of 1 and printed PASS (exit 0). A file named otherwise whose bytes
+    are no dump (/tmp's core.12345) is still passed over."""
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    (folder / "nccl_trace_rank_0").write_bytes((real / "nccl_trace_rank_0").read_bytes())
+    (folder / "nccl_trace_rank_1").write_bytes(b"")
+    (folder / "nccl_trace_rank_2.json").write_bytes(b"[" * 100_000)
+    (folder / "core.12345").write_bytes(b"ELF core")
+    out = run_cli(["fr", str(folder), "--json", "-"], timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["status"] == "fail" and doc["world_size"] == 3 and doc["missing_ranks"] == [1, 2]
+    assert [(u["rank"], u["why"].split(" (")[0]) for u in doc["unreadable_dumps"]] == [
+        (1, "empty file"), (2, "not a Flight Recorder dump")]
+    assert "core.12345" not in out.stdout
 
 
 def test_bad_inputs_each_say_what_is_wrong(tmp_path: Path) -> None:
