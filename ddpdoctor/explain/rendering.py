@@ -6,6 +6,8 @@ under it, indented, not as a rival problem; notes (hints, not failures) come las
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.explain.model import Diagnosis, ExplainResult
 from ddpdoctor.explain.scanner import MAX_MATCH_CHARS
 from ddpdoctor.ranks import format_rank_list
@@ -21,6 +23,9 @@ def _plural(n: int, word: str, words: str | None = None) -> str:
 def headline(d: Diagnosis) -> str:
     """The numbered line's text: the title, or for the catch-all what the first rank raised and where."""
     first = d.first_event
+    lagging = sorted({int(r) for text in d.details.get("lagging_ranks", []) for r in re.findall(r"\d+", text)})
+    if lagging:  # the desync report's and monitored_barrier's named ranks: the ranks to look at, not the reporter's
+        return f"{d.signature.title}: {'rank' if len(lagging) == 1 else 'ranks'} {format_rank_list(lagging)}"
     if d.id != FALLBACK_ID or first is None or not first.exception:
         return d.signature.title
     who = f"Rank {d.first_rank}" if d.first_rank is not None else "A rank"

@@ -716,3 +716,49 @@ def test_a_start_up_line_marks_a_long_log_distributed_for_a_bare_error_at_its_en
     assert not result.notes
     alone = explain_text(body + oom, name="job.log")  # the same error with no sign of a job: a note
     assert [n.id for n in alone.notes] == ["cuda-oom"]
+
+
+def test_monitored_barriers_named_ranks_are_the_ones_to_look_at() -> None:
+    """ProcessGroupGloo's monitoredBarrier, raised by rank 0: the ranks it names (1 and 3) are the diagnosis'
+    headline and details, with or without the message's "[Rank 0]: " head (it read as rank 0's problem, and the
+    head-less one-rank form as an unknown RuntimeError)."""
+    from ddpdoctor.explain.rendering import headline
+
+    several = explain_text("[rank0]: RuntimeError: [Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 30000 ms\n")
+    d = diag(several, "monitored-barrier-failed")
+    assert d.details["lagging_ranks"] == ["1, 3"] and d.details["timeout_ms"] == ["30000"]
+    assert headline(d).endswith(": ranks 1,3")
+    one = explain_text("RuntimeError: Rank 1 failed to pass monitoredBarrier in 30000 ms\n")
+    assert ids(one) == ["monitored-barrier-failed"] and headline(one.diagnoses[0]).endswith(": rank 1")
+
+
+UNUSED_WITH_FIND_UNUSED = (
+    "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. This error "
+    "indicates that your module has parameters that were not used in producing loss. Since `find_unused_parameters="
+    "True` is enabled, this likely  means that not all `forward` outputs participate in computing loss. You can fix "
+    "this by making sure all `forward` function outputs participate in calculating loss.")
+STATIC_GRAPH_CHANGED = (
+    "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. This error "
+    "indicates that your training graph has changed in this iteration, e.g., one parameter is used in first "
+    "iteration, but then got unused in the second iteration. this is not compatible with static_graph set to True.")
+
+
+@pytest.mark.parametrize("prefix", ["", "[rank1]: "])
+def test_the_reducers_two_heads_keep_their_own_diagnosis_with_the_indices_line_under_them(prefix: str) -> None:
+    """reducer.cpp's unused-parameters head (find_unused_parameters=True variant) then its indices line, pasted
+    without rank prefixes (mp.spawn): the two lines were rejoined as one wrapped line and the static-graph
+    signature's indices pattern took it, advising to drop static_graph=True (an explorer's find)."""
+    tail = f"{prefix}Parameter indices which did not receive grad for rank 1: 4 5\n"
+    unused = explain_text(f"{prefix}{UNUSED_WITH_FIND_UNUSED}\n{tail}")
+    assert ids(unused) == ["unused-parameters"] and unused.diagnoses[0].details["param_indices"] == ["4 5"]
+    static = explain_text(f"{prefix}{STATIC_GRAPH_CHANGED}\n{tail}")
+    assert ids(static) == ["static-graph-changed"]
+
+
+def test_torchruns_bare_rendezvous_timeout_is_a_rendezvous_that_did_not_complete() -> None:
+    """dynamic_rendezvous.py raises RendezvousTimeoutError with no message (torch 2.13.0, line 680): the agent's
+    traceback ends with the bare class, which read as "A rank raised RendezvousTimeoutError"."""
+    text = ('Traceback (most recent call last):\n  File "/usr/bin/torchrun", line 8, in <module>\n    sys.exit(main())\n'
+            '  File "/opt/torch/distributed/elastic/rendezvous/dynamic_rendezvous.py", line 680, in run\n'
+            "    raise RendezvousTimeoutError\ntorch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n")
+    assert ids(explain_text(text)) == ["rendezvous-incomplete"]
