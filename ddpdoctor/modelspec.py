@@ -7,6 +7,7 @@ dotted module name importable from the current directory, or a path to a ``.py``
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -14,7 +15,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from ddpdoctor.errors import DoctorError, typed_error
 
@@ -60,13 +61,20 @@ def _import_module(module_name: str, spec: str) -> Any:
     return importlib.import_module(module_name)
 
 
+def users_prints_to_stderr() -> contextlib.redirect_stdout[TextIO]:
+    """What the user's module prints while it is imported or builds the model goes to stderr: stdout may be the
+    report as JSON (`ckpt diff --json -`: a factory's "building model..." went in front of the document)."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def load_factory(spec: str) -> Callable[..., Any]:
     """The callable named by ``MODULE:NAME``; DoctorError (exit 2) when it cannot be had."""
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise DoctorError(f"expected MODULE:FACTORY (e.g. mypkg.models:build), got: {spec!r}")
     try:
-        module = _import_module(module_name, spec)
+        with users_prints_to_stderr():
+            module = _import_module(module_name, spec)
     except DoctorError:
         raise
     except BaseException as exc:  # the user's code: anything it raises is their error, not ours
@@ -108,7 +116,8 @@ def _module_from(spec: str, factory: Callable[..., Any]) -> Any:
     import torch
 
     try:
-        model = factory()
+        with users_prints_to_stderr():
+            model = factory()
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise

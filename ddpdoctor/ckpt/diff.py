@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ddpdoctor.ckpt.formats import Checkpoint
 from ddpdoctor.ckpt.locate import find_state_dicts, state_dict_shapes
 from ddpdoctor.ckpt.model import CHECK_ID, DiffReport, DuplicateKeyError, Fix
-from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, plan_renames, stripped_name, used_prefixes
+from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, plan_renames, shell_word, stripped_name, used_prefixes
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.findings import FAIL, PASS, Finding
 
@@ -167,13 +167,13 @@ def diff_against(ckpt: Checkpoint, model: nn.Module, key: str | None = None,
 
 
 def _fix_remedy(path: Path, fix: Fix, strip: list[str], *, directory: bool = False) -> str:
+    flags = " ".join(f"--prefix {shell_word(p)}" for p in strip)
+    command = f"ddpdoctor ckpt strip {shell_word(path)} -o {shell_word(Path(stripped_name(path)))} {flags}"
     if strip and not fix.add and directory:
         # load_checkpoint_into reads single files: a directory is fixed by writing a stripped copy.
-        flags = " ".join(f"--prefix {p}" for p in strip)
-        return f"ddpdoctor ckpt strip {path} -o {stripped_name(path)} {flags}"
+        return command
     if strip and not fix.add:
-        flags = " ".join(f"--prefix {p}" for p in strip)
-        return (f"ddpdoctor ckpt strip {path} -o {stripped_name(path)} {flags}   (or in Python: "
+        return (f"{command}   (or in Python: "
                 f"ddpdoctor.load_checkpoint_into(model, {str(path)!r}))")
     if fix.add and not strip:
         return (f"the model is wrapped ({fix.add!r} prefix) but the checkpoint is not: load into the inner "

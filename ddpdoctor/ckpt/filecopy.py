@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from ddpdoctor.ckpt.prefixes import shell_word
 from ddpdoctor.errors import DoctorError
 
 _CHUNK = 8 << 20
@@ -44,7 +45,7 @@ def check_input(path: str | os.PathLike[str]) -> Path:
     if p.is_dir():
         if (p / ".metadata").exists():
             raise DoctorError(f"{p} is a torch.distributed.checkpoint directory, not a single-file checkpoint; "
-                              f"write one with: ddpdoctor ckpt strip {p} -o {p.name}.pt")
+                              f"write one with: ddpdoctor ckpt strip {shell_word(p)} -o {shell_word(Path(p.name + '.pt'))}")
         raise DoctorError(f"{p} is a directory; give the checkpoint file inside it")
     if not p.is_file():
         # Opening a FIFO blocks until something writes to it: never open what is not a regular file.

@@ -8,6 +8,7 @@ is a warning (the file is fine for a wrapped model), keys mixing wrapped and unw
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ddpdoctor.ckpt import unpickler
@@ -30,6 +31,7 @@ from ddpdoctor.ckpt.prefixes import (
     KNOWN_PREFIXES,
     PREFIX_ORIGIN,
     plan_renames,
+    shell_word,
     strip_one,
     stripped_name,
     wrapper_segments,
@@ -184,9 +186,9 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
             "checkpoint": str(ckpt.path), "format": ckpt.format, "tensor_bytes": nbytes}))
 
     directory = ckpt.dcp is not None or ckpt.shards is not None
-    fix = f"ddpdoctor ckpt strip {ckpt.path} -o {stripped_name(ckpt.path)}"
+    fix = f"ddpdoctor ckpt strip {shell_word(ckpt.path)} -o {shell_word(Path(stripped_name(ckpt.path)))}"
     if ckpt.dcp is not None:
-        fix += f"   (or -o {ckpt.path.name}.pt for one torch.save file)"
+        fix += f"   (or -o {shell_word(Path(ckpt.path.name + '.pt'))} for one torch.save file)"
     for loc, rep in zip(locs, sds, strict=True):
         try:
             plan_renames((k for k, _ in mapping_pairs(loc.node) or []), where=repr(loc.name))

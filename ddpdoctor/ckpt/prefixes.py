@@ -18,6 +18,7 @@ real dicts so ``strip`` never has to load the tensors.
 
 from __future__ import annotations
 
+import shlex
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -215,6 +216,14 @@ def used_prefixes(keys: Iterable[str]) -> list[str]:
             if p not in used:
                 used.append(p)
     return used
+
+
+def shell_word(value: str | Path) -> str:
+    """A path or prefix as a remedy's command line must spell it to run when pasted: quoted for the shell
+    (spaces, quotes, `$`), and a relative path that starts with "-" behind "./" so the command does not take it
+    for an option (`ckpt inspect "my ckpt.pt"` suggested `ddpdoctor ckpt strip my ckpt.pt -o ...`)."""
+    text = str(value)
+    return shlex.quote("./" + text if text.startswith("-") and isinstance(value, Path) else text)
 
 
 def stripped_name(path: Path) -> str:

@@ -138,8 +138,11 @@ def autograd_reach(root: Any) -> tuple[set[int], set[int]]:
 
 def call_user(what: str, fn: Callable[..., Any], **available: Any) -> Any:
     """Call user code (a batch function) with the keyword arguments it declares; errors become one line."""
+    from ddpdoctor.modelspec import users_prints_to_stderr
+
     try:
-        return _call_with_declared(fn, **available)
+        with users_prints_to_stderr():
+            return _call_with_declared(fn, **available)
     except DoctorError:
         raise
     except Exception as exc:

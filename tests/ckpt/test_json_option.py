@@ -143,3 +143,33 @@ def test_strip_json_says_where_the_time_went(ddp_ckpt: Path, tmp_path: Path) -> 
     assert set(replaced.phases_s) == names and replaced.written
     unchanged = strip_file(ddp_ckpt, None, in_place=True)  # nothing left to strip: nothing written
     assert not unchanged.written and set(unchanged.phases_s) == {"open", "plan"}
+
+
+def test_what_the_model_factory_prints_stays_out_of_the_json_on_stdout(ddp_ckpt: Path, tmp_path: Path) -> None:
+    """`ckpt diff --json -` with a factory (and its module) that print: the document alone on stdout, their lines
+    on stderr (an explorer's find: "building model..." went in front of the `{` and `jq` broke)."""
+    factory = tmp_path / "noisy_factory.py"
+    factory.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\nprint('importing the noisy module')\n"
+                       "from examples.ckpt_models import make_mlp\n\n\n"
+                       "def build():\n    print('building model...')\n    return make_mlp()\n")
+    run = subprocess.run([*_ddpdoctor(), "ckpt", "diff", str(ddp_ckpt), "--model", f"{factory}:build", "--json", "-"],
+                         capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=120)
+    assert run.returncode in (0, 1), run.stderr
+    assert json.loads(run.stdout)["command"] == "ckpt diff"
+    assert "importing the noisy module" in run.stderr and "building model..." in run.stderr
+
+
+@pytest.mark.parametrize("name", ["my ckpt ü.pt", "-dash.pt", "it's $HOME.pt"])
+def test_the_suggested_strip_command_runs_as_printed(tmp_path: Path, name: str) -> None:
+    """The remedy's command line is pasted into a shell as it is: quoted paths, `./` before a leading dash (an
+    explorer's find: `ddpdoctor ckpt strip my ckpt ü.pt -o ...` failed with exit 2, `-dash.pt` as an option)."""
+    torch.save({"module.w": torch.zeros(2)}, tmp_path / name)
+    inspect = subprocess.run([*_ddpdoctor(), "ckpt", "inspect", "--", name], capture_output=True, text=True,
+                             env=clean_env(), cwd=tmp_path, timeout=120)
+    [line] = [ln for ln in inspect.stdout.splitlines() if "fix: ddpdoctor ckpt strip" in ln]
+    command = line.split("fix: ", 1)[1].split("   (or in Python", 1)[0]
+    run = subprocess.run(command, shell=True, capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
+                         timeout=120)
+    assert run.returncode == 0, (command, run.stderr)
+    stripped = tmp_path / name.replace(".pt", ".stripped.pt")
+    assert list(torch.load(stripped, weights_only=True)) == ["w"]
