@@ -233,6 +233,10 @@ def resolve(flag: str, path: str | os.PathLike[str], kind: Kind, *, command: str
         raise _refuse(flag, given, f"the folder {str(parent)!r} does not exist; create it first")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise _refuse(flag, given, f"cannot write to the folder {str(parent)!r} (not writable)")
+    pseudo = pseudo_filesystem(parent)
+    if pseudo is not None:
+        raise _refuse(flag, given, f"the folder {str(parent)!r} is on the kernel's {pseudo} filesystem, where no "
+                      "file can be created; give a path on a disk")
     try:
         existing: os.stat_result | None = os.stat(real)
     except FileNotFoundError:
@@ -242,6 +246,34 @@ def resolve(flag: str, path: str | os.PathLike[str], kind: Kind, *, command: str
     if existing is not None:
         _check_existing(flag, given, real, kind, existing, command, in_place)
     return Target(flag, given, real, kind, command, in_place, Path(like) if like is not None else None, existing)
+
+
+# The kernel's own filesystems: no regular file can be created in them, whatever access(2) says (root passes its
+# write check on /sys and /proc, and then open(O_CREAT) fails with EPERM or ENOENT: an output there was found
+# unwritable only after the whole run, `bench`'s sweep, `check`'s report: an explorer's find).
+PSEUDO_FILESYSTEMS = frozenset(("proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore",
+                                "bpf", "configfs", "efivarfs", "fusectl", "binfmt_misc", "devpts", "mqueue"))
+
+
+def pseudo_filesystem(folder: Path) -> str | None:
+    """The type of the kernel filesystem ``folder`` is on (see PSEUDO_FILESYSTEMS), from /proc/self/mountinfo (the
+    mount point that is the longest prefix of its real path); None for a disk, or where that cannot be read."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            mounts = fh.read().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(folder)
+    best, best_type = "", None
+    for line in mounts:
+        fields, _, tail = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not tail:
+            continue
+        point = parts[4].replace("\\040", " ")
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, best_type = point, tail.split()[0]
+    return best_type if best_type in PSEUDO_FILESYSTEMS else None
 
 
 def _existing_ancestor(path: Path) -> Path:

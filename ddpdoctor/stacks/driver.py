@@ -54,6 +54,11 @@ def run(opts: StacksOptions) -> int:
 
         return finish(collect(opts.pid, opts.job, opts.stack_dir, opts.timeout), "signal", opts.json_path,
                       opts.all_threads)
+    if opts.native and opts.nonblocking:
+        # py-spy 0.3/0.4 (src/config.rs): "Can't get native stack traces with the --nonblocking option"; every
+        # rank then read as "no stack: py-spy failed" and the run exited 1, as if the ranks disagreed.
+        raise DoctorError("--native cannot be combined with --nonblocking: py-spy reads C/C++ frames only from a "
+                          "paused process (drop one of them)")
     from ddpdoctor.stacks.engine import discover, dump_all
 
     cands = discover(opts.pid, opts.job)

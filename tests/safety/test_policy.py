@@ -191,3 +191,22 @@ def test_a_check_that_never_ran_leaves_the_error_document_not_yesterdays_report(
     doc = json.loads(report.read_text())
     assert (doc["command"], doc["status"], doc["exit_code"]) == ("check", "error", 1)
     assert "is already in use" in doc["error"] and doc["error"] in res.stderr
+
+
+@pytest.mark.skipif(outputs.pseudo_filesystem(Path("/sys")) is None, reason="no sysfs mounted at /sys here")
+@pytest.mark.parametrize("argv", [
+    ["bench", "-e", "4K", "-n", "2", "--json", "/sys/x.json"],
+    ["check", "--only", "env", "--json", "/sys/x.json"],
+    ["check", "--only", "env", "--log-dir", "/sys/ddpdoctor-logs"],
+    ["explain", "LOG", "--json", "/proc/x.json"],
+])
+def test_an_output_on_the_kernels_filesystems_is_refused_before_any_work(
+        argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """As root, access(2) passes its write check on /sys and /proc, and creating the file then fails: `bench`
+    ran its whole sweep and ended with exit 3, `check` printed PASS and exited 1, `explain` said /proc does not
+    exist (an explorer's finds). Now one line, exit 2, before any rank starts."""
+    log = tmp_path / "job.log"
+    log.write_text("hello\n")
+    code, err = run_main([str(log) if a == "LOG" else a for a in argv], tmp_path, monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "filesystem, where no file can be created" in err

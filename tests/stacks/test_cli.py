@@ -106,6 +106,8 @@ RANGE = r"(is not in the range 0\.1<=x<=86400\.0|Input should be (greater|less) 
     (["--json"], r"Option '--json' requires an argument"),
     (["--json", "/nonexistent/dir/out.json"], r"the folder '/nonexistent/dir' does not exist"),
     (["--signal", "--native"], r"--native needs py-spy; --signal dumps only Python frames"),
+    # py-spy refuses the pair for every rank: each read as "no stack: py-spy failed", exit 1 (an explorer's find).
+    (["--pid", "1", "--native", "--nonblocking"], r"--native cannot be combined with --nonblocking"),
     (["merge"], r"Missing argument 'FILES'"),
 ])
 def test_bad_values_exit_2_with_one_line(args: list[str], message: str,
