@@ -8,6 +8,8 @@ importing torch.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gc
 import importlib
 import io
@@ -183,13 +185,28 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+# A write that failed for want of room or a device error: the environment's, not a bug of ours.
+_OUTPUT_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO))
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush has nowhere to fail again."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def _guarded(command: Callable[[], int], failure: list[str] | None = None) -> int:
     """Run ``command``; a DoctorError is one line and its exit code, anything unexpected a bug report.
 
     ``failure`` receives the one-line text of a failure, for the error document of ``--json``."""
     said = failure if failure is not None else []
     try:
-        return command()
+        code = command()
+        sys.stdout.flush()  # here, not in the interpreter's last flush: a full disk is then one line, not a trace
+        return code
     except DoctorError as exc:
         print(f"ddpdoctor: error: {printable(str(exc))}", file=sys.stderr)
         said.append(str(exc))
@@ -199,11 +216,20 @@ def _guarded(command: Callable[[], int], failure: list[str] | None = None) -> in
         said.append("interrupted")
         return 130
     except BrokenPipeError:  # `ddpdoctor stacks | head`: the reader has what it wanted
-        import os
-
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # else the interpreter's last flush complains again
+        _stdout_to_devnull()
         return EXIT_PROBLEM
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            print(bug_report(exc), file=sys.stderr)
+            said.append(f"ddpdoctor internal error: {type(exc).__name__}: {exc}"[:500])
+            return EXIT_BUG
+        # `ddpdoctor ckpt inspect x.pt > /dev/full`, a full disk or quota under a redirect: printed a traceback
+        # and "This is a ddpdoctor bug" (an explorer's find). Where our own files are written, outputs.py says
+        # which file; here it was the report on stdout.
+        _stdout_to_devnull()
+        print(f"ddpdoctor: error: cannot write the output ({exc.strerror or exc})", file=sys.stderr)
+        said.append(f"cannot write the output ({exc.strerror or exc})")
+        return EXIT_USAGE
     except Exception as exc:
         print(bug_report(exc), file=sys.stderr)
         said.append(f"ddpdoctor internal error: {type(exc).__name__}: {exc}"[:500])

@@ -222,3 +222,17 @@ def test_completion_for_an_unknown_shell_is_one_line_exit_2(capsys: pytest.Captu
     assert main(["--show-completion", "tcsh"]) == 2
     assert capsys.readouterr().err.strip() == ("ddpdoctor: error: --show-completion takes one of bash, zsh, fish, "
                                                "powershell, pwsh (or nothing: the shell it runs in), got: 'tcsh'")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this machine")
+@pytest.mark.parametrize("argv", [["env", "--no-torch"], ["explain", "LOG"]])
+def test_a_report_that_cannot_be_written_is_one_line_exit_2(argv: list[str], tmp_path: Path) -> None:
+    """stdout on a full disk (/dev/full: every write fails with ENOSPC): a traceback and "This is a ddpdoctor
+    bug", exit 3, before (an explorer's find: `ckpt inspect x.pt > /dev/full`)."""
+    log = tmp_path / "job.log"
+    log.write_text("hello\n")
+    cmd = [sys.executable, "-m", "ddpdoctor", *(str(log) if a == "LOG" else a for a in argv)]
+    with open("/dev/full", "w") as full:
+        run = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, env=clean_env(), timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == "ddpdoctor: error: cannot write the output (No space left on device)\n"
