@@ -87,7 +87,19 @@ def _summarize(value: Any) -> str:
     return type(value).__name__
 
 
-def _tensor_stats(root: Any) -> tuple[int, int, dict[str, int]]:
+StorageOwners = dict[int, str]  # id of a tensor node -> the shard file it was read from
+
+
+def _storage_owners(ckpt: Checkpoint) -> StorageOwners:
+    """Which shard each tensor of a shard set comes from: a storage's key ("0", "1", ...) is unique within one
+    file only, and every .bin shard numbers its storages from 0 (nine tensors in three shards counted as three
+    storages, 256 B instead of 576 B: an explorer's find). Empty for a single file."""
+    if ckpt.shards is None:
+        return {}
+    return {id(value): shard.name for shard in ckpt.shards.shards for _, value in mapping_pairs(shard.node) or []}
+
+
+def _tensor_stats(root: Any, owners: StorageOwners) -> tuple[int, int, dict[str, int]]:
     """(tensor count, bytes of distinct storages, tensors per dtype) over the whole tree."""
     count, storages, dtypes = 0, {}, {}  # type: ignore[var-annotated]
 
@@ -99,7 +111,8 @@ def _tensor_stats(root: Any) -> tuple[int, int, dict[str, int]]:
         count += 1
         dtypes[meta.dtype or "?"] = dtypes.get(meta.dtype or "?", 0) + 1
         if meta.storage is not None:
-            storages[meta.storage] = max(storages.get(meta.storage, 0), meta.storage_bytes)
+            key = (owners.get(id(node), ""), meta.storage)
+            storages[key] = max(storages.get(key, 0), meta.storage_bytes)
         return False
 
     _walk_real_or_shadow(root, visit)
@@ -120,14 +133,15 @@ def _walk_real_or_shadow(root: Any, visit: Any) -> None:
     unpickler.walk(root, wrapped)
 
 
-def _state_dict_report(loc: StateDictLoc) -> dict[str, Any]:
+def _state_dict_report(loc: StateDictLoc, owners: StorageOwners) -> dict[str, Any]:
     pairs = mapping_pairs(loc.node) or []
     keys = [k for k, _ in pairs]
     metas = [tensor_meta(v) for _, v in pairs]
-    storages: dict[str, int] = {}
-    for m in metas:
+    storages: dict[tuple[str, str], int] = {}
+    for (_, value), m in zip(pairs, metas, strict=True):
         if m is not None and m.storage is not None:
-            storages[m.storage] = max(storages.get(m.storage, 0), m.storage_bytes)
+            key = (owners.get(id(value), ""), m.storage)
+            storages[key] = max(storages.get(key, 0), m.storage_bytes)
     counts: dict[str, int] = {}
     examples: dict[str, list[str]] = {}
     # Every wrapper segment, wherever it sits: which, on how many keys, at which positions.
@@ -168,11 +182,12 @@ def _state_dict_report(loc: StateDictLoc) -> dict[str, Any]:
 
 def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
     """The ``ckpt inspect`` report: format, tensors, state_dicts, prefixes, findings."""
-    count, nbytes, dtypes = _tensor_stats(ckpt.root)
+    owners = _storage_owners(ckpt)
+    count, nbytes, dtypes = _tensor_stats(ckpt.root, owners)
     if ckpt.safetensors is not None:
         nbytes = ckpt.safetensors.data_size
     locs = find_state_dicts(ckpt.root)
-    sds = [_state_dict_report(loc) for loc in locs]
+    sds = [_state_dict_report(loc, owners) for loc in locs]
     sd_tops = {loc.path[0] for loc in locs if loc.path}
     others = []
     top = mapping_pairs(ckpt.root)

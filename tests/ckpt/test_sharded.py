@@ -46,6 +46,17 @@ def test_inspect_covers_every_shard(shard_sets: Path, cli: Any) -> None:
                                                     "examples": rep["state_dicts"][0]["prefixes"][0]["examples"]}
 
 
+def test_bin_and_safetensors_shards_of_one_state_dict_count_the_same_bytes(shard_sets: Path, cli: Any) -> None:
+    """Each torch.save shard numbers its storages from "0": counted by that key alone, the .bin set's tensors
+    were a third of the bytes the safetensors copy of the same state_dict reported (an explorer's find)."""
+    reports = {kind: json.loads(cli(["ckpt", "inspect", str(shard_sets / kind), "--json", "-"]).stdout)
+               for kind in ("st", "bin")}
+    expected = sum(t.numel() * t.element_size() for t in _load_through_index(shard_sets / "st",
+                                                                             "model.safetensors.index.json").values())
+    assert reports["bin"]["tensor_bytes"] == reports["st"]["tensor_bytes"] == expected
+    assert reports["bin"]["state_dicts"][0]["tensor_bytes"] == expected
+
+
 def test_strip_keeps_the_sharding_and_loads(shard_sets: Path, tmp_path: Path, cli: Any) -> None:
     src, out = shard_sets / "st", tmp_path / "plain"
     before = tree_digest(src)
