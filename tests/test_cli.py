@@ -18,6 +18,8 @@ from tests.support import clean_env, run_cli
     (["check", "--nproc", "0"], "--nproc must be at least 1"),
     (["check", "--only", "nosuch"], "unknown check id 'nosuch'"),
     (["check", "--skip", "env,bogus"], "unknown check id 'bogus'"),
+    # An unset shell variable (`--only "$CHECKS"`) ran every check (an explorer's find).
+    (["check", "--only", ""], "--only names no check id"),
     (["check", "--timeout", "-1"], "--timeout must be a positive"),
     (["check", "--timeout", "inf"], "--timeout must be a positive"),
     (["check", "--json", "/nonexistent/dir/r.json"], "does not exist"),

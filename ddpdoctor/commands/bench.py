@@ -274,7 +274,7 @@ def bench(
         if op is not None and parse_ops(op) != [from_binary]:
             raise DoctorError(f"{test} picks {from_binary} and --op {op} picks another; give one of them")
         op = from_binary
-    op = op or "all_reduce"
+    op = "all_reduce" if op is None else op  # `--op ''` (an unset shell variable) is refused by parse_ops, not all_reduce
     config = build_config(op, min_bytes, max_bytes, step_factor, iters, warmup, dtype, check, pairs,
                           min_busbw, json_path, plot_path, backend, timeout, redop=redop, root=root, average=average,
                           blocking=blocking, cputime=cputime, timestamps=timestamps, run_cycles=run_cycles,

@@ -41,6 +41,9 @@ def select_checks(only: list[str], skip: list[str]) -> list[Check]:
     from ddpdoctor.checks import ALL_CHECKS, CHECK_IDS
 
     wanted, unwanted = _split_ids(only), _split_ids(skip)
+    for flag, given, ids in (("--only", only, wanted), ("--skip", skip, unwanted)):
+        if given and not ids:  # `--only ''` (an unset shell variable) ran every check
+            raise DoctorError(f"{flag} names no check id; known: {', '.join(CHECK_IDS)}")
     for check_id in wanted + unwanted:
         if check_id not in CHECK_IDS:
             raise DoctorError(f"unknown check id {check_id!r}; known: {', '.join(CHECK_IDS)}")

@@ -191,6 +191,7 @@ def test_under_torchrun_with_pairs(tmp_path: Path) -> None:
     (["-b", "1X"], "-b/--min-bytes takes a size like"),
     (["-b", "1M", "-e", "1K"], "is larger than -e/--max-bytes"),
     (["--op", "allreduc"], "--op must be one of"),
+    (["--op", ""], "--op is empty"),  # an unset shell variable ran all_reduce (an explorer's find)
     (["-d", "float8"], "-d/--dtype must be one of"),
     (["-c", "-1"], "-c/--check takes how many checked calls"),
 ])
