@@ -251,6 +251,8 @@ def open_dcp(path: Path) -> DcpDir:
     files: dict[str, int] = {}
     for child in path.iterdir():
         if child.name != METADATA and child.is_file() and not child.name.startswith("."):
+            if outputs.json_command(child) is not None:
+                continue  # our own report kept in the folder (`inspect DIR --json DIR/r.json`): not the checkpoint's
             files[child.name] = child.stat().st_size
     needed: dict[str, int] = {}
     for e in entries.values():

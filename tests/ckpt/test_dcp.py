@@ -208,3 +208,17 @@ def test_stored_objects_follow_the_weights_only_rule(tmp_path: Path, cli: Any) -
     assert not (tmp_path / "out.pt").exists()
     res = cli(["ckpt", "strip", str(src), "-o", str(tmp_path / "out_dir")])
     assert res.returncode == 0  # a DCP directory output copies the object's bytes as they are
+
+
+def test_a_report_kept_in_the_dcp_folder_is_not_part_of_the_checkpoint(dcp_dirs: Path, tmp_path: Path,
+                                                                        cli: Any) -> None:
+    """`inspect DIR --json DIR/r.json`, then `inspect DIR` listed r.json as a file of the checkpoint (its size
+    counted) and `strip DIR -o OUT` copied the stale report into OUT (an explorer's find)."""
+    src = tmp_path / "dcp"
+    shutil.copytree(dcp_dirs / "dcp_ddp", src)
+    assert cli(["ckpt", "inspect", str(src), "--json", str(src / "r.json")]).returncode == 0
+    again = json.loads(cli(["ckpt", "inspect", str(src), "--json", "-"]).stdout)
+    assert [f["file"] for f in again["layout"]["files"]] == ["__0_0.distcp", "__1_0.distcp"]
+    out = tmp_path / "stripped"
+    assert cli(["ckpt", "strip", str(src), "-o", str(out)]).returncode == 0
+    assert sorted(os.listdir(out)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
