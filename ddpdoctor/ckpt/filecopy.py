@@ -50,6 +50,10 @@ def check_input(path: str | os.PathLike[str]) -> Path:
     if not p.is_file():
         # Opening a FIFO blocks until something writes to it: never open what is not a regular file.
         raise DoctorError(f"{p} is not a regular file (a device, FIFO or socket); give the checkpoint file")
+    if (p.name == ".metadata" or p.suffix == ".distcp") and (p.parent / ".metadata").is_file():
+        # One piece of a DCP checkpoint: its .metadata alone asked for --trust, a .distcp read as a pickled object.
+        raise DoctorError(f"{p} is one file of the torch.distributed.checkpoint folder {p.parent}; give the folder "
+                          f"({shell_word(p.parent)})")
     try:
         size = p.stat().st_size
         with p.open("rb"):

@@ -222,3 +222,12 @@ def test_a_report_kept_in_the_dcp_folder_is_not_part_of_the_checkpoint(dcp_dirs:
     out = tmp_path / "stripped"
     assert cli(["ckpt", "strip", str(src), "-o", str(out)]).returncode == 0
     assert sorted(os.listdir(out)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.mark.parametrize("name", [".metadata", "__0_0.distcp"])
+def test_one_file_of_a_dcp_folder_is_pointed_at_its_folder(dcp_dirs: Path, cli: Any, name: str) -> None:
+    """`.metadata` alone asked for --trust (and then said "not a torch checkpoint"); a `.distcp` was read as a
+    pickled object with exit 0 (an explorer's find): one line, exit 2, naming the folder to give."""
+    res = cli(["ckpt", "inspect", str(dcp_dirs / "dcp_ddp" / name)])
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"one file of the torch.distributed.checkpoint folder {dcp_dirs / 'dcp_ddp'}" in res.stderr
