@@ -50,7 +50,7 @@ from ddpdoctor.runtime.deadline import innermost_line, run_with_deadline
 from ddpdoctor.runtime.device import init_device_kwargs
 from ddpdoctor.runtime.launcher import LaunchInfo
 from ddpdoctor.runtime.progress import SHOW_AFTER_S, WaitDisplay
-from ddpdoctor.runtime.selflaunch import write_result_file
+from ddpdoctor.runtime.selflaunch import interrupted_by, write_result_file
 
 CLAIM_SETTLE_S = 0.3
 # Tearing the process group under test down as a rank leaves (issue 35) takes at most this long: NCCL's
@@ -635,9 +635,19 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
         run.pg_problem = run.pg_problem or f"stopped by {exc}"
         if info.rank != 0 or run.control is None:
             return EXIT_PROBLEM
-        run.runtime_findings.append(Finding(
-            "barrier", ERROR, f"rank 0 was stopped by {exc} before all ranks reported (the launcher tears the "
-            "job down when a rank exits)", [0], "see the ranks that did not report: one of them died first"))
+        # Our own self-launching parent noted an interrupt (Ctrl-C, a scheduler's SIGTERM) before passing it on:
+        # every rank was stopped by it, none "went silent". Else the launcher is tearing the job down after a
+        # rank exited, and the ranks that did not report are where to look.
+        interrupt = interrupted_by()
+        if interrupt:
+            run.runtime_findings.append(Finding(
+                "barrier", ERROR, f"the run was interrupted ({interrupt} to ddpdoctor) before every rank reported: "
+                "the checks below are the ones that had finished, and no rank was seen to fail", [],
+                "run it again to completion to check the rest", {"kind": "interrupted", "signal": interrupt}))
+        else:
+            run.runtime_findings.append(Finding(
+                "barrier", ERROR, f"rank 0 was stopped by {exc} before all ranks reported (the launcher tears the "
+                "job down when a rank exits)", [0], "see the ranks that did not report: one of them died first"))
         with contextlib.suppress(Exception):  # the store may be gone with the launcher
             run.post()
         try:
@@ -645,6 +655,8 @@ def run_rank(info: LaunchInfo, config: RunConfig) -> int:
         except Exception:  # the launcher's store went away with it: report what this rank knows
             run.control = None
             report = run.collect(time.monotonic())
+        if interrupt:  # the same signal stopped them: not ranks that died or hang
+            report.findings = [f for f in report.findings if not (f.details or {}).get("unreported")]
         return run.finish(report)
     finally:
         _ignore_signals()  # the teardown is bounded; a signal must not turn it into a traceback

@@ -15,10 +15,13 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from ddpdoctor.errors import EXIT_BUG, EXIT_PROBLEM, DoctorError
@@ -27,6 +30,51 @@ from ddpdoctor.ports import busy_port_message, free_port, port_is_free
 
 SELF_LAUNCHED_ENV = "DDPDOCTOR_SELF_LAUNCHED"
 RESULT_FILE_ENV = "DDPDOCTOR_RESULT_FILE"
+# Where the self-launching parent notes that it was interrupted (Ctrl-C, a scheduler's SIGTERM) before the launcher
+# forwards the signal to the ranks: rank 0 then reports an interrupted run, not the ranks that the same signal
+# stopped as "went silent" (a rank's SIGTERM is otherwise the launcher tearing the job down after a rank died).
+INTERRUPT_FILE_ENV = "DDPDOCTOR_INTERRUPT_FILE"
+
+
+def interrupted_by() -> str | None:
+    """The signal that interrupted the self-launching parent of this rank ("SIGTERM"), or None."""
+    path = os.environ.get(INTERRUPT_FILE_ENV)
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(32).strip() or None
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def noting_interrupts(path: str) -> Iterator[None]:
+    """While the elastic launcher runs here, its signal handler first writes the signal's name to ``path``.
+
+    The launcher installs ``_terminate_process_handler`` when it starts the ranks (PContext.start looks the name
+    up in its module then), raises SignalException from it, and only then stops the ranks: the note is on disk
+    before any rank gets the signal. Torch's private name: where it is missing, nothing is noted (the report
+    then reads as before)."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = getattr(api, "_terminate_process_handler", None)
+    if original is None:
+        yield
+        return
+
+    def note_then_raise(signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(signal.Signals(signum).name)
+        original(signum, frame)
+
+    api._terminate_process_handler = note_then_raise
+    try:
+        yield
+    finally:
+        api._terminate_process_handler = original
 
 
 # torchrun's syntax for -r/--redirects and -t/--tee (torch/distributed/elastic/multiprocessing/api.py, Std):
@@ -204,9 +252,11 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
     fd, result_file = tempfile.mkstemp(prefix="ddpdoctor-result-", suffix=".json")
     os.close(fd)
     os.unlink(result_file)
-    saved = {k: os.environ.get(k) for k in (RESULT_FILE_ENV, SELF_LAUNCHED_ENV)}
+    saved = {k: os.environ.get(k) for k in (RESULT_FILE_ENV, SELF_LAUNCHED_ENV, INTERRUPT_FILE_ENV)}
     os.environ[RESULT_FILE_ENV] = result_file
     os.environ[SELF_LAUNCHED_ENV] = "1"
+    interrupt_file = result_file + ".interrupted"
+    os.environ[INTERRUPT_FILE_ENV] = interrupt_file
     run_id = f"ddpdoctor-{uuid.uuid4().hex[:12]}"
     log_fields, temporary_log_dir = _logs_config(logs, nproc)
     config = LaunchConfig(
@@ -220,7 +270,8 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
     killed = ""  # "rank 0 was killed by SIGKILL": ended from outside, which is not a ddpdoctor bug
     before = _children()
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "ddpdoctor", *argv)
+        with noting_interrupts(interrupt_file):
+            elastic_launch(config, entrypoint=sys.executable)("-m", "ddpdoctor", *argv)
     except SignalException as exc:
         # Ctrl-C or a scheduler's SIGTERM: the launcher has already stopped every rank.
         # 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for a scheduler's SIGTERM.
@@ -248,6 +299,8 @@ def self_launch(argv: list[str], nproc: int, master_port: int | None, rdzv_timeo
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        with contextlib.suppress(OSError):
+            os.unlink(interrupt_file)
         _report_log_dir(logs, run_id, temporary_log_dir)
     try:
         with open(result_file) as handle:

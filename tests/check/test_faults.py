@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -126,3 +127,44 @@ def test_nccl_on_a_host_without_gpus_under_torchrun_names_the_cause(tmp_path: Pa
     assert [f["check"] for f in fails] == ["connectivity"], fails
     assert "--backend nccl needs a CUDA GPU and none is visible" in fails[0]["summary"]
     assert "NCCL_SOCKET_IFNAME" not in fails[0]["remedy"]
+
+
+SLOW_FACTORY = """\
+import pathlib, time
+import torch.distributed as dist
+from torch import nn
+
+
+def build():
+    if dist.is_initialized():
+        pathlib.Path(__file__).with_name(f"building_{dist.get_rank()}").touch()
+    time.sleep(120)
+    return nn.Linear(16, 4)
+"""
+
+
+def test_an_interrupted_self_launched_check_blames_no_rank(tmp_path: Path) -> None:
+    """Ctrl-C or a scheduler's SIGTERM to `ddpdoctor check` while its ranks run a check: every rank is stopped by
+    the same signal, and the report named rank 1 as "joined, then went silent" with the OOM killer to look for
+    (an explorer's find). Now it says the run was interrupted, blames no rank, and exits 128 + the signal."""
+    (tmp_path / "slow_model.py").write_text(SLOW_FACTORY)
+    report = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--only", "unused_params", "--model", "slow_model:build",
+                             "--input-shape", "4,16", "--json", str(report)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"building_{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (tmp_path / "building_1").exists(), "the ranks never reached the check"
+        proc.terminate()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    doc = json.loads(report.read_text())
+    summaries = [f["summary"] for f in doc["findings"]]
+    assert any(s.startswith("the run was interrupted (SIGTERM to ddpdoctor)") for s in summaries), summaries
+    assert not any("went silent" in s or "did not report" in s for s in summaries), summaries
+    assert "went silent" not in out and "OOM killer" not in out
