@@ -314,8 +314,8 @@ def test_strip_outputs_in_help_code_and_docs_agree() -> None:
     row = next(line for line in (REPO / "docs" / "ckpt.md").read_text().splitlines() if line.startswith("| `-o OUT`"))
     documented = re.search(r"when OUT ends in ((?:`\.[a-z.]+`/?)+)", row)
     assert documented and tuple(documented.group(1).replace("`", "").split("/")) == single_file
-    readme = " ".join((REPO / "README.md").read_text().split())
-    policy = re.search(r"the name fits what is written: .*?; ((?:`\.[a-z.]+`(?:, | or ))+)`\.safetensors`", readme)
+    policy_doc = " ".join((REPO / "docs" / "outputs.md").read_text().split())
+    policy = re.search(r"the name fits what is written: .*?; ((?:`\.[a-z.]+`(?:, | or ))+)`\.safetensors`", policy_doc)
     assert policy and tuple(re.findall(r"`(\.[a-z.]+)`", policy.group(1))) == single_file
 
 

@@ -207,7 +207,7 @@ def check_command(argv: Sequence[str], *, inputs: Sequence[Path], folder: Path,
     if json_out is not None and json_out.exists():
         doc = strict_json(json_out.read_text(encoding="utf-8"))
         if res.code == 2:
-            # A failed run's --json holds its error document, never a result (README "JSON output").
+            # A failed run's --json holds its error document, never a result (docs/outputs.md, "JSON output").
             assert isinstance(doc, dict) and (doc.get("tool"), doc.get("status"), doc.get("exit_code")) == \
                 ("ddpdoctor", "error", 2), f"{res.argv}: exit 2 but the --json file holds a result: {doc!r:.300}"
     if output is not None and output.exists():
