@@ -218,19 +218,15 @@ def _guarded(command: Callable[[], int], failure: list[str] | None = None) -> in
     except BrokenPipeError:  # `ddpdoctor stacks | head`: the reader has what it wanted
         _stdout_to_devnull()
         return EXIT_PROBLEM
-    except OSError as exc:
-        if exc.errno not in _OUTPUT_ERRNOS:
-            print(bug_report(exc), file=sys.stderr)
-            said.append(f"ddpdoctor internal error: {type(exc).__name__}: {exc}"[:500])
-            return EXIT_BUG
-        # `ddpdoctor ckpt inspect x.pt > /dev/full`, a full disk or quota under a redirect: printed a traceback
-        # and "This is a ddpdoctor bug" (an explorer's find). Where our own files are written, outputs.py says
-        # which file; here it was the report on stdout.
-        _stdout_to_devnull()
-        print(f"ddpdoctor: error: cannot write the output ({exc.strerror or exc})", file=sys.stderr)
-        said.append(f"cannot write the output ({exc.strerror or exc})")
-        return EXIT_USAGE
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in _OUTPUT_ERRNOS:
+            # `ddpdoctor ckpt inspect x.pt > /dev/full`, a full disk or quota under a redirect: printed a traceback
+            # and "This is a ddpdoctor bug" (an explorer's find). Where our own files are written, outputs.py
+            # says which file; here it was the report on stdout.
+            _stdout_to_devnull()
+            print(f"ddpdoctor: error: cannot write the output ({exc.strerror or exc})", file=sys.stderr)
+            said.append(f"cannot write the output ({exc.strerror or exc})")
+            return EXIT_USAGE
         print(bug_report(exc), file=sys.stderr)
         said.append(f"ddpdoctor internal error: {type(exc).__name__}: {exc}"[:500])
         return EXIT_BUG

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
@@ -255,13 +256,21 @@ PSEUDO_FILESYSTEMS = frozenset(("proc", "sysfs", "cgroup", "cgroup2", "debugfs",
                                 "bpf", "configfs", "efivarfs", "fusectl", "binfmt_misc", "devpts", "mqueue"))
 
 
+@functools.cache
+def _mountinfo() -> tuple[str, ...] | None:
+    """This process's mount table, read once per run (every output of a run asks)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            return tuple(fh.read().splitlines())
+    except OSError:
+        return None
+
+
 def pseudo_filesystem(folder: Path) -> str | None:
     """The type of the kernel filesystem ``folder`` is on (see PSEUDO_FILESYSTEMS), from /proc/self/mountinfo (the
     mount point that is the longest prefix of its real path); None for a disk, or where that cannot be read."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
-            mounts = fh.read().splitlines()
-    except OSError:
+    mounts = _mountinfo()
+    if mounts is None:
         return None
     target = os.path.realpath(folder)
     best, best_type = "", None

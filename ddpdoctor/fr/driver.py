@@ -33,9 +33,10 @@ def diagnose(paths: Sequence[str], prefix: str | None = None, world_size: int | 
     table = CallTable()
     unreadable: list[Unreadable] = []
     dumps = read_all(inputs, table, unreadable)
-    if not dumps:  # nothing to judge: each file given is damaged or foreign (one line each, at most three)
-        raise DoctorError("no readable Flight Recorder dump: " + "; ".join(
-            f"{u.path}: {u.why}" for u in unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" * (len(unreadable) > 3)))
+    if not dumps:  # nothing to judge: each file given is damaged or foreign (the first three named, with why)
+        named = "; ".join(f"{u.path}: {u.why}" for u in unreadable[:3])
+        more = f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""
+        raise DoctorError(f"no readable Flight Recorder dump: {named}{more}")
     if world_size is not None and world_size < 1:
         raise DoctorError("--world-size must be at least 1")
     highest = max(rank for rank, _ in inputs.dumps)

@@ -222,13 +222,18 @@ class Inputs:
     skipped: list[str]
 
 
-def rank_from_name(path: str, prefix: str | None) -> int | None:
-    """The rank in ``nccl_trace_rank_3`` / ``fr_rank_3.json`` / ``<prefix>3``; None when the name has none."""
+def _stem(path: str) -> str:
+    """The file's name without a dump's extension (``fr_rank_3.json`` -> ``fr_rank_3``)."""
     name = os.path.basename(path)
     for ext in _EXTENSIONS:
         if name.endswith(ext):
-            name = name[: -len(ext)]
-            break
+            return name[: -len(ext)]
+    return name
+
+
+def rank_from_name(path: str, prefix: str | None) -> int | None:
+    """The rank in ``nccl_trace_rank_3`` / ``fr_rank_3.json`` / ``<prefix>3``; None when the name has none."""
+    name = _stem(path)
     if prefix is not None:
         if not name.startswith(prefix):
             return None
@@ -245,11 +250,7 @@ _DUMP_NAME = re.compile(r"(?:^|[_.-])rank[_-]?\d+$")
 
 
 def _named_like_a_dump(path: str, prefix: str | None) -> bool:
-    name = os.path.basename(path)
-    for ext in _EXTENSIONS:
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-            break
+    name = _stem(path)
     return name.startswith(prefix) if prefix is not None else _DUMP_NAME.search(name) is not None
 
 

@@ -27,7 +27,8 @@ def render_text(report: FrReport) -> str:
         lines.append(f"  hosts: {hosts_text(report.hosts)}")
     for bad in report.unreadable:
         lines.append(f"  rank {bad.rank}'s dump {bad.path} cannot be read: {bad.why}")
-    unwritten = [r for r in report.missing if r not in {u.rank for u in report.unreadable}]
+    damaged = {u.rank for u in report.unreadable}
+    unwritten = [r for r in report.missing if r not in damaged]
     if unwritten:
         lines.append(f"  no dump from {rank_phrase(unwritten)}: it died or could not write")
     if report.missing:
