@@ -63,12 +63,15 @@ def _ranks(torchrun_pid: int, deadline: float) -> list[int]:
 
 
 def _in_main(path: Path, rank: int) -> bool:
-    """Whether ``rank``'s main thread in a `stacks --json` file is inside fr_hang.py's main()."""
+    """Whether ``rank``'s main thread in a `stacks --json` file stands in fr_hang.py's main() itself (its stall's
+    sleep): its innermost fr_hang.py frame is main. (Any main() frame on the stack also matched a rank still in
+    an earlier step's all_reduce, called from main through train_step: a CI run read rank 1 there.)"""
     doc = json.loads(path.read_text(encoding="utf-8"))
     for proc in doc["processes"]:
         if proc["rank"] == rank:
             main = [t for t in proc["threads"] if t["main"]]
-            return bool(main) and any(f["function"] == "main" for f in main[0]["frames"])
+            ours = [f for f in (main[0]["frames"] if main else []) if str(f.get("file", "")).endswith("fr_hang.py")]
+            return bool(ours) and ours[0]["function"] == "main"  # frames are innermost first
     return False
 
 
