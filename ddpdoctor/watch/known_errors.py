@@ -10,6 +10,7 @@ guesses made from cut tracebacks would only repeat the headline.
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 # The site watch appends to a rank's error ("... (at train.py:12)"): not part of the message explain knows.
@@ -34,3 +35,11 @@ def known_cause(error: str | None, rank: int) -> dict[str, Any] | None:
             sig = diagnosis.signature
             return {"id": sig.id, "title": sig.title, "remedy": sig.remedy, "command": sig.command}
     return None
+
+
+def warm_up() -> None:
+    """Build explain's knowledge base and matcher now, in a daemon thread: at a crash under torchrun the launcher
+    tears rank 0 down soon after another rank failed, and building them then (a second on a loaded node) came
+    before the --json report was written (a CI run found no report). Every piece is cached per process."""
+    threading.Thread(target=known_cause, args=("RuntimeError: warm-up", 0), name="ddpdoctor-explain-warm-up",
+                     daemon=True).start()

@@ -43,7 +43,7 @@ from ddpdoctor.watch import evidence
 from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
 from ddpdoctor.watch.config import WatchConfig
-from ddpdoctor.watch.known_errors import known_cause
+from ddpdoctor.watch.known_errors import known_cause, warm_up
 from ddpdoctor.watch.output import RankOutput
 from ddpdoctor.watch.reaper import Teardown, die_with_supervisor
 from ddpdoctor.watch.recorder import site_name
@@ -343,6 +343,7 @@ def supervise(config: WatchConfig) -> int:
         _say(config, f"ddpdoctor watch: the ranks' logs go to {output.run_dir}/attempt_0/<rank>/")
     server = Server("127.0.0.1", 0)
     channel = f"127.0.0.1:{server.port}"
+    warm_up()  # a crash verdict asks explain: built now, not when torchrun is tearing the job down
     agg = Aggregator(0 if config.spawns else config.nproc, config.hang_timeout_s, owns_processes=not config.spawns,
                      spawned=config.spawns)
     agg.here = socket.gethostname()
@@ -438,6 +439,7 @@ class RankZeroSupervisor(threading.Thread):
         super().__init__(name="ddpdoctor-watch-supervisor", daemon=True)
         self.server = server
         self.config = config
+        warm_up()
         self.agg = Aggregator(world_size, config.hang_timeout_s)
         self.json_path = config.json_path
         self.evidence_dir = config.evidence_dir
