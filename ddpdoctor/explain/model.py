@@ -86,8 +86,12 @@ class Diagnosis:
         self.fatal = self.fatal or fatal
         if rank is not None and len(self.ranks) < MAX_RANKS:
             self.ranks.add(rank)
-        if rank not in self.rank_events and len(self.rank_events) < MAX_RANKS:
+        known = self.rank_events.get(rank)
+        if known is None and len(self.rank_events) < MAX_RANKS:
             self.rank_events[rank] = event or RankEvent(seq, when)
+        elif known is not None and known.exception is None and event is not None and event.exception is not None:
+            # Still the first line's place and time (the ranking's), now with the exception and frame found later.
+            self.rank_events[rank] = RankEvent(known.seq, known.time, event.exception, event.message, event.frame)
         # One evidence line per (pattern, rank): the report shows each kind of line and each rank once.
         key = (pattern_index, rank)
         if len(self.evidence) < MAX_EVIDENCE and key not in self._evidence_keys:

@@ -744,7 +744,11 @@ class Scanner:
             fatal = not quiet_level(raw)
             seq = (file_index, line_no)
             event = None
-            if rank not in diag.rank_events:  # the first line on this rank: what and where, for the ranking
+            known = diag.rank_events.get(rank)
+            if known is None or known.exception is None:
+                # The first line on this rank: what and where, for the ranking; a later exception line of the same
+                # diagnosis fills in what the first one lacked (a kernel's assertion line, then its traceback's
+                # `torch.AcceleratorError: CUDA error: device-side assert triggered`).
                 event = self._event(text, seq, when, lookback)
             if "exception" in groups:  # several ranks' exception lines glued into one: the type and message once
                 groups["exception"], groups["message"] = one_writer(groups["exception"], groups.get("message") or "")
