@@ -2,6 +2,7 @@
 
     ddpdoctor watch --nproc 2 examples/crash_rank.py --mode raise     # rank 1 raises at step 3
     ddpdoctor watch --nproc 2 examples/crash_rank.py --mode kill      # rank 1 SIGKILLs itself (like the OOM killer)
+    ddpdoctor watch --nproc 2 examples/crash_rank.py --crash-rank all # every rank raises (a bug all ranks hit)
 
 The other ranks are in the next all_reduce when it happens; on gloo they then fail with "Connection closed
 by peer", on NCCL they would wait for the watchdog timeout.
@@ -17,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 
-def load_batch(rank: int, step: int, mode: str, crash_rank: int) -> torch.Tensor:
-    if rank == crash_rank and step == 3:
+def load_batch(rank: int, step: int, mode: str, crash_rank: str) -> torch.Tensor:
+    if crash_rank in ("all", str(rank)) and step == 3:
         if mode == "raise":
             raise ValueError(f"corrupt sample in batch {step}")
         os.kill(os.getpid(), signal.SIGKILL)
@@ -28,7 +29,7 @@ def load_batch(rank: int, step: int, mode: str, crash_rank: int) -> torch.Tensor
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("raise", "kill"), default="raise")
-    parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("--crash-rank", default="1", help="the rank that fails, or 'all'")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -53,6 +53,9 @@ class Aggregator:
         self.last_progress = self.created = time.monotonic()
         # (group, seq) -> arrivals [(rank, record)]; dropped once every member has arrived.
         self.expect: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = {}
+        # (group, seq) -> when its first arrival reached the supervisor (monotonic), kept as long as ``expect``
+        # keeps the key: a rank is said to have skipped it only on a beat sent after that (see ``_behind``).
+        self.expect_since: dict[tuple[str, int], float] = {}
         self.mismatch: dict[str, Any] | None = None
         # The script starts its own ranks: the world is what their init claims say; the job is over
         # when its one launcher process has exited (launcher_code).
@@ -106,8 +109,9 @@ class Aggregator:
             state.started = True
             for record in message["recs"]:
                 state.history.append(record)
-                self._arrive(rank, record)
+                self._arrive(rank, record, now)
         elif kind == "beat":
+            state.beat_at = now
             done = message.get("done")
             if done is not None and done != state.done:
                 self.last_progress = now
@@ -214,12 +218,13 @@ class Aggregator:
         state.ended_at = state.ended_at or (time.monotonic() if now is None else now)
         self.last_progress = time.monotonic() if now is None else now
 
-    def _arrive(self, rank: int, record: dict[str, Any]) -> None:
+    def _arrive(self, rank: int, record: dict[str, Any], now: float) -> None:
         seq = record.get("seq")
         if seq is None:
             return
         key = (record["group"], int(seq))
         arrivals = self.expect.setdefault(key, [])
+        self.expect_since.setdefault(key, now)
         arrivals.append((rank, record))
         first = arrivals[0][1]
         if self.mismatch is None and (_op_class(record["op"]) != _op_class(first["op"])
@@ -228,6 +233,7 @@ class Aggregator:
         members = record.get("members")
         if len(arrivals) >= (len(members) if members else self.world_size) and self.mismatch is None:
             del self.expect[key]
+            self.expect_since.pop(key, None)
 
     # -- decisions ---------------------------------------------------------------------------------
 
@@ -432,11 +438,15 @@ class Aggregator:
         if not ahead or missed is None:
             return []
         late: dict[int, list[int]] = {}
+        since = self.expect_since.get((group, seq))
         for rank in ranks:
             state = self.ranks[rank]
             # Only ranks that moved on outside any recorded call: one waiting in another collective (rank 0
-            # alone in an extra barrier, the others in the next backward) is a divergence, not a skip.
-            if issued[rank] < seq and not state.finished and state.cur is None and rank not in self._silent:
+            # alone in an extra barrier, the others in the next backward) is a divergence, not a skip. And only
+            # on a beat the rank sent after the others' call arrived: a count from before it says nothing (a
+            # short script whose ranks all raised before rank 1's first beat read "rank 1 never issued #1").
+            fresh = since is not None and state.beat_at is not None and state.beat_at > since
+            if issued[rank] < seq and fresh and not state.finished and state.cur is None and rank not in self._silent:
                 late.setdefault(issued[rank], []).append(rank)
         return [{"ranks": late_ranks, "issued": count, "others": ahead, "others_issued": max(issued[r] for r in ahead),
                  "op": missed["op"], "desc": missed.get("desc", ""), "site": missed.get("site")}

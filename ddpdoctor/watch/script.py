@@ -13,11 +13,24 @@ import runpy
 import sys
 import time
 import traceback
+from typing import Any
 
 from ddpdoctor.errors import typed_error
 from ddpdoctor.watch import pitfalls as pitfall_hooks
 from ddpdoctor.watch import recorder
 from ddpdoctor.watch.watchdog import LostContact, Watchdog, enable_flight_recorder, line_buffered_if_piped
+
+# How the script ended in this process, once it has: the exit message this rank is about to send. Rank 0's
+# supervisor under a launcher (a thread of the same process) reads it when another rank's crash decides the
+# verdict: rank 0's own message waits for its watchdog thread to stop and can reach the channel after the other
+# rank's, and the launcher tears rank 0 down within its monitor interval (0.1 s) of that rank's exit, so a job
+# whose ranks all raised read "rank 1 raised ...; the rest were torn down".
+_local_end: dict[str, Any] | None = None
+
+
+def local_end() -> dict[str, Any] | None:
+    """This process's script's exit message (see ``_local_end``), or None while the script runs."""
+    return _local_end
 
 
 def enter(script: str, args: list[str]) -> None:
@@ -91,5 +104,8 @@ def run_script(script: str, args: list[str], rank: int, world_size: int, address
     rec.started = True
     enter(script, args)
     code, crashed, error = execute(script)
-    dog.finish(code, crashed, error, time.time())
+    ended_at = time.time()
+    global _local_end
+    _local_end = {"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at}
+    dog.finish(code, crashed, error, ended_at)
     return code

@@ -34,6 +34,7 @@ class RankState:
     started: bool = False  # its script runs (before: Python is importing torch and installing the hooks)
     hello_at: float | None = None
     heard_at: float | None = None  # its last message (a watchdog beats at least once a second)
+    beat_at: float | None = None  # its last beat (what it had issued and where it was, as of then)
     inflight: list[dict[str, Any]] = field(default_factory=list)  # issued, not completed (oldest first)
     inflight_n: int = 0
     frames: list[list[Any]] | None = None  # its main thread's whole stack at the verdict

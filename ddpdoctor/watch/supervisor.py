@@ -48,7 +48,7 @@ from ddpdoctor.watch.output import RankOutput
 from ddpdoctor.watch.reaper import Teardown, die_with_supervisor
 from ddpdoctor.watch.recorder import site_name
 from ddpdoctor.watch.report import render
-from ddpdoctor.watch.script import run_script
+from ddpdoctor.watch.script import local_end, run_script
 from ddpdoctor.watch.verdict import silent_hosts
 from ddpdoctor.watch.waits import is_user_file, moved_on
 from ddpdoctor.watch.watchdog import EXIT_ON_LOST_ENV, MODE_ENV, PIPED_ENV
@@ -432,6 +432,13 @@ def teardown_json(teardown: Teardown, agg: Aggregator, spawns: bool) -> dict[str
 
 # -- under a launcher ------------------------------------------------------------------------------
 
+# How long rank 0's supervisor waits for its own rank's exit message once its script has ended badly (see
+# RankZeroSupervisor._own_crash); well within torchrun's 0.1 s monitor interval.
+OWN_EXIT_WAIT_S = 0.05
+# How long a crash of rank 0 alone waits for the other ranks' news (see RankZeroSupervisor._own_crash_settling).
+OWN_CRASH_SETTLE_S = 0.5
+
+
 class RankZeroSupervisor(threading.Thread):
     """Rank 0's thread under torchrun/SLURM: the channel server and the verdicts."""
 
@@ -475,10 +482,17 @@ class RankZeroSupervisor(threading.Thread):
                 # The launcher tears the job down within its monitor interval (0.1 s for torchrun)
                 # once a rank has died: report now, without stacks, or never.
                 status = CRASH
+            if status == CRASH and self._own_crash_settling():
+                # Rank 0 (this process) failed first: no launcher tears anything down before another rank
+                # exits, and that rank's exit message comes first. Ranks that raised at the same moment (a bug
+                # every rank hits) are named as such, not as "torn down".
+                status = None
             if status == CRASH and self.agg.host_settling():
                 # A rank on another host vanished and its host's other ranks may follow within
                 # milliseconds: a host that went down whole is named as one (verdict.HOST_WINDOW_S at most).
                 status = None
+        if status == CRASH:
+            self._own_crash()
         if status != OK:
             self.agg.evidence = evidence.prepare(self.evidence_dir)
             if status != CRASH:
@@ -500,6 +514,31 @@ class RankZeroSupervisor(threading.Thread):
                     self.server.send(rank, {"t": "exit", "code": EXIT_PROBLEM})
             sys.stdout.flush()
             os._exit(EXIT_PROBLEM)
+
+    def _own_crash_settling(self, now: float | None = None) -> bool:
+        """Only rank 0 has failed, less than OWN_CRASH_SETTLE_S ago, and another rank is still live."""
+        now = time.monotonic() if now is None else now
+        ranks = self.agg.ranks
+        if [r for r, s in ranks.items() if s.failed] != [0] or all(s.finished for r, s in ranks.items() if r != 0):
+            return False
+        ended = ranks[0].ended_at
+        return ended is not None and now - ended < OWN_CRASH_SETTLE_S
+
+    def _own_crash(self) -> None:
+        """Rank 0's own failure, when its script (in this process) already ended badly but its exit message
+        has not arrived: read from the process itself (``script.local_end``), so a job whose ranks all
+        raised names every one of them rather than "the rest were torn down"."""
+        end = local_end()
+        state = self.agg.ranks.get(0)
+        if end is None or end["code"] == 0 or state is None:
+            return
+        # Its own message (with the records sent just before it: "last completed") is a few milliseconds away;
+        # the launcher's teardown after the other rank's exit is about 0.1 s away.
+        deadline = time.monotonic() + OWN_EXIT_WAIT_S
+        while not state.said_exit and time.monotonic() < deadline:
+            _drain(self.server, self.agg, 0.01)
+        if not state.said_exit:
+            self.agg.feed(0, {**end, "sent": time.time()})
 
     def _give_up_on_unconnected(self) -> None:
         """A rank that never reached the channel (a firewall between nodes) runs unwatched to its end;

@@ -352,6 +352,24 @@ def test_under_torchrun_a_crashed_rank_is_reported_by_rank0(tmp_path: Path) -> N
     assert leftovers("crash_rank.py") == []
 
 
+def test_under_torchrun_ranks_that_all_raised_are_all_named(tmp_path: Path) -> None:
+    """Every rank raises at the same step (a bug every rank hits): rank 0's own exception, in the process that
+    supervises, must not read as "torn down" because another rank's message reached the channel first, and a
+    rank's count from before the others' calls arrived is no skipped collective."""
+    report = tmp_path / "watch.json"
+    cmd = [*torchrun_cmd(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "-m", "ddpdoctor", "watch", "--json", str(report), "--evidence", str(tmp_path / "evidence"),
+           str(EXAMPLES / "crash_rank.py"), "--crash-rank", "all"]
+    env = clean_env({"DDPDOCTOR_WATCH_PORT": str(free_port())})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(EXAMPLES))
+    assert proc.returncode != 0
+    data = json.loads(report.read_text())
+    assert data["status"] == "crash" and sorted(data["crash_order"]) == [0, 1], proc.stderr[-3000:]
+    assert all("ValueError: corrupt sample in batch 3" in rank["error"] for rank in data["ranks"])
+    assert "torn down" not in proc.stderr and "never issued" not in proc.stderr, proc.stderr[-3000:]
+    assert leftovers("crash_rank.py") == []
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_interrupting_watch_tears_down_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
     """Ctrl-C, a scheduler's SIGTERM, even SIGKILL of the supervisor: no rank outlives it."""
