@@ -39,6 +39,14 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fun
 # Where Python lives on Windows ("C:/Users/...", after _norm) and macOS (home folders, Homebrew, the framework build).
 _WINDOWS_PATH = re.compile(r"^[A-Za-z]:/")
 _MACOS_PATH = re.compile(r"^/Users/|^/opt/homebrew/|/Library/Frameworks/Python\.framework/")
+# Lightning logs this on every rank right before init_process_group (lightning/fabric/utilities/distributed.py,
+# _init_dist_connection; PyTorch Lightning 1.x's ddp plugins: "initializing ddp: ..."): a traceback right under it,
+# cut in Lightning's own frames (trainer.fit, ...), is that call failing. On GPUs Lightning asks for nccl
+# (get_default_process_group_backend_for_device), which its own "GPU available: True" and "LOCAL_RANK: R -
+# CUDA_VISIBLE_DEVICES: [...]" lines show.
+LIGHTNING_INIT_LINE = re.compile(r"[Ii]nitializing (?:distributed|ddp): GLOBAL_RANK: (\d{1,7}), MEMBER: \d{1,7}/\d{1,7}\s*$")
+_LIGHTNING_CODE = ("pytorch_lightning/", "lightning/pytorch/", "lightning/fabric/")
+_LIGHTNING_ON_GPU = re.compile(rb"GPU available: True|CUDA_VISIBLE_DEVICES: \[")
 _NCCL_BACKEND = re.compile(r"""backend\s*=\s*["']nccl["']|["']nccl["']""")
 # accelerate's PartialState creates the process group with the backend it chose: "nccl" whenever CUDA is available
 # (accelerate/state.py: 0.25.0 PartialState.__init__, `self.backend = kwargs.pop("backend", "nccl")` then
@@ -180,7 +188,9 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
     # torch.multiprocessing.spawn reports a process that raised as "-- Process N terminated with the following
     # error:" and that process's traceback: whatever the frames, process N raised a Python exception.
     before = tail[:max(0, tail.rfind(b"\n", 0, at))].rstrip(b"\r")  # up to the header's line, whatever prefixes it
-    spawn = SPAWN_HEADER.search(before[before.rfind(b"\n") + 1:][:MAX_TAIL_LINE_CHARS].decode("utf-8", "replace"))
+    above_header = before[before.rfind(b"\n") + 1:][:MAX_TAIL_LINE_CHARS].decode("utf-8", "replace")
+    spawn = SPAWN_HEADER.search(above_header)
+    lightning = LIGHTNING_INIT_LINE.search(above_header.rstrip("\r"))
     for n, path, func, frame, code, code_no in reversed(frames):
         if any(piece in path for piece, _ in _TRANSPARENT):
             continue
@@ -188,15 +198,22 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
         if got is None and spawn is not None:  # the spawn line is the one above the header (line first_no)
             return CutTraceback(name, file_index, n, SPAWN_RAISED, func, frame, code, code_no, int(spawn.group(1)),
                                 reported=spawn.string.strip(), reported_line=first_no - 1)
+        if got is None and lightning is not None and any(piece in path for piece in _LIGHTNING_CODE):
+            got = ("init", "init_process_group")  # Lightning's init line right above, its frames cut
+            if rank is None:
+                rank = int(lightning.group(1))
         if got is None:  # the innermost real frame is no distributed call: the rank raised in its own code
             if any(piece in path for piece in _LAUNCHER_CODE):
                 return None  # torchrun's own traceback (its agent, its metrics wrapper): no rank's
             return CutTraceback(name, file_index, n, RANK_RAISED, func, frame, code, code_no, rank)
         stage, call = got
+        reported, reported_line = ("", 0) if lightning is None else (above_header.strip(), first_no - 1)
         paths = [f[1] for f in frames]
         platform = ("windows" if any(_WINDOWS_PATH.match(p) for p in paths)
                     else "macos" if any(_MACOS_PATH.search(p) for p in paths) else "")
         # accelerate asks for nccl whenever CUDA is available, so a cut in its state's set-up counts as asking.
-        nccl = any(_NCCL_BACKEND.search(f[4]) or f[1].endswith(_ACCELERATE_STATE) for f in frames)
-        return CutTraceback(name, file_index, n, stage, call, frame, code, code_no, rank, platform, nccl)
+        nccl = (any(_NCCL_BACKEND.search(f[4]) or f[1].endswith(_ACCELERATE_STATE) for f in frames)
+                or (lightning is not None and _LIGHTNING_ON_GPU.search(before) is not None))
+        return CutTraceback(name, file_index, n, stage, call, frame, code, code_no, rank, platform, nccl, reported,
+                            reported_line)
     return None

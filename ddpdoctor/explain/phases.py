@@ -23,6 +23,14 @@ phase whose start PyTorch or NCCL logs and whose end they log too (the texts and
   which the ``init_distributed_mode`` of DeiT, MAE, DINO, ConvNeXt, BEiT and the many projects that copied it
   prints right before ``torch.distributed.init_process_group(...)`` and ``torch.distributed.barrier()``, and ended
   by whatever the script prints next (rank 0 goes on printing; the others are silenced by ``setup_for_distributed``);
+* **Lightning's init_process_group** (``lightning/fabric/utilities/distributed.py``, ``_init_dist_connection``;
+  PyTorch Lightning 1.x's ``initializing ddp: ...``): ``Initializing distributed: GLOBAL_RANK: R, MEMBER: R+1/N``
+  (logged by every rank right before ``init_process_group``), ended by rank 0's ``All distributed processes
+  registered. Starting with N processes`` (printed once the process group is up, so it ends every rank's);
+* **Lightning's start of training**: that line of rank 0, then nothing but its ``-----`` rules and chatter: the
+  ranks are in the first collective (DDP's parameter broadcast, where NCCL sets up its communicators) or a rank
+  is stuck before it; a healthy job prints its ``LOCAL_RANK: R - CUDA_VISIBLE_DEVICES`` lines, model summary or
+  progress right after it;
 * **first collective**: every communicator completed (``Init COMPLETE``) and then nothing but NCCL INFO
   lines, where the log also holds rank 0's ``NCCL version`` line and the job's own output before NCCL's
   lines (a pasted excerpt of NCCL's INFO lines alone proves nothing: a healthy job's look the same).
@@ -63,6 +71,8 @@ STORE_BARRIER = "store barrier"
 NCCL_INIT = "NCCL communicator init"
 FIRST_COLLECTIVE = "first collective"
 SCRIPT_INIT = "init_process_group"
+LIGHTNING_INIT = "Lightning's init_process_group"
+LIGHTNING_START = "Lightning's start of training"
 
 _RDZV_OPEN = re.compile(r"Rendezvous'ing worker group|The node '[^']*' attempts to join the next round of the "
                         r"rendezvous '(?P<run_id>[^']*)'")
@@ -83,11 +93,18 @@ _NCCL_VERSION = re.compile(r"NCCL INFO NCCL version \d")
 # print('| distributed init (rank {}): {}, gpu {}'.format(args.rank, args.dist_url, args.gpu), flush=True), then
 # init_process_group and barrier; DeiT's omits ", gpu {}", later copies add ", world size {}".
 _SCRIPT_INIT = re.compile(r"^\|? ?distributed init \(rank (?P<rank>\d{1,7})\): (?P<url>[^,\s]{1,200})")
+# Lightning (fabric/utilities/distributed.py _init_dist_connection, and PyTorch Lightning 1.x's ddp plugins):
+# log.info(f"Initializing distributed: GLOBAL_RANK: {global_rank}, MEMBER: {global_rank + 1}/{world_size}"),
+# init_process_group(...), then rank_zero_info("-" * 100 + "\ndistributed_backend=...\nAll distributed processes
+# registered. Starting with {world_size} processes\n" + "-" * 100).
+_LIGHTNING_INIT = re.compile(r"[Ii]nitializing (?:distributed|ddp): GLOBAL_RANK: (?P<rank>\d{1,7}), MEMBER: \d{1,7}/"
+                             r"(?P<world_size>\d{1,7})")
+_LIGHTNING_UP = re.compile(r"All distributed processes registered\. Starting with (?P<world_size>\d{1,7}) process")
 _NCCL_HOST = re.compile(r"^(?P<host>[\w.-]+:\d+):\d+ \[\d+\] NCCL ")
 # Lines that say nothing about progress: the launcher's banner, Python's echo of a warning's source line, and
 # the C++ stack c10 appends to a logged error (c10/util/Exception.cpp: "Exception raised from recvBytes at
 # ...", "frame #3: ...", "<omitting python frames>"), e.g. under each of TCPStore's retry warnings.
-_CHATTER = re.compile(r"^\*{5,}\s*$|^Setting OMP_NUM_THREADS environment variable|^\s+warnings\.warn\(|NCCL INFO "
+_CHATTER = re.compile(r"^\*{5,}\s*$|^-{20,}\s*$|^distributed_backend=\w+\s*$|^Setting OMP_NUM_THREADS environment variable|^\s+warnings\.warn\(|NCCL INFO "
                       r"|^Exception raised from \S+ at |^frame #\d+: |^<omitting python frames>")
 
 # A glog info/warning/debug line, as c10d, torchrun and torch._logging print them ("[rank0]:[W1126 ...",
@@ -97,7 +114,8 @@ _GLOG_QUIET = re.compile(r"^\s*(?:\[(?:rank|default)\d{1,7}\]:)?\[?[WIV]\d{4} \d
 MAX_EVIDENCE_LINES = 5
 # Every phase line holds one of these (see the regexes above).
 MARKER_WORDS = ("Init START", "Init COMPLETE", "store based barrier", "store-based barrier", "Rendezvous",
-                "rendezvous", "connect/validate", "client socket has connected", "distributed init (rank")
+                "rendezvous", "connect/validate", "client socket has connected", "distributed init (rank", "GLOBAL_RANK: ",
+                "distributed processes registered")
 _MARKER_BYTES = tuple(w.encode() for w in MARKER_WORDS)
 
 
@@ -206,6 +224,14 @@ def _marker(raw: str, line: int, file_rank: int | None) -> Marker | None:
     if m:
         rank = rank_int(m.group("rank"))
         return Marker(SCRIPT_INIT, True, f"rank {rank}", line, raw, rank, when, (("init_method", m.group("url")),))
+    m = _LIGHTNING_INIT.search(text)
+    if m:
+        rank = rank_int(m.group("rank"))
+        return Marker(LIGHTNING_INIT, True, f"rank {rank}", line, raw, rank, when,
+                      (("world_size", m.group("world_size")),))
+    m = _LIGHTNING_UP.search(text)
+    if m:  # ends every rank's init (the process group is up), and opens the start of training
+        return Marker(LIGHTNING_START, True, "job", line, raw, None, when, (("world_size", m.group("world_size")),))
     m = _RDZV_OPEN.search(text)
     if m:
         details = (("rendezvous", m.group("run_id")),) if m.group("run_id") else ()
@@ -298,6 +324,8 @@ def where_input_ends(tail: bytes, at_file_start: bool, last_line: int, name: str
             saw_complete = saw_complete or not marker.opens
         else:
             nccl_block_start = None
+        if marker.phase == LIGHTNING_START:
+            open_ = {k: v for k, v in open_.items() if k[0] != LIGHTNING_INIT}
         if marker.opens:
             if marker.phase == STORE_CONNECT:
                 retries[marker.key] = retries.get(marker.key, 0) + 1

@@ -264,6 +264,53 @@ def test_a_scripts_distributed_init_lines_then_nothing_is_a_hang_in_init_process
     assert explain_text(init + "job dir: /work/mae\nNamespace(batch_size=64, epochs=400)\n").diagnoses == []
 
 
+# Lightning's lines (lightning/fabric/utilities/distributed.py, _init_dist_connection): every rank logs its
+# "Initializing distributed" line right before init_process_group; rank 0 prints the banner once it returned.
+RULE = "-" * 100 + "\n"
+LIGHTNING_UP = RULE + "distributed_backend=nccl\nAll distributed processes registered. Starting with 2 processes\n" + RULE
+
+
+def test_lightnings_init_lines_then_nothing_is_a_hang_in_its_init_process_group() -> None:
+    init = "".join(f"Initializing distributed: GLOBAL_RANK: {r}, MEMBER: {r + 1}/4\n" for r in (1, 3, 0))
+    assert first(explain_text(init)) == ("probable-hang", [0, 1, 3], ["Lightning's init_process_group"])
+    # PyTorch Lightning 1.x's wording, behind Python logging's prefix.
+    assert first(explain_text("INFO:lightning:initializing ddp: GLOBAL_RANK: 1, MEMBER: 2/2\n")) == (
+        "probable-hang", [1], ["Lightning's init_process_group"])
+
+
+def test_lightnings_banner_then_nothing_is_a_hang_at_the_start_of_training() -> None:
+    """The process group came up (rank 0's banner) and the job printed nothing of its training after it: the
+    ranks wait in the first collective (DDP's parameter broadcast, NCCL's communicator set-up). A healthy job
+    prints its LOCAL_RANK lines, a model summary or progress right after the banner."""
+    init = "".join(f"Initializing distributed: GLOBAL_RANK: {r}, MEMBER: {r + 1}/2\n" for r in (0, 1))
+    result = explain_text(init + LIGHTNING_UP)
+    assert first(result) == ("probable-hang", [], ["Lightning's start of training"])
+    assert "DDP's parameter broadcast" in " ".join(result.diagnoses[0].notes)
+    assert explain_text(init + LIGHTNING_UP + "\nLOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: [0,1]\n").diagnoses == []
+
+
+# A traceback right under Lightning's init line, cut in Lightning's own frames: its init_process_group failed.
+LIGHTNING_CUT = """GPU available: True, used: True
+LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: [0,1]
+initializing ddp: GLOBAL_RANK: 0, MEMBER: 1/2
+Traceback (most recent call last):
+  File "{root}project/train.py", line 74, in main
+    trainer.fit(model, datamodule=data)
+  File "{root}envs/pl/lib/site-packages/pytorch_lightning/trainer/trainer.py", line 445, in fit
+"""
+
+
+def test_a_traceback_cut_right_under_lightnings_init_line_is_its_init_process_group() -> None:
+    """On Windows (its paths), where PyTorch has no NCCL and Lightning on GPUs asks for it: probably no NCCL,
+    with Lightning's line quoted; on Linux the same cut is named as a traceback cut in init_process_group."""
+    on_windows = explain_text(LIGHTNING_CUT.format(root="D:\\work\\"))
+    d = on_windows.diagnoses[0]
+    assert (d.id, sorted(d.ranks)) == ("nccl-not-available", [0]) and "Lightning's 'initializing' line" in d.signature.title
+    assert "initializing ddp: GLOBAL_RANK: 0, MEMBER: 1/2" in [e.text for e in d.evidence]
+    on_linux = explain_text(LIGHTNING_CUT.format(root="/home/me/"))
+    assert [(d.id, d.details.get("stage")) for d in on_linux.diagnoses] == [("traceback-cut", ["init"])]
+
+
 # --- what a hang is not ------------------------------------------------------------------------------------
 
 # store_barrier_waiting_one_line_day_timeout.log's line (torch 1.x INFO), then the error torch raises when the
