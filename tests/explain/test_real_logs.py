@@ -86,7 +86,8 @@ SETS = {"older": "older corpus (issue 26 and before)", "issue-33": "issue 33's s
         "issue-33-m": "issue 33's thirteenth set (collected by a rule)",
         "issue-33-n": "issue 33's fourteenth set (collected by a rule)",
         "issue-33-o": "issue 33's fifteenth set (collected by a rule)",
-        "issue-33-p": "issue 33's sixteenth set (collected by a rule)"}
+        "issue-33-p": "issue 33's sixteenth set (collected by a rule)",
+        "issue-33-q": "issue 33's seventeenth set (collected by a rule)"}
 # Sets that are only reported: their score is printed with no threshold, and (with DDPDOCTOR_REPORT_PASTED=1) a
 # pasted-differently change on one of their logs is listed in the summary (names masked as for the held-out halves)
 # instead of failing the test, since finding where explain fails is what they were collected for
@@ -94,7 +95,7 @@ SETS = {"older": "older corpus (issue 26 and before)", "issue-33": "issue 33's s
 # transforms of some 340 logs that assert nothing cost the suite ~15 s of CPU, and it is at its time limit.
 REPORTED_ONLY = {"issue-33-b", "issue-33-c", "issue-33-d", "issue-33-e", "issue-33-f", "issue-33-g",
                  "issue-33-h", "issue-33-i", "issue-33-j", "issue-33-k",
-                 "issue-33-l", "issue-33-m", "issue-33-n", "issue-33-o", "issue-33-p"}
+                 "issue-33-l", "issue-33-m", "issue-33-n", "issue-33-o", "issue-33-p", "issue-33-q"}
 
 
 def corpus_set(entry: dict) -> str:
