@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 from ddpdoctor.explain.lines import LINE_PREFIX_RANK, SPAWN_HEADER, rank_int, strip_paste
-from ddpdoctor.explain.phases import MAX_TAIL_LINE_CHARS
+from ddpdoctor.explain.phases import LIGHTNING_INIT_LINE, MAX_TAIL_LINE_CHARS
 
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
 # The stage of a cut traceback that mp.spawn reported as a process's exception (its frames name no distributed step).
@@ -44,7 +44,6 @@ _MACOS_PATH = re.compile(r"^/Users/|^/opt/homebrew/|/Library/Frameworks/Python\.
 # cut in Lightning's own frames (trainer.fit, ...), is that call failing. On GPUs Lightning asks for nccl
 # (get_default_process_group_backend_for_device), which its own "GPU available: True" and "LOCAL_RANK: R -
 # CUDA_VISIBLE_DEVICES: [...]" lines show.
-LIGHTNING_INIT_LINE = re.compile(r"[Ii]nitializing (?:distributed|ddp): GLOBAL_RANK: (\d{1,7}), MEMBER: \d{1,7}/\d{1,7}\s*$")
 _LIGHTNING_CODE = ("pytorch_lightning/", "lightning/pytorch/", "lightning/fabric/")
 _LIGHTNING_ON_GPU = re.compile(rb"GPU available: True|CUDA_VISIBLE_DEVICES: \[")
 _NCCL_BACKEND = re.compile(r"""backend\s*=\s*["']nccl["']|["']nccl["']""")
@@ -124,6 +123,12 @@ class CutTraceback:
     reported_line: int = 0  # its line in the input
 
 
+def lightning_init_line(line: str) -> re.Match[str] | None:
+    """Lightning's ``Initializing distributed: GLOBAL_RANK: R, ...`` line, when ``line`` ends with it."""
+    m = LIGHTNING_INIT_LINE.search(line)
+    return m if m is not None and not line[m.end():].strip() else None
+
+
 def _norm(path: str) -> str:
     return path.replace("\\", "/")
 
@@ -190,7 +195,7 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
     before = tail[:max(0, tail.rfind(b"\n", 0, at))].rstrip(b"\r")  # up to the header's line, whatever prefixes it
     above_header = before[before.rfind(b"\n") + 1:][:MAX_TAIL_LINE_CHARS].decode("utf-8", "replace")
     spawn = SPAWN_HEADER.search(above_header)
-    lightning = LIGHTNING_INIT_LINE.search(above_header.rstrip("\r"))
+    lightning = lightning_init_line(above_header)
     for n, path, func, frame, code, code_no in reversed(frames):
         if any(piece in path for piece, _ in _TRANSPARENT):
             continue
@@ -201,7 +206,7 @@ def cut_traceback(tail: bytes, last_line: int, name: str, file_index: int, file_
         if got is None and lightning is not None and any(piece in path for piece in _LIGHTNING_CODE):
             got = ("init", "init_process_group")  # Lightning's init line right above, its frames cut
             if rank is None:
-                rank = int(lightning.group(1))
+                rank = rank_int(lightning.group("rank"))
         if got is None:  # the innermost real frame is no distributed call: the rank raised in its own code
             if any(piece in path for piece in _LAUNCHER_CODE):
                 return None  # torchrun's own traceback (its agent, its metrics wrapper): no rank's

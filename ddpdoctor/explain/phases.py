@@ -97,7 +97,7 @@ _SCRIPT_INIT = re.compile(r"^\|? ?distributed init \(rank (?P<rank>\d{1,7})\): (
 # log.info(f"Initializing distributed: GLOBAL_RANK: {global_rank}, MEMBER: {global_rank + 1}/{world_size}"),
 # init_process_group(...), then rank_zero_info("-" * 100 + "\ndistributed_backend=...\nAll distributed processes
 # registered. Starting with {world_size} processes\n" + "-" * 100).
-_LIGHTNING_INIT = re.compile(r"[Ii]nitializing (?:distributed|ddp): GLOBAL_RANK: (?P<rank>\d{1,7}), MEMBER: \d{1,7}/"
+LIGHTNING_INIT_LINE = re.compile(r"[Ii]nitializing (?:distributed|ddp): GLOBAL_RANK: (?P<rank>\d{1,7}), MEMBER: \d{1,7}/"
                              r"(?P<world_size>\d{1,7})")
 _LIGHTNING_UP = re.compile(r"All distributed processes registered\. Starting with (?P<world_size>\d{1,7}) process")
 _NCCL_HOST = re.compile(r"^(?P<host>[\w.-]+:\d+):\d+ \[\d+\] NCCL ")
@@ -224,7 +224,7 @@ def _marker(raw: str, line: int, file_rank: int | None) -> Marker | None:
     if m:
         rank = rank_int(m.group("rank"))
         return Marker(SCRIPT_INIT, True, f"rank {rank}", line, raw, rank, when, (("init_method", m.group("url")),))
-    m = _LIGHTNING_INIT.search(text)
+    m = LIGHTNING_INIT_LINE.search(text)
     if m:
         rank = rank_int(m.group("rank"))
         return Marker(LIGHTNING_INIT, True, f"rank {rank}", line, raw, rank, when,

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from ddpdoctor.explain.frames import LIGHTNING_INIT_LINE, RANK_RAISED, SPAWN_RAISED, CutTraceback
+from ddpdoctor.explain.frames import RANK_RAISED, SPAWN_RAISED, CutTraceback, lightning_init_line
 from ddpdoctor.explain.knowledge import ROLE_ORDER, Link, Signature
 from ddpdoctor.explain.model import (
     MAX_EVIDENCE,
@@ -292,7 +292,7 @@ def _cut_traceback_guesses(facts: Facts, kb: dict[str, Signature], present: set[
                 continue
             where = "Windows" if cut.platform == "windows" else "macOS"
             cut_where = ("right after Lightning's 'initializing' line, in its init_process_group"
-                         if LIGHTNING_INIT_LINE.search(cut.reported) else "in init_process_group")
+                         if lightning_init_line(cut.reported) else "in init_process_group")
             sig = replace(kb[NCCL_NOT_AVAILABLE], title=f"Probably no NCCL in this PyTorch: the job asks for the nccl "
                           f"backend on {where} (its paths), and the traceback is cut {cut_where} (a guess "
                           "from the frames, not from an error message)")
