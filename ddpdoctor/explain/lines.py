@@ -93,7 +93,11 @@ DIST_CONTEXT = re.compile(
     # dgl.distributed package and the C++ RPC layer only it uses, dgl/src/rpc/); a torch.distributed call in a
     # traceback's source line.
     rb"|c10d|gloo[./\\]|libnccl|dgl[./\\]distributed|dgl[./\\]src[./\\]rpc[./\\]"
-    rb"|\bdist\.(?:barrier|all_reduce|all_gather|broadcast|reduce_scatter|all_to_all|get_rank|get_world_size)\(")
+    rb"|\bdist\.(?:barrier|all_reduce|all_gather|broadcast|reduce_scatter|all_to_all|get_rank|get_world_size)\("
+    # OpenMMLab's distributed entry points (mmcv/engine/test.py and mmdet/apis/test.py multi_gpu_test: "Test model
+    # with multiple gpus", results collected by rank 0 through get_dist_info; mmcv.runner's init_dist), in a frame
+    # or a code line, also as projects' copies (UniAD's custom_multi_gpu_test).
+    rb"|multi_gpu_test\b|\binit_dist\(|\bget_dist_info\(")
 # Literals every DIST_CONTEXT match contains. DIST_CONTEXT has no literal start, so `re` tries every
 # alternative at every position: 22-38 MB/s over a log with no sign (a plain single-GPU run pays it on every
 # block), against GB/s for `bytes.find` of a literal; the regex only confirms around each literal found.
@@ -102,7 +106,8 @@ DIST_LITERALS = (b"NCCL", b"rank", b"Rank", b"RANK", b"torch", b"ProcessGroup", 
                  b"]<std", b"distributed training: True", b"Distributed environment: ", b"MASTER_", b"strategies",
                  b"egatron", b"colossalai", b"torchtitan", b"nanotron", b"fairscale", b"horovod", b"SLURM_PROCID",
                  b"OMPI_COMM_WORLD_", b"c10d", b"gloo", b"dist.", b"libnccl", b"dgl", b"verl",
-                 b"DistBackendError", b"DistNetworkError", b"DistStoreError")
+                 b"DistBackendError", b"DistNetworkError", b"DistStoreError", b"multi_gpu_test", b"init_dist(",
+                 b"get_dist_info(")
 DIST_WINDOW = 32  # bytes either side of a literal: more than the longest DIST_CONTEXT alternative
 DIST_MAX_CANDIDATES = 256  # literals found but not confirmed (torch/nn/... frames): then one regex pass
 # mp.spawn: the traceback after "-- Process 3 terminated with the following error:" is rank 3's.

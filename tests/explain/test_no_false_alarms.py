@@ -225,3 +225,24 @@ def test_a_traceback_through_ddps_forward_is_a_ranks_failure() -> None:
     one_process = DDP_FORWARD_TRACEBACK.replace("parallel/distributed.py", "parallel/data_parallel.py")
     proc = run_cli(["explain", "--json", "-"], input_text=one_process)
     assert (proc.returncode, json.loads(proc.stdout)["diagnoses"]) == (0, [])
+
+
+# mmdet/apis/test.py's two test loops (mmcv/engine/test.py alike): multi_gpu_test runs under a process group and
+# collects every rank's results through get_dist_info; single_gpu_test is one process.
+MMDET_TEST = """Traceback (most recent call last):
+  File "tools/test.py", line 231, in main
+    outputs = {loop}(model, data_loader{args})
+  File "/opt/mmdet/apis/test.py", line 88, in {loop}
+    for i, data in enumerate(data_loader):
+KeyError: 'img_metas'
+"""
+
+
+def test_openmmlabs_multi_gpu_test_is_a_sign_of_a_distributed_job() -> None:
+    """A plain exception in a one-process run is not reported; the same exception inside OpenMMLab's distributed
+    test loop is a rank's failure (exit 1)."""
+    many = run_cli(["explain", "--json", "-"], input_text=MMDET_TEST.format(loop="multi_gpu_test", args=", args.tmpdir"))
+    assert many.returncode == 1
+    assert [d["id"] for d in json.loads(many.stdout)["diagnoses"]] == ["python-exception"]
+    one = run_cli(["explain", "--json", "-"], input_text=MMDET_TEST.format(loop="single_gpu_test", args=""))
+    assert (one.returncode, json.loads(one.stdout)["diagnoses"]) == (0, [])
