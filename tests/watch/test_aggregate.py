@@ -342,3 +342,30 @@ def test_the_exit_message_counts_collectives_that_completed_after_the_watchdogs_
         server.close()
     beats = [m for m in messages if m.get("t") == "beat"]
     assert beats and beats[-1]["inflight_n"] == 0 and beats[-1]["done"] == 1, beats[-1:]
+
+
+def test_rank0s_own_crash_waits_briefly_for_the_others_under_a_launcher() -> None:
+    """Under torchrun rank 0 is both a rank and the supervisor. When its own script failed first, the verdict
+    waits up to OWN_CRASH_SETTLE_S for the other ranks' news (a bug every rank hits is named on every rank, not
+    as "torn down"), and not a moment longer once every other rank has reported its end; a crash of another rank
+    is reported at once (the launcher tears rank 0 down within 0.1 s of that rank's exit)."""
+    import ddpdoctor.watch.supervisor as watch
+    from ddpdoctor.watch.channel import Server
+
+    server = Server("127.0.0.1", 0)
+    try:
+        supervisor = watch.RankZeroSupervisor(server, 2, WatchConfig("x.py", [], hang_timeout_s=600))
+        agg = supervisor.agg
+        hello_all(agg, 10.0)
+        agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": "ValueError: bad batch"}, 10.0)
+        assert agg.ranks[0].failed and not agg.ranks[1].finished
+        assert supervisor._own_crash_settling(10.0 + watch.OWN_CRASH_SETTLE_S / 2)
+        assert not supervisor._own_crash_settling(10.0 + watch.OWN_CRASH_SETTLE_S + 0.01)
+        agg.feed(1, {"t": "exit", "code": 1, "crashed": True, "error": "ValueError: bad batch"}, 10.1)
+        assert not supervisor._own_crash_settling(10.2), "every rank reported: nothing left to wait for"
+        other = watch.RankZeroSupervisor(server, 2, WatchConfig("x.py", [], hang_timeout_s=600))
+        hello_all(other.agg, 10.0)
+        other.agg.feed(1, {"t": "exit", "code": 1, "crashed": True, "error": "ValueError: bad batch"}, 10.0)
+        assert not other._own_crash_settling(10.01), "another rank's crash is reported at once"
+    finally:
+        server.close()
