@@ -138,6 +138,8 @@ class Aggregator:
             state.raised, state.error = bool(message.get("crashed")), message.get("error") or ""
             state.pitfalls = message.get("pitfalls") or []
             state.cur = None
+            if message.get("last"):  # rank 0's end read from its own process (supervisor._own_crash)
+                state.last = message["last"]
             at, sent = message.get("at"), message.get("sent")
             if isinstance(at, (int, float)) and not isinstance(at, bool):
                 # The rank's own clock says when its script ended (its interpreter shutdown comes after).

@@ -106,6 +106,8 @@ def run_script(script: str, args: list[str], rank: int, world_size: int, address
     code, crashed, error = execute(script)
     ended_at = time.time()
     global _local_end
-    _local_end = {"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at}
+    last = rec.last_done  # read now: the supervisor may have to report this end before the message is sent
+    _local_end = {"t": "exit", "code": code, "crashed": crashed, "error": error, "at": ended_at,
+                  "last": last.to_json() if last is not None else None}
     dog.finish(code, crashed, error, ended_at)
     return code

@@ -432,8 +432,8 @@ def teardown_json(teardown: Teardown, agg: Aggregator, spawns: bool) -> dict[str
 
 # -- under a launcher ------------------------------------------------------------------------------
 
-# How long rank 0's supervisor waits for its own rank's exit message once its script has ended badly (see
-# RankZeroSupervisor._own_crash); well within torchrun's 0.1 s monitor interval.
+# How long rank 0's supervisor, once another rank's crash decided the verdict, waits for its own rank's end
+# (see RankZeroSupervisor._own_crash); well within the 0.1 s torchrun takes to tear rank 0 down.
 OWN_EXIT_WAIT_S = 0.05
 # How long a crash of rank 0 alone waits for the other ranks' news (see RankZeroSupervisor._own_crash_settling).
 OWN_CRASH_SETTLE_S = 0.5
@@ -525,19 +525,20 @@ class RankZeroSupervisor(threading.Thread):
         return ended is not None and now - ended < OWN_CRASH_SETTLE_S
 
     def _own_crash(self) -> None:
-        """Rank 0's own failure, when its script (in this process) already ended badly but its exit message
-        has not arrived: read from the process itself (``script.local_end``), so a job whose ranks all
-        raised names every one of them rather than "the rest were torn down"."""
-        end = local_end()
+        """Rank 0's own failure, when its script (in this process) ended badly at about the moment another
+        rank's did but its exit message has not arrived: read from the process itself (``script.local_end``),
+        so a job whose ranks all raised names every one of them rather than "the rest were torn down"."""
         state = self.agg.ranks.get(0)
-        if end is None or end["code"] == 0 or state is None:
+        if state is None or state.said_exit:
             return
-        # Its own message (with the records sent just before it: "last completed") is a few milliseconds away;
-        # the launcher's teardown after the other rank's exit is about 0.1 s away.
+        # Rank 0's script, when it fails with the others, ends within milliseconds of them, and its own message
+        # (with the records sent just before it: "last completed") follows; the launcher's teardown after the
+        # other rank's exit is about 0.1 s away (that rank's interpreter shutdown, then torchrun's monitor tick).
         deadline = time.monotonic() + OWN_EXIT_WAIT_S
         while not state.said_exit and time.monotonic() < deadline:
             _drain(self.server, self.agg, 0.01)
-        if not state.said_exit:
+        end = local_end()
+        if not state.said_exit and end is not None and end["code"] != 0:
             self.agg.feed(0, {**end, "sent": time.time()})
 
     def _give_up_on_unconnected(self) -> None:

@@ -357,8 +357,11 @@ def test_rank0s_own_crash_waits_briefly_for_the_others_under_a_launcher() -> Non
         supervisor = watch.RankZeroSupervisor(server, 2, WatchConfig("x.py", [], hang_timeout_s=600))
         agg = supervisor.agg
         hello_all(agg, 10.0)
-        agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": "ValueError: bad batch"}, 10.0)
+        # As supervisor._own_crash feeds it from script.local_end: with the last call that completed.
+        agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": "ValueError: bad batch",
+                     "last": rec("all_reduce", 3, "train.py:38", "float32[8]")}, 10.0)
         assert agg.ranks[0].failed and not agg.ranks[1].finished
+        assert "#3 all_reduce float32[8] at train.py:38" in render(agg.result(CRASH))
         assert supervisor._own_crash_settling(10.0 + watch.OWN_CRASH_SETTLE_S / 2)
         assert not supervisor._own_crash_settling(10.0 + watch.OWN_CRASH_SETTLE_S + 0.01)
         agg.feed(1, {"t": "exit", "code": 1, "crashed": True, "error": "ValueError: bad batch"}, 10.1)
