@@ -97,14 +97,16 @@ _SCRIPT_INIT = re.compile(r"^\|? ?distributed init \(rank (?P<rank>\d{1,7})\): (
 # log.info(f"Initializing distributed: GLOBAL_RANK: {global_rank}, MEMBER: {global_rank + 1}/{world_size}"),
 # init_process_group(...), then rank_zero_info("-" * 100 + "\ndistributed_backend=...\nAll distributed processes
 # registered. Starting with {world_size} processes\n" + "-" * 100).
-LIGHTNING_INIT_LINE = re.compile(r"[Ii]nitializing (?:distributed|ddp): GLOBAL_RANK: (?P<rank>\d{1,7}), MEMBER: \d{1,7}/"
-                             r"(?P<world_size>\d{1,7})")
+LIGHTNING_INIT_LINE = re.compile(r"[Ii]nitializing (?:distributed|ddp): GLOBAL_RANK: (?P<rank>\d{1,7}), "
+                                 r"MEMBER: \d{1,7}/(?P<world_size>\d{1,7})")
 _LIGHTNING_UP = re.compile(r"All distributed processes registered\. Starting with (?P<world_size>\d{1,7}) process")
 _NCCL_HOST = re.compile(r"^(?P<host>[\w.-]+:\d+):\d+ \[\d+\] NCCL ")
 # Lines that say nothing about progress: the launcher's banner, Python's echo of a warning's source line, and
 # the C++ stack c10 appends to a logged error (c10/util/Exception.cpp: "Exception raised from recvBytes at
 # ...", "frame #3: ...", "<omitting python frames>"), e.g. under each of TCPStore's retry warnings.
-_CHATTER = re.compile(r"^\*{5,}\s*$|^-{20,}\s*$|^distributed_backend=\w+\s*$|^Setting OMP_NUM_THREADS environment variable|^\s+warnings\.warn\(|NCCL INFO "
+# Lightning's rules around its start-up banner (100 dashes) and its distributed_backend= line say nothing either.
+_CHATTER = re.compile(r"^\*{5,}\s*$|^-{20,}\s*$|^distributed_backend=\w+\s*$"
+                      r"|^Setting OMP_NUM_THREADS environment variable|^\s+warnings\.warn\(|NCCL INFO "
                       r"|^Exception raised from \S+ at |^frame #\d+: |^<omitting python frames>")
 
 # A glog info/warning/debug line, as c10d, torchrun and torch._logging print them ("[rank0]:[W1126 ...",
@@ -114,8 +116,8 @@ _GLOG_QUIET = re.compile(r"^\s*(?:\[(?:rank|default)\d{1,7}\]:)?\[?[WIV]\d{4} \d
 MAX_EVIDENCE_LINES = 5
 # Every phase line holds one of these (see the regexes above).
 MARKER_WORDS = ("Init START", "Init COMPLETE", "store based barrier", "store-based barrier", "Rendezvous",
-                "rendezvous", "connect/validate", "client socket has connected", "distributed init (rank", "GLOBAL_RANK: ",
-                "distributed processes registered")
+                "rendezvous", "connect/validate", "client socket has connected", "distributed init (rank",
+                "GLOBAL_RANK: ", "distributed processes registered")
 _MARKER_BYTES = tuple(w.encode() for w in MARKER_WORDS)
 
 
