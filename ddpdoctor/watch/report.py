@@ -219,8 +219,16 @@ def headline(result: dict[str, Any]) -> str:
         first = by_rank[order[0]]
         where = f" on {first['host']}" if host_map(result) and first.get("host") else ""
         text = f"ddpdoctor watch: CRASH: rank {first['rank']}{where} {ended_text(first)}"
-        if len(order) > 1:
-            text += f" first; then {rank_phrase(order[1:])} failed"
+        # A later rank that raised the very error of the first one, at the same place (the site is part of
+        # the text), hit the same bug itself: "then failed" would read as a consequence of the first crash.
+        same = [r for r in order[1:] if by_rank[r]["state"] == "crashed" and by_rank[r]["error"]
+                and by_rank[r]["error"] == first["error"] and not by_rank[r]["signal"]]
+        rest = [r for r in order[1:] if r not in same]
+        if same:
+            text += (f" first; {rank_phrase(same)} raised the same at the same place (each rank hit it: not a "
+                     f"consequence of rank {first['rank']}'s crash)")
+        if rest:
+            text += f"{'' if same else ' first'}; then {rank_phrase(rest)} failed"
         if any(r["state"] in ("waiting", "running", "silent") for r in result["ranks"]):
             text += "; the rest were torn down"
         return text

@@ -170,6 +170,34 @@ def test_the_rank_that_failed_first_is_named_even_when_its_echo_was_seen_first()
                                      "then rank 0 failed")
 
 
+def test_ranks_that_raised_the_same_error_are_said_to_have_hit_it_each_not_to_have_followed() -> None:
+    """Ranks 0 and 1 raise the same ValueError at the same line (a bug every rank hits); rank 2's all_reduce then
+    fails on the closed connection. "then ranks 1-2 failed" read as if rank 1 were rank 0's victim."""
+    agg = Aggregator(3, hang_timeout_s=2)
+    hello_all(agg)
+    same = "ValueError: corrupt sample in batch 3 (at train.py:24)"
+    for rank, at in ((0, 1.00), (1, 1.01)):
+        agg.feed(rank, {"t": "exit", "code": 1, "crashed": True, "error": same}, at)
+        agg.process_exited(rank, 1, at + 0.001)
+    agg.feed(2, {"t": "exit", "code": 1, "crashed": True,
+                 "error": "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                          "[127.0.0.1]:29500 (at train.py:38)"}, 1.05)
+    agg.process_exited(2, 1, 1.051)
+    result = agg.result(agg.verdict(1.1) or "")
+    assert result["crash_order"] == [0, 1, 2]
+    assert render(result).splitlines()[0] == (
+        f"ddpdoctor watch: CRASH: rank 0 raised {same} first; rank 1 raised the same at the same place (each rank "
+        "hit it: not a consequence of rank 0's crash); then rank 2 failed")
+    # A different error (another line) is not "the same".
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": same}, 1.0)
+    agg.process_exited(0, 1, 1.001)
+    agg.feed(1, {"t": "exit", "code": 1, "crashed": True, "error": same.replace("24", "25")}, 1.01)
+    agg.process_exited(1, 1, 1.011)
+    assert render(agg.result(agg.verdict(1.1) or "")).splitlines()[0].endswith(" first; then rank 1 failed")
+
+
 def test_a_ranks_own_end_stamp_orders_failures_seen_in_one_poll() -> None:
     """Two exit messages read in one poll (fd order, not time order): the ranks' own stamps decide."""
     import time as clock

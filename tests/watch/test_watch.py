@@ -367,6 +367,9 @@ def test_under_torchrun_ranks_that_all_raised_are_all_named(tmp_path: Path) -> N
     assert data["status"] == "crash" and sorted(data["crash_order"]) == [0, 1], proc.stderr[-3000:]
     assert all("ValueError: corrupt sample in batch 3" in rank["error"] for rank in data["ranks"])
     assert "torn down" not in proc.stderr and "never issued" not in proc.stderr, proc.stderr[-3000:]
+    first, then = data["crash_order"]
+    assert (f"first; rank {then} raised the same at the same place (each rank hit it: not a consequence of rank "
+            f"{first}'s crash)") in proc.stderr, proc.stderr[-3000:]
     assert leftovers("crash_rank.py") == []
 
 
