@@ -89,6 +89,12 @@ class Template:
         """How much literal text ``text`` holds of this template when ``text`` stops inside it (a paste cut short:
         the comment box, the excerpt or the user stopped mid-line): its pieces in order up to one that the text's
         end starts; 0 when the text is not such a cut (a piece missing before its end, or the text whole)."""
+        return self.cut(text)[0]
+
+    def cut(self, text: str) -> tuple[int, bool]:
+        """``cut_match``'s count, and whether the text stops inside a word of the template's text ("... is only
+        supp" of "... is only supported with GPUs"): a whole message of another kind ends at a word's end, so such
+        a stop is a cut whatever the count (see MIN_MIDWORD_CUT_CHARS)."""
         pos = got = 0
         for piece in self.pieces:
             found = text.find(piece, pos)
@@ -98,20 +104,24 @@ class Template:
             rest = text[pos:].rstrip()
             for k in range(min(len(piece), len(rest)), MIN_CUT_PIECE - 1, -1):
                 if piece.startswith(rest[-k:]):
-                    return got + k
+                    return got + k, rest[-1].isalnum() and piece[k:k + 1].isalnum()
             # Cut inside the value before this piece ("... WorkNCCL(SeqNum=6, OpType=ALLRED"): a short one, with no
             # prose in it and not closed (a whole message ends in a bracket or a full stop); else the text went on
             # with something else (c10d's "... - retrying (try=0, ...)" where the template says "- timed out").
             whole = rest[-1:] in (")", "]", "}", ".", ">", "'", '"')
-            return got if 0 < len(rest) <= MAX_CUT_VALUE and not whole and not _PROSE.search(rest) else 0
-        return 0
+            return (got if 0 < len(rest) <= MAX_CUT_VALUE and not whole and not _PROSE.search(rest) else 0), False
+        return 0, False
 
 
 MIN_CUT_CHARS = 32  # literal text a cut message must show of its template (a message's first words are common)
 # What the text's end must show of the piece it stops in: a text ending in a value, or in one or two letters of the
 # next piece, is not told from a message that goes on differently ("... - retrying" against "... - timed out").
 MIN_CUT_PIECE = 3
-CUT_HEAD_CHARS = 16  # < MIN_CUT_CHARS: see TemplateMatcher.match_cut
+# A text that stops inside a word of the template ("RuntimeError: ProcessGroupNCCL is only supp", an excerpt cut at
+# a fixed width) is a cut with less of it shown, when no template of another signature begins the same way: no
+# other message could have gone on from there.
+MIN_MIDWORD_CUT_CHARS = 20
+CUT_HEAD_CHARS = 16  # < MIN_MIDWORD_CUT_CHARS: see TemplateMatcher.match_cut
 MAX_CUT_VALUE = 48  # a text that stops in a value: that much of the value at most (c10d's retry goes on for 150)
 _PROSE = re.compile(r"\b[a-z]{4,} ")  # a word of a sentence, not of a value (values: numbers, names, reprs, paths)
 
@@ -219,13 +229,24 @@ class TemplateMatcher:
 
     def match_cut(self, text: str) -> Template | None:
         """The template ``text`` shows most of when it stops inside one (``Template.cut_match``), with at least
-        ``MIN_CUT_CHARS`` of its literal text, or None. Every template is tried: this is for one line an input."""
-        best, most = None, MIN_CUT_CHARS - 1
+        ``MIN_CUT_CHARS`` of its literal text (``MIN_MIDWORD_CUT_CHARS`` when it stops inside a word and no template
+        of another signature begins the same way), or None. Every template is tried: this is for one line an input."""
+        best, most = None, MIN_MIDWORD_CUT_CHARS - 1
+        short: set[str] = set()  # the signatures of the mid-word cuts shorter than MIN_CUT_CHARS
         for head, t in self._heads:
-            # The first piece's head is in any line that shows MIN_CUT_CHARS of the template (its first piece
-            # whole, or cut after MIN_CUT_CHARS > CUT_HEAD_CHARS): one `in` rules out nearly every template.
-            if head in text and t.literal_chars > most and (got := t.cut_match(text)) > most:
+            # The first piece's head is in any line that shows MIN_MIDWORD_CUT_CHARS of the template (its first
+            # piece whole, or cut after more than CUT_HEAD_CHARS): one `in` rules out nearly every template.
+            if head not in text or t.literal_chars <= most:
+                continue
+            got, midword = t.cut(text)
+            if got < MIN_CUT_CHARS and not (midword and got >= MIN_MIDWORD_CUT_CHARS):
+                continue
+            if got < MIN_CUT_CHARS:
+                short.add(t.signature)
+            if got > most:
                 best, most = t, got
+        if best is not None and most < MIN_CUT_CHARS and len(short) > 1:
+            return None  # templates of two signatures begin this way: the cut text does not say which
         return best
 
 

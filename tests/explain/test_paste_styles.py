@@ -330,6 +330,51 @@ def test_a_message_the_paste_cut_short_is_still_named(line: str, want: str, rank
     assert got[0].details["cut"] == ["the paste ends inside this message"]
 
 
+# ProcessGroupNCCL.cpp (the constructor's TORCH_CHECK): "ProcessGroupNCCL is only supported with GPUs, no GPUs
+# found!", here cut after 29 characters of it, inside a word (ChatGLM-6B#829's paste stops so), under the frames of
+# init_process_group.
+CUT_MIDWORD = (
+    'Traceback (most recent call last):\n  File "/home/u/train.py", line 12, in <module>\n'
+    '    dist.init_process_group(backend="nccl")\n'
+    '  File "/usr/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 1009, in '
+    '_new_process_group_helper\n'
+    '    backend_class = ProcessGroupNCCL(backend_prefix_store, group_rank, group_size, pg_options)\n'
+    'RuntimeError: ProcessGroupNCCL is only supp\n')
+
+
+def test_a_message_cut_inside_a_word_is_named_with_less_of_it_shown() -> None:
+    """Fewer than MIN_CUT_CHARS of the message, but the paste stops inside one of its words: no other message
+    could have gone on from there. Stopped at a word's end, the same few words could begin another message."""
+    got = explain_text(CUT_MIDWORD).failures
+    assert [d.id for d in got] == ["no-gpu-visible"]
+    assert got[0].details["cut"] == ["the paste ends inside this message"]
+    at_word_end = CUT_MIDWORD.replace("only supp\n", "only\n")
+    assert "no-gpu-visible" not in [d.id for d in explain_text(at_word_end).diagnoses]
+
+
+def test_no_template_cut_inside_a_word_is_read_as_another_signatures() -> None:
+    """Every message of the inventory, cut inside a word of its first 20-31 characters (a short excerpt), is read as
+    its own signature or not at all: never as a message of another kind that begins alike."""
+    from ddpdoctor.explain.templates import (
+        MIN_CUT_CHARS,
+        MIN_MIDWORD_CUT_CHARS,
+        TemplateMatcher,
+        load_templates,
+    )
+
+    templates = load_templates()
+    matcher = TemplateMatcher(templates)
+    read = other = 0
+    for t in templates:
+        head = t.pieces[0]
+        for n in range(MIN_MIDWORD_CUT_CHARS, min(MIN_CUT_CHARS, len(head))):
+            if head[n - 1].isalnum() and head[n].isalnum():
+                got = matcher.match_cut("RuntimeError: " + head[:n])
+                read += got is not None
+                other += got is not None and got.signature != t.signature
+    assert other == 0 and read > 10_000, (read, other)
+
+
 @pytest.mark.parametrize("last", [
     "node-a:4565:4601 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/rea",  # NCCL's INFO line, cut
     "epoch 1 step 300 loss 1.7432 lr 0.0001 grad_norm 0.8",  # a trainer's progress, cut
