@@ -94,7 +94,8 @@ class Signature:
     # the gate may change the wording and the ranking, never hide a known message): ``failure`` (the default;
     # worded for one process by ``alone_title``/``alone_cause`` where given), ``note`` (a failure of that one
     # process that is no DDP problem: a single-GPU script's OOM or device-side assert; exit 0, no false alarm)
-    # or ``none`` (a catch-all that knows no message: a plain script's NameError is not reported at all).
+    # or ``none`` (not reported at all; no entry uses it: the catch-all is a note naming the exception, kept by
+    # ranking.order_diagnoses only when nothing more specific was found).
     alone: str = "failure"
     # A fact, not a finding (issue 33, item 5): never reported on its own; what it says is added as a note to
     # the first of these diagnoses that is present (NCCL chose a docker bridge -> a connect failure).

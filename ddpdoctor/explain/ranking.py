@@ -85,14 +85,17 @@ def order_diagnoses(found: dict[str, Diagnosis], distributed: bool, facts: Facts
         diags = [d for d in diags if not (d.id == WORKER_FAILED and not d.details)]
     if not distributed:
         # No sign of a distributed job: a known message is still named, worded for one process, or shown as a
-        # note when it is that process's own failure (a single-GPU OOM); only a catch-all is left out.
+        # note when it is that process's own failure (a single-GPU OOM). The catch-all (an exception ddpdoctor
+        # has no signature for) is a note naming that exception, and only when nothing else was found: a known
+        # message says more about the same failure (a wrapped Lightning message whose first piece it read).
         alone = []
         for d in diags:
             sig = d.signature.for_one_process(d.details)
             if sig is not None:
                 d.signature = sig
                 alone.append(d)
-        diags = alone
+        specific = [d for d in alone if not d.signature.catch_all]
+        diags = specific or alone
     hang = _probable_hang(facts, kb or {})
     if hang is not None:
         diags.append(hang)

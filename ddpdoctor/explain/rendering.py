@@ -28,12 +28,16 @@ def headline(d: Diagnosis) -> str:
         return f"{d.signature.title}: {'rank' if len(lagging) == 1 else 'ranks'} {format_rank_list(lagging)}"
     if d.id != FALLBACK_ID or first is None or not first.exception:
         return d.signature.title
-    who = f"Rank {d.first_rank}" if d.first_rank is not None else "A rank"
+    # Reported as a note, the catch-all is a log with no sign of a distributed job (Signature.for_one_process).
+    alone = d.signature.is_note
+    who = "This process" if alone else f"Rank {d.first_rank}" if d.first_rank is not None else "A rank"
     text = f"{who} raised {first.exception}"
     if first.message:
         text += f": {first.message}"
     if first.frame:
         text += f"  (at {first.frame})"
+    if alone:
+        text += "; no sign of a distributed job in the log"
     return text
 
 

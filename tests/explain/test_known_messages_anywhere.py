@@ -52,12 +52,15 @@ def test_the_same_line_in_a_job_keeps_the_distributed_wording() -> None:
 
 def test_a_plain_scripts_exception_is_no_false_alarm() -> None:
     """The false alarm of issue 33: a NameError in a script's non-DDP branch was 'A rank raised a Python
-    exception', exit 1. No known message, no sign of a distributed job: nothing to report."""
+    exception', exit 1. No known message, no sign of a distributed job: a note about that one process, exit 0
+    (named, not hidden: "no known error" only when there is nothing to name)."""
     text = ('Traceback (most recent call last):\n  File "/home/u/proj/train.py", line 88, in <module>\n'
             "    main(args)\n  File \"/home/u/proj/train.py\", line 61, in main\n    model = build(cfg)\n"
             "NameError: name 'build' is not defined\n")
     proc = run_cli(["explain", "-"], input_text=text)
-    assert proc.returncode == 0 and "no known DDP/NCCL/torchrun error found" in proc.stdout
+    assert proc.returncode == 0 and "no failure found" in proc.stdout and "A rank raised" not in proc.stdout
+    assert ("n1. This process raised NameError: name 'build' is not defined  (at /home/u/proj/train.py:61 in main); "
+            "no sign of a distributed job in the log  [python-exception]") in proc.stdout
 
 
 # --- what tracebacks and crash dumps show ------------------------------------------------------------------
