@@ -168,6 +168,22 @@ def test_one_reducer_error_is_one_finding(text: str, want: str) -> None:
     assert [d.id for d in explain_text(text).diagnoses] == [want]
 
 
+@pytest.mark.parametrize("width", [None, 80])
+def test_the_names_and_indices_lines_alone_name_the_rank_they_state(width: int | None) -> None:
+    """A paste of only the reducer's two lines (YOLOv9's log, no `[rankN]:` prefix): the rank is in their own text
+    ("... for rank 0: ..."); it was lost when neither line held one of the signature's keywords, and under a
+    terminal's wrap at 80 columns (the names line then holds only its first parameter)."""
+    names = "Parameters which did not receive grad for rank 0: " + ", ".join(f"model.22.cv{i}.bias" for i in range(12))
+    indices = "Parameter indices which did not receive grad for rank 0: " + " ".join(str(i) for i in range(474, 507))
+    text = f"{names}\n{indices}\n"
+    if width:
+        text = "".join("\n".join(ln[i:i + width] for i in range(0, len(ln), width)) + "\n" for ln in text.splitlines())
+    [got] = explain_text(text).diagnoses
+    assert (got.id, sorted(got.ranks)) == ("unused-parameters", [0])
+    assert got.details["param_names"][0].startswith("model.22.cv0.bias")
+    assert got.details["param_indices"][0].startswith("474 475 476")
+
+
 def test_the_tail_alone_carries_its_rank() -> None:
     assert explain_text("[rank3]: " + TAIL + "\n").diagnoses[0].ranks == {3}
 
