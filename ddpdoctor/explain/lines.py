@@ -286,6 +286,28 @@ def _bare(raw: bytes | bytearray) -> bytes:
     return strip_paste(text.decode("utf-8", "replace")).encode("utf-8", "replace")
 
 
+# A terminal's wrap: at least this many lines exactly as wide as the widest line of the block (every piece a
+# terminal cut a long line into is that wide, but its last).
+MIN_WRAPPED_LINES = 3
+
+
+def terminal_unwrapped(block: bytes | bytearray, size: int) -> bytes | None:
+    """``block[:size]`` with the lines a terminal wrapped joined again, or None when it shows no such wrap.
+
+    A log copied from a terminal ``W`` columns wide has its long lines cut into ``W``-character pieces (xterm, tmux
+    and VS Code's terminal put no marker on the clipboard): no line is wider than ``W``, and several are exactly
+    ``W`` wide (``MIN_WRAPPED_LINES``, ``W >= MIN_WRAP_CHARS``). Each such line is joined with the one after it. For
+    the signs of a distributed job only (``has_dist_sign``): a path such as ``.../pytorch_lightning/stra`` +
+    ``tegies/launchers/subprocess_script.py`` holds its sign again. Linear in the block; run once an input, and
+    only when the block as it is showed no sign."""
+    lines = bytes(block[:size]).split(b"\n")
+    widths = [len(ln.rstrip(b"\r")) for ln in lines]
+    width = max(widths, default=0)
+    if width < MIN_WRAP_CHARS or widths.count(width) < MIN_WRAPPED_LINES:
+        return None
+    return b"".join(ln.rstrip(b"\r") if w == width else ln + b"\n" for ln, w in zip(lines, widths, strict=True))
+
+
 def interleaved_tracebacks(block: bytes | bytearray, size: int) -> bool:
     """Whether two tracebacks are interleaved in ``block[:size]``: a ``Traceback (most recent call last):``
     header right after another header or inside another traceback's frames (after a ``File "...", line N``

@@ -36,6 +36,7 @@ from ddpdoctor.explain.lines import (
     LINE_PREFIX_RANK,
     MAX_GLUED_NAME_CHARS,
     MIN_WRAP_CHARS,
+    MIN_WRAPPED_LINES,
     NCCL_RANK,
     PG_RANK,
     SEVERAL_WRITERS,
@@ -55,6 +56,7 @@ from ddpdoctor.explain.lines import (
     rank_int,
     signal_name,
     strip_paste,
+    terminal_unwrapped,
     timestamp,
     unflatten,
     user_frame,
@@ -88,6 +90,11 @@ MAX_LINE_BYTES = 1 << 20  # a "line" longer than this (binary data, no newlines)
 # are each searched to the end of what is given, and over a whole 4 MB first block with none of them (a trainer's
 # log) that was 80-90 ms, a seventh of a 200 MB scan; start-up lines are in the first MiB.
 DIST_SIGN_BYTES = 1 << 20
+# A cut last line that a terminal wrapped (Scanner._match_cut_line): the lines above it looked at for the terminal's
+# width, and how many pieces a message is rejoined from.
+WRAP_PROBE_LINES = 64
+WRAP_PROBE_BYTES = 64 * 1024
+MAX_CUT_WRAP_PIECES = 4
 # The most characters any regex is handed at once (a line, a window of a longer line, or a rejoined wrapped
 # line); see the module docstring. Real error lines are far shorter; only what they match is needed.
 MAX_MATCH_CHARS = 4096
@@ -134,6 +141,32 @@ def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> tuple[int,
     return -1, None
 
 _Probe = tuple[Signature | None, int, int | None, int]  # see Scanner._probe
+
+
+def _wrapped_start(body: bytes, start: int, line_no: int) -> tuple[int, int]:
+    """Where the last line of ``body`` (at ``start``, line ``line_no``) begins when a terminal wrapped it: the
+    pieces above it that are exactly as wide as the widest of the last ``WRAP_PROBE_LINES`` lines (at least
+    ``MIN_WRAP_CHARS`` wide, ``MIN_WRAPPED_LINES`` of them), at most ``MAX_CUT_WRAP_PIECES`` pieces in all. Returns
+    the offset and line number of its first piece; ``(start, line_no)`` when it was not wrapped."""
+    probe = body[max(0, start - WRAP_PROBE_BYTES):start].split(b"\n")[-WRAP_PROBE_LINES:]
+    widths = [len(ln.rstrip(b"\r")) for ln in probe]
+    width = max(widths, default=0)
+    if width < MIN_WRAP_CHARS or widths.count(width) < MIN_WRAPPED_LINES or len(body) - start > width:
+        return start, line_no
+    first = line_no
+    while first > line_no - MAX_CUT_WRAP_PIECES + 1 and start > 0:
+        above = body.rfind(b"\n", 0, start - 1) + 1
+        if len(body[above:start - 1].rstrip(b"\r")) != width:
+            break
+        start, first = above, first - 1
+    return start, first
+
+
+def _sign_once_unwrapped(block: bytearray, size: int) -> bool:
+    """A sign of a distributed job that a terminal's wrap cut in two (``lines.terminal_unwrapped``), in the input's
+    first ``DIST_SIGN_BYTES``."""
+    joined = terminal_unwrapped(block, min(size, DIST_SIGN_BYTES))
+    return joined is not None and has_dist_sign(bytearray(joined), len(joined))
 
 
 def _says_more(joined: _Probe, alone: _Probe) -> bool:
@@ -293,19 +326,24 @@ class Scanner:
         line_no = last_line - max(0, end_tail[len(body):].count(b"\n") - 1)  # less the blank lines after it
         if self._last_credit[:2] == (file_index, line_no) and not self._last_credit[2]:
             return  # a specific signature took it whole
-        raw = end_tail[start:len(body)].decode("utf-8", errors="replace").rstrip("\r")
+        start, first_no = _wrapped_start(body, start, line_no)
+        if first_no < line_no and self._last_credit[1] in range(first_no, line_no) and not self._last_credit[2]:
+            return  # a specific signature took a piece of it
+        raw = end_tail[start:len(body)].replace(b"\n", b"").decode("utf-8", errors="replace").rstrip("\r")
         if quiet_level(raw):
             return  # a warning or an info line cut short is no failure, whichever message it would have been
         template = self._templates.match_cut(strip_paste(raw))
         if template is None:
             return
-        by_catch_all = self._last_credit == (file_index, line_no, True)
+        by_catch_all = self._last_credit[0] == file_index and self._last_credit[1] in range(first_no, line_no + 1) \
+            and self._last_credit[2]
+        credited = self._last_credit[1]
         block = bytearray(end_tail)
-        sig = self._match_line(raw, self._specific, True, name, file_index, line_no, file_rank,
+        sig = self._match_line(raw, self._specific, True, name, file_index, first_no, file_rank,
                                partial(self._lookback, block, start, b""), cut=template)
         if sig is not None and by_catch_all:  # the catch-all read the cut line first: the message is known now
             for catch_all in [d for d in self._found.values() if d.signature.catch_all]:
-                if catch_all.count == 1 and catch_all.first_seq == (file_index, line_no):
+                if catch_all.count == 1 and catch_all.first_seq == (file_index, credited):
                     del self._found[catch_all.id]
 
     def _scan_block(self, block: bytearray, size: int, tail: bytes, name: str, file_index: int,
@@ -316,7 +354,8 @@ class Scanner:
         then to the end (counting the whole block again cost as much as a prefilter pass).
         """
         if not self._distributed and lines_before == 0 and (has_dist_sign(block, min(size, DIST_SIGN_BYTES))
-                                                            or interleaved_tracebacks(block, size)):
+                                                            or interleaved_tracebacks(block, size)
+                                                            or _sign_once_unwrapped(block, size)):
             # The start of each input only (the launcher's banner, torchrun's and NCCL's start-up lines are
             # there); later signs are looked for around the lines a needs_distributed signature matched (see
             # _match_line). Checking every block of a log with no sign cost twelve passes per block: trainer and

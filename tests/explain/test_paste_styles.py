@@ -313,12 +313,18 @@ CUT_MESSAGES = [
 
 
 @pytest.mark.parametrize(("line", "want", "ranks"), CUT_MESSAGES, ids=["default-pg", "store-clients", "watchdog", "no-nccl"])
-@pytest.mark.parametrize("style", ["plain", "after-a-traceback", "rfc3339nano", "quoted", "trailing-blank-lines"])
+@pytest.mark.parametrize("style", ["plain", "after-a-traceback", "rfc3339nano", "quoted", "trailing-blank-lines",
+                                   "terminal-wrapped"])
 def test_a_message_the_paste_cut_short_is_still_named(line: str, want: str, ranks: list[int], style: str) -> None:
     text = line + "\n"
     if style == "after-a-traceback":
         text = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 31, in main\n    dist.barrier()\n'
                 + text)
+    elif style == "terminal-wrapped":  # copied from a 64-column terminal: every longer line cut into 64-wide pieces
+        text = ('Traceback (most recent call last):\n  File "/home/user/projects/llm/train_distributed.py", line 31, '
+                'in main\n    dist.barrier()\n  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/'
+                'c10d_logger.py", line 79, in wrapper\n    return func(*args, **kwargs)\n' + text)
+        text = "".join("\n".join(ln[i:i + 64] for i in range(0, len(ln), 64)) + "\n" for ln in text.splitlines())
     elif style == "rfc3339nano":
         text = STYLES["rfc3339nano"](text)
     elif style == "quoted":
@@ -350,6 +356,27 @@ def test_a_message_cut_inside_a_word_is_named_with_less_of_it_shown() -> None:
     assert got[0].details["cut"] == ["the paste ends inside this message"]
     at_word_end = CUT_MIDWORD.replace("only supp\n", "only\n")
     assert "no-gpu-visible" not in [d.id for d in explain_text(at_word_end).diagnoses]
+
+
+def test_a_sign_of_a_job_that_a_terminals_wrap_cut_in_two_still_counts() -> None:
+    """Lightning's DDP launcher frame (``pytorch_lightning/strategies/launchers/subprocess_script.py``) is the only
+    sign of a job in OpenFold's cut traceback; copied from a 120-column terminal the path is cut inside
+    "strategies", and the rank's cut traceback read as nothing at all."""
+    site = "/home/u/miniforge/envs/openfold_cuda12/lib/python3.10/site-packages/pytorch_lightning"
+    log = ('Traceback (most recent call last):\n  File "/home/u/openfold/train_openfold.py", line 455, in main\n'
+           "    trainer.fit(\n"
+           f'  File "{site}/trainer/call.py", line 43, in _call_and_handle_interrupt\n'
+           "    return trainer.strategy.launcher.launch(trainer_fn, *args, trainer=trainer, **kwargs)\n"
+           f'  File "{site}/strategies/launchers/subprocess_script.py", line 105, in launch\n'
+           "    return function(*args, **kwargs)\n"
+           f'  File "{site}/trainer/trainer.py", line 579, in _fit_impl\n'
+           "    self._run(model, ckpt_path=ckpt_path)\n")
+    whole = [(d.id, d.signature.is_note) for d in explain_text(log).diagnoses]
+    assert whole == [("python-exception", False)]
+    width = log.index("strategies") - log.rfind("\n", 0, log.index("strategies")) + 3  # a cut inside the word
+    wrapped = "".join("\n".join(ln[i:i + width] for i in range(0, len(ln), width)) + "\n" for ln in log.splitlines())
+    assert "strategies" not in wrapped
+    assert [(d.id, d.signature.is_note) for d in explain_text(wrapped).diagnoses] == whole
 
 
 def test_no_template_cut_inside_a_word_is_read_as_another_signatures() -> None:
