@@ -22,7 +22,7 @@ from ddpdoctor.errors import DoctorError, typed_error
 
 def _user_frame(exc: BaseException) -> str:
     """' (at file.py:LINE)' for the innermost frame outside torch, ddpdoctor and importlib: the user's line."""
-    skip = [os.path.dirname(os.path.abspath(__file__))]
+    skip = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(importlib.__file__))]
     torch_file = getattr(sys.modules.get("torch"), "__file__", None)  # torch not imported: no torch frames
     if torch_file:
         skip.append(os.path.dirname(os.path.abspath(torch_file)))
@@ -45,6 +45,9 @@ def user_error(what: str, exc: BaseException) -> DoctorError:
 def _import_module(module_name: str, spec: str) -> Any:
     if module_name.endswith(".py") or os.sep in module_name:
         path = os.path.abspath(module_name)
+        if os.path.isdir(path):
+            raise DoctorError(f"{spec!r}: {module_name!r} is a folder; give the .py file that defines the factory "
+                              f"(e.g. {os.path.join(module_name, 'models.py')}:FACTORY)")
         if not os.path.isfile(path):
             raise DoctorError(f"{spec!r}: no such file {module_name!r}")
         name = f"_ddpdoctor_user_{abs(hash(path))}"
@@ -80,8 +83,13 @@ def load_factory(spec: str) -> Callable[..., Any]:
     except BaseException as exc:  # the user's code: anything it raises is their error, not ours
         if isinstance(exc, KeyboardInterrupt):
             raise
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
+            # The named module itself (or its package) is not importable from here, not an import inside it.
+            hint = (f"; a dotted MODULE is imported from the current folder ({os.getcwd()}) and the installed "
+                    "packages: run from the folder that holds it, or give its file (path/to/models.py:FACTORY)")
         raise DoctorError(
-            f"cannot import {module_name!r} for {spec!r}: {_one_line(exc)}{_user_frame(exc)}"
+            f"cannot import {module_name!r} for {spec!r}: {_one_line(exc)}{_user_frame(exc)}{hint}"
         ) from None
     target: Any = module
     for part in attr.split("."):

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.errors import DoctorError
+from ddpdoctor.errors import DoctorError, typed_error
 from ddpdoctor.modelspec import user_error
 
 if TYPE_CHECKING:
@@ -52,7 +52,12 @@ def random_batches(shape: Sequence[int], model: Any, seed: int = 0) -> Callable[
 
     def batch(step: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(seed + step)
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        try:
+            return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        except (RuntimeError, MemoryError) as exc:  # ddpdoctor makes this batch: no batch function of the user's
+            size = "x".join(str(n) for n in shape)
+            raise DoctorError(f"--input-shape {size}: cannot make a random batch of that shape "
+                              f"({typed_error(exc)[:150]})") from None
 
     return batch
 

@@ -57,7 +57,7 @@ def test_find_unused_flag_on_a_healthy_model_is_reported_as_waste() -> None:
 
 @pytest.mark.parametrize(("source", "args", "expected"), [
     ("import nosuchpackage_xyz\n\ndef build():\n    pass\n", [],
-     "ModuleNotFoundError: No module named 'nosuchpackage_xyz'"),
+     "ModuleNotFoundError: No module named 'nosuchpackage_xyz' (at usermodel.py:1)"),  # the user's line, not importlib's
     ("def build():\n    raise RuntimeError('CUDA out of memory (pretend)')\n", [],
      "RuntimeError: CUDA out of memory (pretend) (at usermodel.py:2)"),
     ("def build():\n    return 42\n", [], "returned int, expected a torch.nn.Module"),
@@ -68,6 +68,27 @@ def test_bad_factory_exits_2_with_one_line(tmp_path: Path, source: str, args: li
     assert proc.returncode == 2, proc.stderr
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("{tmp}/:build", "is a folder; give the .py file that defines the factory"),
+    ("nosuchpackage_xyz.models:build", "ModuleNotFoundError: No module named 'nosuchpackage_xyz'; a dotted MODULE is "
+                                       "imported from the current folder"),
+], ids=["a-folder", "a-module-not-importable-from-here"])
+def test_a_factory_that_cannot_be_found_says_what_to_give(tmp_path: Path, spec: str, expected: str) -> None:
+    """`examples/:healthy` read "no such file 'examples/'"; `examples.models:make` run from another folder named
+    importlib's own line as where the error was."""
+    proc = run_cli(["unused", spec.format(tmp=tmp_path), "--input-shape", "4,16"], cwd=tmp_path)
+    assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "__init__.py" not in proc.stderr
+
+
+def test_an_input_shape_too_large_to_allocate_is_named_as_the_option() -> None:
+    """The random batch is ddpdoctor's own: "the batch function raised" named a function the user never gave."""
+    proc = run_cli(["unused", f"{EXAMPLES}:healthy", "--input-shape", "100000,100000,100000"])
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("ddpdoctor: error: --input-shape 100000x100000x100000: cannot make a random batch")
+    assert "batch function" not in proc.stderr
 
 
 def test_batch_of_wrong_shape_exits_2_pointing_at_the_model_line() -> None:
