@@ -28,6 +28,9 @@ from tests.support import clean_env, run_cli
     (["check", "--checkpoint", "/nonexistent/ckpt.pt"], "no such file"),
     (["check", "--nproc", "two"], "Invalid value for '--nproc'"),
     (["check", "--model", "m:f"], "--model needs an input for the unused_params check"),
+    # An input for a model never named was ignored without a word (an explorer's find).
+    (["check", "--input-shape", "4,16"], "--input-shape is an input for --model's model: give --model"),
+    (["check", "--batch", "data:batch"], "--batch is an input for --model's model: give --model"),
     (["--bogus"], "No such option: --bogus"),
 ])
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:

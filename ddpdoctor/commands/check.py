@@ -100,12 +100,17 @@ def check(
     checks = select_checks(only, skip)
     if not checks:
         raise DoctorError("--only/--skip leave no check to run")
+    shape = parse_shape(input_shape)  # a malformed shape is named as such first
+    if not model and (batch or input_shape):
+        given = "--batch" if batch else "--input-shape"
+        raise DoctorError(f"{given} is an input for --model's model: give --model MODULE:FACTORY too "
+                          "(the unused_params and state_dict checks build it)")
     if (model and not (batch or input_shape or checkpoint)
             and any(c.id == "unused_params" for c in checks)):
         raise DoctorError("--model needs an input for the unused_params check: give --batch MODULE:FN or "
                           "--input-shape 4,16 (or --skip unused_params)")
     options = CheckOptions(timeout_s=timeout, checkpoint=checkpoint, model=model, batch=batch,
-                           input_shape=parse_shape(input_shape), min_busbw_gbps=min_busbw,
+                           input_shape=shape, min_busbw_gbps=min_busbw,
                            min_busbw_pct=thresholds.fail_pct, warn_busbw_pct=thresholds.warn_pct, verbose=verbose)
     config = RunConfig(checks=checks, backend=backend, options=options, json_path=json_path)
     raise typer.Exit(run_here_or_self_launch(
