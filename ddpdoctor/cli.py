@@ -153,6 +153,12 @@ def _run(args: list[str]) -> int:
     try:
         result = app(args=args, prog_name="ddpdoctor", standalone_mode=False)
     except click_exc.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # click >= 8.2: `ddpdoctor`, `ddpdoctor ckpt` with no command
+            # The help is what was asked for; it is not an error message to put after "error:".
+            what = f"ddpdoctor {command}" if command in COMMANDS else "ddpdoctor"
+            print(exc.format_message().rstrip(), file=sys.stderr)
+            print(f"\nddpdoctor: error: no command given to {what} (the commands are listed above)", file=sys.stderr)
+            return EXIT_USAGE
         # One line, not click's three-line usage block: the user sees what is wrong at once.
         # click leaves ctx unset for some parse errors (an option missing its value): name the command then.
         if exc.ctx is not None and " " in exc.ctx.command_path:

@@ -42,6 +42,17 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("args", [[], ["ckpt"]], ids=["ddpdoctor", "ddpdoctor-ckpt"])
+def test_no_command_prints_the_help_then_one_error_line(args: list[str]) -> None:
+    """The help was printed after "ddpdoctor: error: ", as if the whole help were the error (an explorer's find)."""
+    proc = run_cli(args, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith(f"Usage: {' '.join(['ddpdoctor', *args])} [OPTIONS] COMMAND")
+    assert lines[-1] == f"ddpdoctor: error: no command given to {' '.join(['ddpdoctor', *args])} (the commands are listed above)"
+    assert sum(line.startswith("ddpdoctor: error") for line in lines) == 1 and "Traceback" not in proc.stderr
+
+
 def test_in_process_main_maps_bad_input_to_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--nproc", "0"]) == 2
     assert capsys.readouterr().err.strip() == "ddpdoctor: error: --nproc must be at least 1, got: 0"
