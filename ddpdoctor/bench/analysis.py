@@ -456,15 +456,66 @@ def combine_row(op: str, size: int, count: int, dtype: str, times_us: Sequence[f
                     OPS[op].redop, OPS[op].root)
 
 
+def _mean_busbw(rows: Sequence[Row]) -> float | None:
+    """The mean busbw of ``rows``, every measured layout counted (nccl-tests averages out-of-place and
+    in-place alike); None for no rows."""
+    bws = [bw for r in rows for bw in ([t.busbw_gbps for t in r.timings()] or [r.busbw_gbps])]
+    return sum(bws) / len(bws) if bws else None
+
+
 def avg_busbw(rows: Sequence[Row]) -> float | None:
     """Average busbw over the sizes >= 1 MiB (small sizes measure latency, not bandwidth), every measured
     layout counted (nccl-tests averages out-of-place and in-place alike).
 
     The requested size counts: 1 MiB of all_gather on 3 ranks is 1048572 bytes, still a 1 MiB row.
     """
-    big = [bw for r in rows if max(r.bytes, r.requested_bytes) >= MIB
-           for bw in ([t.busbw_gbps for t in r.timings()] or [r.busbw_gbps])]
-    return sum(big) / len(big) if big else None
+    return _mean_busbw([r for r in rows if max(r.bytes, r.requested_bytes) >= MIB])
+
+
+@dataclass(frozen=True)
+class MinBusbwCheck:
+    """One op's average busbw against ``--min-busbw`` (or 90 % of ``NCCL_TESTS_MIN_BW``).
+
+    The one place that decides what is compared, so that the exit code, the ``FAIL:`` line, the table's
+    footer and the JSON all name the same figure: the average over the sizes >= 1 MiB, or, in a sweep with
+    none that large, over every size (a threshold given is never silently skipped).
+    """
+
+    measured_gbps: float
+    all_sizes: bool  # True: no size >= 1 MiB in the sweep, so every size was averaged
+    threshold_gbps: float
+    threshold_label: str  # "--min-busbw 100 GB/s", or "90 GB/s (90 % of NCCL_TESTS_MIN_BW=100, as nccl-tests)"
+
+    @property
+    def passed(self) -> bool:
+        return self.measured_gbps >= self.threshold_gbps
+
+    @property
+    def over(self) -> str:
+        return "over all sizes: none >= 1 MiB" if self.all_sizes else "sizes >= 1 MiB"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measured_busbw_gbps": self.measured_gbps, "over": "all_sizes" if self.all_sizes else "sizes_ge_1mib",
+                "threshold_gbps": self.threshold_gbps, "status": "pass" if self.passed else "fail"}
+
+
+def threshold_label(config: BenchConfig) -> str:
+    """How the absolute threshold is named in the verdicts: the option, or where the environment set it."""
+    assert config.min_busbw_gbps is not None
+    if config.min_busbw_label == "--min-busbw":
+        return f"--min-busbw {config.min_busbw_gbps:g} GB/s"
+    return f"{config.min_busbw_gbps:g} GB/s ({config.min_busbw_label})"
+
+
+def min_busbw_check(config: BenchConfig, op_rows: Sequence[Row]) -> MinBusbwCheck | None:
+    """``op_rows`` (one op's rows) against the absolute threshold; None without a threshold or rows."""
+    if config.min_busbw_gbps is None:
+        return None
+    avg = avg_busbw(op_rows)
+    measured = avg if avg is not None else _mean_busbw(op_rows)
+    if measured is None:
+        return None
+    return MinBusbwCheck(measured, avg is None, config.min_busbw_gbps, threshold_label(config))
 
 
 # -- verdict -----------------------------------------------------------------------------------------
@@ -491,14 +542,11 @@ def problems(config: BenchConfig, rows: Sequence[Row], analysis: PairAnalysis | 
             bad = list(dict.fromkeys(human_bytes(r.bytes) for r in op_rows if wrong_total(r)))
             found.append(f"{op}: {wrong} wrong values (at {', '.join(bad)}): data is corrupted in transit; "
                          "check NCCL_PROTO/NCCL_ALGO overrides, NIC offloads and GPU memory errors")
-        if config.min_busbw_gbps is not None and op_rows:
-            avg = avg_busbw(op_rows)
-            measured = avg if avg is not None else sum(r.busbw_gbps for r in op_rows) / len(op_rows)
-            over = "" if avg is not None else " (over all sizes: none >= 1 MiB)"
-            if measured < config.min_busbw_gbps:
-                what = (f"--min-busbw {config.min_busbw_gbps:g} GB/s" if config.min_busbw_label == "--min-busbw"
-                        else f"{config.min_busbw_gbps:g} GB/s ({config.min_busbw_label})")
-                found.append(f"{op}: average busbw {fmt_bw(measured)} GB/s{over} is below {what}")
+        floor = min_busbw_check(config, op_rows)
+        if floor is not None and not floor.passed:
+            over = f" ({floor.over})" if floor.all_sizes else ""
+            found.append(f"{op}: average busbw {fmt_bw(floor.measured_gbps)} GB/s{over} is below "
+                         f"{floor.threshold_label}")
     if analysis is not None and analysis.slow_hosts:
         found.append(f"slow host{'s' if len(analysis.slow_hosts) > 1 else ''}: {', '.join(analysis.slow_hosts)}")
     return found + list(below_expected)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.bench.analysis import BenchConfig, Row, human_bytes, problems
+from ddpdoctor.bench.analysis import BenchConfig, Row, human_bytes, min_busbw_check, problems
 from ddpdoctor.bench.expect import Assessment, Thresholds, assess, crowding
 from ddpdoctor.bench.measure import measure_pairs, measure_row, probe_combinations
 from ddpdoctor.bench.pairs import PairAnalysis, analyse_pairs
@@ -238,7 +238,7 @@ def _bench(run: RankRun, info: LaunchInfo, config: BenchConfig, nccl_log: str | 
                         progress.clear()
                         op_rows.append(row)
                         out(table_row(row, nranks))
-                out(table_footer(op_rows, config.min_busbw_gbps))
+                out(table_footer(op_rows, min_busbw_check(config, op_rows)))
                 if lead:
                     verdict = assess({op: op_rows}, [], facts, hosts, thresholds, crowded).per_op.get(op)
                     if verdict is not None:
@@ -272,8 +272,10 @@ def _bench(run: RankRun, info: LaunchInfo, config: BenchConfig, nccl_log: str | 
         return EXIT_PROBLEM if lead else EXIT_OK
     if not lead:
         return EXIT_OK
+    found = problems(config, rows, analysis, assessment.failures() if assessment is not None else ())
     if config.json_path:
-        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis, assessment), "bench")
+        emit_json(config.json_path, result_json(config, nranks, run.backend, rows, analysis, assessment, found),
+                  "bench")
     if config.nccl_json_path:
         from ddpdoctor.outputs import NCCL_TESTS_JSON, resolve, write_bytes
 
@@ -285,7 +287,6 @@ def _bench(run: RankRun, info: LaunchInfo, config: BenchConfig, nccl_log: str | 
                     (json.dumps(document, indent=2) + "\n").encode("utf-8"))
     if config.plot_path:
         write_plot(config.plot_path, rows, f"ddpdoctor bench: {nranks} ranks, {run.backend}, {config.dtype}")
-    found = problems(config, rows, analysis, assessment.failures() if assessment is not None else ())
     for line in found:
         print(f"ddpdoctor bench: FAIL: {line}", file=sys.stderr if json_only else sys.stdout, flush=True)
     code = EXIT_PROBLEM if found else EXIT_OK

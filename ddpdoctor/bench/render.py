@@ -16,11 +16,13 @@ from ddpdoctor.bench.analysis import (
     BLOCKING,
     OPS,
     BenchConfig,
+    MinBusbwCheck,
     Row,
     Timing,
     avg_busbw,
     fmt_bw,
     human_bytes,
+    min_busbw_check,
     wrong_total,
 )
 from ddpdoctor.bench.expect import (
@@ -131,17 +133,25 @@ def table_row(r: Row, nranks: int = 1) -> str:
     return line + (f"  {r.timestamp}" if r.timestamp else "")
 
 
-def table_footer(rows: Sequence[Row], min_busbw: float | None = None) -> str:
-    """nccl-tests' footer (util.cu writeResultFooter); the average busbw counts only sizes >= 1 MiB, and says
-    OK or FAILED against the threshold when there is one."""
+def table_footer(rows: Sequence[Row], floor: MinBusbwCheck | None = None) -> str:
+    """nccl-tests' footer (util.cu writeResultFooter); the average busbw counts only sizes >= 1 MiB.
+
+    With a threshold (``floor``, from :func:`ddpdoctor.bench.analysis.min_busbw_check`, the same verdict
+    that sets the exit code) the line shows the figure compared, over which sizes, the threshold, and ends
+    in OK or FAILED as nccl-tests' does; a sweep with no size >= 1 MiB is then judged on every size, and
+    the footer says so rather than "n/a"."""
     wrong = sum(wrong_total(r) for r in rows)
     checked = any(w is not None for r in rows for w in ([t.wrong for t in r.timings()] or [r.wrong]))
     lines = [f"# {'Out of bounds values':<20} : {wrong} {'OK' if wrong == 0 else 'FAILED'}"
              if checked else f"# {'Out of bounds values':<20} : not checked (-c 0)"]
     avg = avg_busbw(rows)
-    verdict = "" if min_busbw is None or avg is None else (" OK" if avg >= min_busbw else " FAILED")
-    lines.append(f"# {'Avg bus bandwidth':<20} : {fmt_bw(avg)} GB/s (sizes >= 1 MiB){verdict}" if avg is not None
-                 else f"# {'Avg bus bandwidth':<20} : n/a (no size >= 1 MiB in the sweep)")
+    if floor is not None:
+        lines.append(f"# {'Avg bus bandwidth':<20} : {fmt_bw(floor.measured_gbps)} GB/s ({floor.over}) against "
+                     f"{floor.threshold_label}: {'OK' if floor.passed else 'FAILED'}")
+    elif avg is not None:
+        lines.append(f"# {'Avg bus bandwidth':<20} : {fmt_bw(avg)} GB/s (sizes >= 1 MiB)")
+    else:
+        lines.append(f"# {'Avg bus bandwidth':<20} : n/a (no size >= 1 MiB in the sweep)")
     return "\n".join(lines)
 
 
@@ -214,17 +224,41 @@ def render_pairs(analysis: PairAnalysis, size: int, assessment: Assessment | Non
     return "\n".join(lines)
 
 
+def run_status(failures: Sequence[str], analysis: PairAnalysis | None, assessment: Assessment | None) -> str:
+    """The run's overall status, as the design's JSON contract spells it for ``check``: ``fail`` when
+    anything makes the exit code 1 (``failures``, from :func:`ddpdoctor.bench.analysis.problems`), ``warn``
+    for what is printed but exits 0 (a figure below ``--warn-busbw-pct`` of its expectation, a slow link),
+    else ``pass``."""
+    if failures:
+        return "fail"
+    verdicts = list(assessment.per_op.values()) + list(assessment.pairs.values()) if assessment is not None else []
+    if any(v.status == "warn" for v in verdicts) or (analysis is not None and analysis.slow_links):
+        return "warn"
+    return "pass"
+
+
 def result_json(config: BenchConfig, world_size: int, backend: str, rows: Sequence[Row],
-                analysis: PairAnalysis | None, assessment: Assessment | None = None) -> dict[str, Any]:
-    """The --json document (docs/bench.md: "ddpdoctor bench --json")."""
+                analysis: PairAnalysis | None, assessment: Assessment | None = None,
+                failures: Sequence[str] = ()) -> dict[str, Any]:
+    """The --json document (docs/bench.md: "ddpdoctor bench --json").
+
+    ``failures`` are the lines printed as ``ddpdoctor bench: FAIL: ...`` (exit 1): the document carries
+    them and the status, so a script reading only the JSON sees the verdict the exit code gave."""
+    per_op: dict[str, dict[str, Any]] = {}
+    for op in config.ops:
+        op_rows = [r for r in rows if r.op == op]
+        floor = min_busbw_check(config, op_rows)
+        per_op[op] = {"avg_busbw_gbps": avg_busbw(op_rows), "min_busbw": floor.to_json() if floor else None}
     data: dict[str, Any] = {
+        "status": run_status(failures, analysis, assessment), "failures": list(failures),
         "op": config.op_label, "world_size": world_size, "backend": backend, "dtype": config.dtype,
         "dtypes": list(config.dtypes), "redops": list(config.redops), "iters": config.iters,
         "warmup": config.warmup, "check_iters": config.check_iters, "average": config.average,
         "blocking": config.blocking, "cputime": config.cputime,
+        "min_busbw": None if config.min_busbw_gbps is None else
+        {"threshold_gbps": config.min_busbw_gbps, "source": config.min_busbw_label},
         "rows": [r.to_json() for r in rows], "avg_busbw_gbps": avg_busbw(rows),
-        "per_op": {op: {"avg_busbw_gbps": avg_busbw([r for r in rows if r.op == op])}
-                   for op in config.ops},
+        "per_op": per_op,
     }
     if analysis is not None:
         data["pair_bytes"] = config.pair_bytes

@@ -72,8 +72,27 @@ def _gib(value: int | None) -> str:
     return "?" if value is None else f"{value / (1 << 30):.1f} GiB"
 
 
+def _shown(value: str) -> str:
+    """A variable's value for the block: as it is when printable, else Python's repr, quoted, so that its
+    control characters show as escapes (``'INFO\\nfake line'``) and the value cannot be read as a value
+    that holds the characters ``\\`` and ``n``."""
+    return value if value.isprintable() else repr(value)
+
+
+def _one_line(line: str) -> str:
+    """One line of the block with any control character escaped (``\\n``, ``\\x1b``, ...).
+
+    Every fact is written on its own line, and the values come from outside ddpdoctor (environment
+    variables, host and interface names, paths, error texts that quote them): a newline in one would start
+    a line of its own and could forge a line of a bug report, an escape sequence could rewrite the
+    terminal. Only the text is escaped; the JSON keeps the values as they are."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in line)
+
+
 def render(facts: dict[str, Any]) -> str:
-    """The paste-ready block: short lines, one fact family each."""
+    """The paste-ready block: short lines, one fact family each, never a line that a value wrote."""
     v = facts["versions"]
     lines = [f"ddpdoctor {facts['ddpdoctor']} environment on {facts['host']}",
              f"python       {v['python']} ({v['executable']})",
@@ -111,5 +130,5 @@ def render(facts: dict[str, Any]) -> str:
     variables = facts["vars"]
     lines.append("variables    " + ("(none of NCCL_*, TORCH_*, GLOO_*, MASTER_*, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS)"
                                     if not variables else ""))
-    lines += [f"  {k}={val}" for k, val in variables.items()]
-    return "\n".join(lines)
+    lines += [f"  {k}={_shown(val)}" for k, val in variables.items()]
+    return "\n".join(_one_line(line) for line in lines)

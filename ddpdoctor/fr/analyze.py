@@ -73,11 +73,16 @@ def analyze(dumps: Sequence[RankDump], table: CallTable, world_size: int | None 
             unreadable: Sequence[Unreadable] = ()) -> FrReport:
     """The report for these dumps; ranks without a (readable) dump are named and the verdict uses the others."""
     by_rank = {d.rank: d for d in dumps}
-    world = max([world_size or 0, max(by_rank) + 1, *(u.rank + 1 for u in unreadable),
+    # The ranks the dumps name and the world size given are bounded apart, so that each error blames its
+    # own source (a world size from the command line is not "a dump names rank N").
+    named = max([max(by_rank) + 1, *(u.rank + 1 for u in unreadable),
                  *(max(t.ranks) + 1 for d in dumps for t in d.groups.values() if t.ranks)])
-    if world > MAX_RANK:
-        raise DoctorError(f"a dump names rank {world - 1}: more ranks than any job has; the dump or its name is "
+    if named > MAX_RANK:
+        raise DoctorError(f"a dump names rank {named - 1}: more ranks than any job has; the dump or its name is "
                           "damaged (or pass --prefix)")
+    if world_size is not None and world_size > MAX_RANK:
+        raise DoctorError(f"world size {world_size}: more ranks than any job has (at most {MAX_RANK})")
+    world = max(world_size or 0, named)
     keyed: dict[GroupKey, dict[int, GroupTrace]] = {}
     for dump in dumps:
         for trace in dump.groups.values():

@@ -304,6 +304,8 @@ def collect_inputs(paths: Sequence[str], prefix: str | None) -> Inputs:
         dumps[rank] = path
 
     for path in paths:
+        if not path:  # os.stat("") fails with ENOENT, which would print as ": no such file or directory"
+            raise DoctorError("PATH is empty (''): give the dump files or their folder (an unset shell variable?)")
         try:
             mode = os.stat(path).st_mode
         except OSError as exc:  # missing, or a folder on the way this user may not enter

@@ -30,7 +30,8 @@ def render_text(report: FrReport) -> str:
     damaged = {u.rank for u in report.unreadable}
     unwritten = [r for r in report.missing if r not in damaged]
     if unwritten:
-        lines.append(f"  no dump from {rank_phrase(unwritten)}: it died or could not write")
+        they = "it" if len(unwritten) == 1 else "they"
+        lines.append(f"  no dump from {rank_phrase(unwritten)}: {they} died or could not write")
     if report.missing:
         lines.append("  (the verdict below uses the other ranks)")
     for group in report.groups:

@@ -106,6 +106,13 @@ def _int(value: Any, what: str = "a number", maximum: int | None = None) -> int 
     return value
 
 
+def _pid(value: Any, what: str) -> int | None:
+    """A pid of the JSON reply; None when unknown. NCCL writes ``-1`` (with host ``"unknown"``) for a rank
+    whose RAS peer it cannot find (client_support.cc ``rasDumpCommsToJSON``): that is NCCL's reply, not a
+    bad one."""
+    return None if value == -1 and not isinstance(value, bool) else _int(value, what)
+
+
 def _str(value: Any, what: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise _BadReply(f"{what} is {str(value)[:40]!r}, not a string")
@@ -134,33 +141,60 @@ def parse_json(body: str) -> RasStatus:
                           "listening on the RAS port?") from None
 
 
+def _entries(value: Any, what: str) -> list[dict[str, Any]]:
+    """A list of objects of the reply (``communicators``, a communicator's ``ranks``/``missing_ranks``):
+    NCCL writes each as an array of objects (client_support.cc ``rasDumpCommsToJSON``). Anything else there
+    is not NCCL's reply, and is refused rather than skipped: an entry skipped is a rank not judged, and a
+    reply whose entries were all skipped would read as "every rank answered"."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _BadReply(f"{what} is {str(value)[:40]!r}, not a list")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise _BadReply(f"{what}[{i}] is {str(entry)[:40]!r}, not an object")
+    return value
+
+
+def _rank_of(entry: dict[str, Any], what: str) -> int:
+    """The ``rank`` every rank and missing-rank object of NCCL's reply carries (jsonWriteRankData,
+    jsonWriteMissingRank)."""
+    rank = _int(entry.get("rank"), f"{what}.rank", MAX_RANKS)
+    if rank is None:
+        raise _BadReply(f"{what} has no rank")
+    return rank
+
+
 def _parse_json_doc(doc: Any) -> RasStatus:
-    if not isinstance(doc, dict) or not isinstance(doc.get("communicators", []), list):
+    # NCCL always writes the list (jsonWriteHeader/jsonWriteFooter), so a document without one, or with
+    # one that holds no rank at all, is not a status to judge: it must never read as an all-clear.
+    if not isinstance(doc, dict) or not isinstance(doc.get("communicators"), list):
         raise DoctorError("NCCL RAS sent JSON without a 'communicators' list; not a RAS status document")
     status = RasStatus(format="json", nccl_version=_str(doc.get("nccl_version"), "nccl_version"))
     ras = _obj(doc.get("ras"))
     status.timeouts = _int(ras.get("timeouts_count"), "timeouts_count") or 0
-    for comm in doc.get("communicators", []):
-        if not isinstance(comm, dict):
-            continue
+    for ci, comm in enumerate(_entries(doc["communicators"], "communicators")):
+        where = f"communicators[{ci}]"
         c = RasCommunicator(hash=str(_str(comm.get("hash"), "hash") or "?"),
                             size=_int(comm.get("size"), "size", MAX_RANKS))
-        for r in comm.get("ranks") or []:
-            if isinstance(r, dict) and r.get("rank") is not None:
-                counts = _obj(r.get("collective_counts"))
-                c.ranks.append(RasRank(
-                    rank=int(_int(r["rank"], "rank", MAX_RANKS) or 0), host=_str(r.get("host"), "host"),
-                    pid=_int(r.get("pid"), "pid"), cuda_dev=_int(r.get("cuda_dev"), "cuda_dev"),
-                    counts={str(k): n for k, v in counts.items() if (n := _int(v, f"count {k}")) is not None},
-                    status=_obj(r.get("status"))))
-        for m in comm.get("missing_ranks") or []:
-            if isinstance(m, dict) and m.get("rank") is not None:
-                st = _obj(m.get("status"))
-                c.missing.append(RasMissingRank(
-                    rank=int(_int(m["rank"], "rank", MAX_RANKS) or 0), host=_str(m.get("host"), "host"),
-                    pid=_int(m.get("pid"), "pid"), cuda_dev=_int(m.get("cuda_dev"), "cuda_dev"),
-                    unresponsive=bool(st.get("unresponsive", True)), dead=bool(st.get("considered_dead", False))))
+        for ri, r in enumerate(_entries(comm.get("ranks"), f"{where}.ranks")):
+            counts = _obj(r.get("collective_counts"))
+            c.ranks.append(RasRank(
+                rank=_rank_of(r, f"{where}.ranks[{ri}]"), host=_str(r.get("host"), "host"),
+                pid=_pid(r.get("pid"), "pid"), cuda_dev=_int(r.get("cuda_dev"), "cuda_dev"),
+                counts={str(k): n for k, v in counts.items() if (n := _int(v, f"count {k}")) is not None},
+                status=_obj(r.get("status"))))
+        for mi, m in enumerate(_entries(comm.get("missing_ranks"), f"{where}.missing_ranks")):
+            st = _obj(m.get("status"))
+            c.missing.append(RasMissingRank(
+                rank=_rank_of(m, f"{where}.missing_ranks[{mi}]"), host=_str(m.get("host"), "host"),
+                pid=_pid(m.get("pid"), "pid"), cuda_dev=_int(m.get("cuda_dev"), "cuda_dev"),
+                unresponsive=bool(st.get("unresponsive", True)), dead=bool(st.get("considered_dead", False))))
         status.communicators.append(c)
+    if not any(c.ranks or c.missing for c in status.communicators):
+        raise DoctorError("NCCL RAS sent a status that names no rank (no communicator lists a rank that answered "
+                          "or one that is missing): the processes hold no NCCL communicator (before the first "
+                          "collective, or after destroy_process_group); nothing to judge")
     status.dead_count = len({(m.host, m.pid) for c in status.communicators for m in c.missing if m.dead})
     status.unresponsive_count = len({(m.host, m.pid) for c in status.communicators for m in c.missing
                                      if m.unresponsive and not m.dead})

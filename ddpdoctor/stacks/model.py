@@ -239,12 +239,24 @@ class JobReport:
     other_hosts: dict[str, Any] | None = None
 
     @property
+    def leaders(self) -> list[Group]:
+        """The groups that count as "the normal place": the first group and every group tied with it.
+
+        With no majority (1 vs 1 in two collectives) nobody can say which side is wrong, so none of the
+        tied groups may be called an outlier; only groups that lose to them (smaller, or outside any
+        collective beside a collective of the same size) are."""
+        if not self.groups:
+            return []
+        return [g for g in self.groups if _sort_key(g)[:2] == _sort_key(self.groups[0])[:2]]
+
+    @property
     def outliers(self) -> list[ProcessStacks]:
-        return [p for g in self.groups[1:] for p in g.members]
+        return [p for g in self.groups[len(self.leaders):] for p in g.members]
 
     @property
     def problem(self) -> bool:
-        return bool(self.outliers or self.failed or self.missing_ranks
+        # Ranks in more than one place is a problem even when no side can be named (a tie).
+        return bool(len(self.groups) > 1 or self.failed or self.missing_ranks
                      or (self.rendezvous and self.rendezvous["never_arrived"]))
 
     def in_rendezvous(self) -> list[ProcessStacks]:

@@ -103,6 +103,65 @@ def test_pair_rounds_cover_every_pair_once_without_sharing_a_rank() -> None:
     assert sorted(scheduled) == [(0, 1), (0, 2), (0, 4), (2, 3), (2, 4), (4, 5)]
 
 
+def _rows(op: str, sizes_and_busbw: list[tuple[int, float]]) -> list:
+    from ddpdoctor.bench.analysis import Timing, make_row
+
+    return [make_row(op, size, size // 4, "float", None, Timing(100.0, 110.0, 1, bw, bw, 0))
+            for size, bw in sizes_and_busbw]
+
+
+def test_min_busbw_verdict_is_the_same_in_footer_fail_lines_and_json() -> None:
+    """One decision (analysis.min_busbw_check) behind the exit code, the FAIL line, the footer and the JSON:
+    the footer names the figure compared and the threshold and ends in OK/FAILED, the JSON has the status
+    and the failure lines, also when no size reaches 1 MiB (the average is then over every size)."""
+    from ddpdoctor.bench.analysis import BenchConfig, min_busbw_check, problems
+    from ddpdoctor.bench.render import result_json, table_footer
+
+    small = _rows("all_reduce", [(1024, 0.01), (4096, 0.03)])
+    config = BenchConfig(sizes=(1024, 4096), min_busbw_gbps=100.0)
+    floor = min_busbw_check(config, small)
+    assert floor is not None and floor.all_sizes and floor.measured_gbps == pytest.approx(0.02)
+    assert table_footer(small, floor).splitlines()[-1] == (
+        "# Avg bus bandwidth    : 0.02 GB/s (over all sizes: none >= 1 MiB) against --min-busbw 100 GB/s: FAILED")
+    found = problems(config, small, None)
+    assert found == ["all_reduce: average busbw 0.02 GB/s (over all sizes: none >= 1 MiB) is below "
+                     "--min-busbw 100 GB/s"]
+    doc = result_json(config, 2, "gloo", small, None, None, found)
+    assert doc["status"] == "fail" and doc["failures"] == found
+    assert doc["min_busbw"] == {"threshold_gbps": 100.0, "source": "--min-busbw"}
+    assert doc["per_op"]["all_reduce"]["min_busbw"] == {
+        "measured_busbw_gbps": pytest.approx(0.02), "over": "all_sizes", "threshold_gbps": 100.0, "status": "fail"}
+
+    # Sizes >= 1 MiB: only those are averaged; NCCL_TESTS_MIN_BW's threshold is named as nccl-tests' 90 %.
+    big = _rows("all_reduce", [(1024, 0.01), (1 << 20, 2.0), (4 << 20, 4.0)])
+    env_config = BenchConfig(min_busbw_gbps=2.7, min_busbw_label="90 % of NCCL_TESTS_MIN_BW=3, as nccl-tests")
+    env_floor = min_busbw_check(env_config, big)
+    assert env_floor is not None and env_floor.passed
+    assert table_footer(big, env_floor).splitlines()[-1] == (
+        "# Avg bus bandwidth    : 3.00 GB/s (sizes >= 1 MiB) against 2.7 GB/s (90 % of NCCL_TESTS_MIN_BW=3, "
+        "as nccl-tests): OK")
+    passed = result_json(env_config, 2, "gloo", big, None, None, problems(env_config, big, None))
+    assert passed["status"] == "pass" and passed["failures"] == []
+    assert passed["per_op"]["all_reduce"]["min_busbw"]["over"] == "sizes_ge_1mib"
+    # Without a threshold the footer is nccl-tests' plain average, and the JSON says no threshold was set.
+    assert table_footer(big).splitlines()[-1] == "# Avg bus bandwidth    : 3.00 GB/s (sizes >= 1 MiB)"
+    assert table_footer(small).splitlines()[-1] == "# Avg bus bandwidth    : n/a (no size >= 1 MiB in the sweep)"
+    plain = result_json(BenchConfig(), 2, "gloo", big, None)
+    assert plain["status"] == "pass" and plain["min_busbw"] is None and plain["per_op"]["all_reduce"]["min_busbw"] is None
+
+
+def test_json_status_is_warn_for_what_prints_but_exits_0() -> None:
+    """An op's peak below --warn-busbw-pct of its expectation (printed WARN, exit 0) is status "warn"."""
+    from ddpdoctor.bench.analysis import BenchConfig
+    from ddpdoctor.bench.expect import Assessment, LinkPath, Thresholds, Verdict
+    from ddpdoctor.bench.render import result_json
+
+    rows = _rows("all_reduce", [(1 << 20, 1.0)])
+    path = LinkPath(kind="ethernet", description="Ethernet eth0 at 10000 Mb/s", expected_gbps=1.25)
+    assessment = Assessment({0: "a", 1: "b"}, Thresholds(), per_op={"all_reduce": Verdict(0.9, path, "warn", 72.0)})
+    assert result_json(BenchConfig(), 2, "gloo", rows, None, assessment)["status"] == "warn"
+
+
 # -- real ranks -----------------------------------------------------------------------------------
 
 
@@ -128,6 +187,7 @@ def test_all_ops_two_ranks_correct_and_nccl_tests_numbers(tmp_path: Path) -> Non
     proc = run_cli(["bench", "--nproc", "2", "--op", "all", *SMALL, "--json", str(out)], timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
+    assert data["status"] == "pass" and data["failures"] == [] and data["min_busbw"] is None
     assert data["op"] == "all" and set(data["per_op"]) == set(OPS)
     assert len(data["rows"]) == 2 * len(OPS)
     _check_rows(data, 2)
@@ -152,6 +212,12 @@ def test_json_dash_is_rank_0s_whole_stdout_and_failures_go_to_stderr() -> None:
     data = json.loads(proc.stdout)  # no table around it
     assert data["world_size"] == 2 and [r["op"] for r in data["rows"]] == ["all_reduce", "all_reduce"]
     assert "ddpdoctor bench: FAIL: all_reduce: average busbw" in proc.stderr
+    # The document alone carries the verdict of the exit code: status, the FAIL lines, the threshold.
+    assert data["status"] == "fail"
+    assert [f"ddpdoctor bench: FAIL: {line}" for line in data["failures"]] == [
+        line for line in proc.stderr.splitlines() if line.startswith("ddpdoctor bench: FAIL:")]
+    assert data["min_busbw"] == {"threshold_gbps": 100000.0, "source": "--min-busbw"}
+    assert data["per_op"]["all_reduce"]["min_busbw"]["status"] == "fail"
     assert PG_NOT_DESTROYED not in proc.stderr  # a failing bench's ranks destroy their group too
 
 
@@ -161,7 +227,10 @@ def test_three_ranks_correct_and_min_busbw_fails(tmp_path: Path) -> None:
                     "-d", "bf16", "--json", str(out), "--min-busbw", "100000"], timeout=240)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "below --min-busbw 100000 GB/s" in proc.stdout
+    # Each op's footer: the figure compared, the threshold, the verdict.
+    assert "(sizes >= 1 MiB) against --min-busbw 100000 GB/s: FAILED" in proc.stdout
     data = json.loads(out.read_text())
+    assert data["status"] == "fail" and len(data["failures"]) == len({r["op"] for r in data["rows"]})
     for row in data["rows"]:
         assert row["wrong"] == 0 and row["dtype"] == "bfloat16"
         assert row["requested_bytes"] == 1 << 20
@@ -294,14 +363,23 @@ def test_an_infinite_step_factor_gives_just_the_first_size() -> None:
 
 
 def test_min_busbw_over_small_sizes_says_which_average_it_used_and_the_plot_is_written(tmp_path: Path) -> None:
-    """No size reaches 1 MiB: the verdict averages all sizes and says so, next to 'Avg bus bandwidth: n/a'.
+    """No size reaches 1 MiB: the verdict averages all sizes and says so, in the FAIL line, in the footer (that
+    average, the threshold, FAILED; not "n/a" with no verdict) and in the JSON (status and failures).
     The same run writes --plot (a failed verdict still gets its plot), where matplotlib is installed."""
     png = tmp_path / "bw.png"
+    out = tmp_path / "r.json"
     plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") is not None else []
     proc = run_cli(["bench", "--nproc", "2", "-b", "64K", "-e", "256K", "-f", "4", "-n", "1", "-w", "1",
-                    "--min-busbw", "100000", *plot], timeout=240)
+                    "--min-busbw", "100000", "--json", str(out), *plot], timeout=240)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "n/a (no size >= 1 MiB" in proc.stdout
-    assert "(over all sizes: none >= 1 MiB) is below --min-busbw 100000 GB/s" in proc.stdout
+    assert "n/a (no size >= 1 MiB" not in proc.stdout
+    footer = next(line for line in proc.stdout.splitlines() if line.startswith("# Avg bus bandwidth"))
+    assert footer.startswith("# Avg bus bandwidth    : ") and footer.endswith(
+        " GB/s (over all sizes: none >= 1 MiB) against --min-busbw 100000 GB/s: FAILED"), footer
+    fail = next(line for line in proc.stdout.splitlines() if line.startswith("ddpdoctor bench: FAIL:"))
+    assert "(over all sizes: none >= 1 MiB) is below --min-busbw 100000 GB/s" in fail
+    data = json.loads(out.read_text())
+    assert data["status"] == "fail" and data["failures"] == [fail.removeprefix("ddpdoctor bench: FAIL: ")]
+    assert data["per_op"]["all_reduce"]["min_busbw"]["over"] == "all_sizes"
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

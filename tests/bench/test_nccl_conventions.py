@@ -271,12 +271,20 @@ def test_nccl_tests_names_parse() -> None:
         size_sweep(1, 1 << 30, 2, step_bytes=1)
 
 
-def test_nccl_tests_min_bw_is_read_as_nccl_tests_reads_it() -> None:
-    """NCCL_TESTS_MIN_BW=X fails the run below 90 % of X, as common.cu does; --min-busbw wins when given."""
+def test_nccl_tests_min_bw_is_read_as_nccl_tests_reads_it(tmp_path: Path) -> None:
+    """NCCL_TESTS_MIN_BW=X fails the run below 90 % of X, as common.cu does; --min-busbw wins when given.
+    The footer and the --json document carry that verdict too."""
     env = clean_env({"NCCL_TESTS_MIN_BW": "1000000"})
-    proc = run_cli(["bench", "--nproc", "2", "-b", "4K", "-e", "4K", "-n", "1", "-w", "1"], timeout=240, env=env)
+    out = tmp_path / "r.json"
+    proc = run_cli(["bench", "--nproc", "2", "-b", "4K", "-e", "4K", "-n", "1", "-w", "1", "--json", str(out)],
+                   timeout=240, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "is below 900000 GB/s (90 % of NCCL_TESTS_MIN_BW=1000000, as nccl-tests)" in proc.stdout
+    assert ("(over all sizes: none >= 1 MiB) against 900000 GB/s (90 % of NCCL_TESTS_MIN_BW=1000000, "
+            "as nccl-tests): FAILED") in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["status"] == "fail" and "NCCL_TESTS_MIN_BW=1000000" in data["failures"][0]
+    assert data["min_busbw"] == {"threshold_gbps": 900000.0, "source": "90 % of NCCL_TESTS_MIN_BW=1000000, as nccl-tests"}
     # Which threshold wins is settled before any rank starts (one real run above proves the rest).
     from ddpdoctor.commands.bench import build_config
 

@@ -12,21 +12,28 @@ from tests.support import clean_env, run_cli
 
 
 def test_env_block_names_versions_machine_and_watched_variables() -> None:
-    proc = run_cli(["env"], env=clean_env({"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4"}), timeout=90)
+    # A value with a newline and an escape sequence (an explorer's find: it printed "fake line" as a line of
+    # its own, forging a line of the bug report): shown escaped, as Python's repr, on the variable's line.
+    forged = "INIT\nfake line\x1b[2J"
+    proc = run_cli(["env"], env=clean_env({"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4",
+                                           "NCCL_DEBUG_SUBSYS": forged}), timeout=90)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert f"environment on {socket.gethostname()}" in out
     assert "torch        2." in out
     assert "NCCL_DEBUG=INFO" in out and "OMP_NUM_THREADS=4" in out
+    assert "  NCCL_DEBUG_SUBSYS='INIT\\nfake line\\x1b[2J'" in out.splitlines()
+    assert "fake line" not in out.splitlines() and "\x1b" not in out
     assert "launcher     none" in out
     # No GPU here: the block says so and why (not a traceback).
     assert "gpus         none:" in out
 
 
 def test_env_json_is_data() -> None:
-    proc = run_cli(["env", "--json", "-"], env=clean_env({"GLOO_SOCKET_IFNAME": "lo"}), timeout=90)
+    proc = run_cli(["env", "--json", "-"], env=clean_env({"GLOO_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO\nx"}),
+                   timeout=90)
     data = json.loads(proc.stdout)
-    assert data["vars"] == {"GLOO_SOCKET_IFNAME": "lo"}
+    assert data["vars"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO\nx"}  # JSON: the values as they are
     assert data["versions"]["torch"].startswith("2.")
     assert "lo" in data["interfaces"]
     assert data["gpu"]["available"] is False and data["gpu"]["reason"]
@@ -68,3 +75,21 @@ def test_env_json_dash_prints_only_the_document_in_process() -> None:
     assert result.exit_code == 0, result.output
     assert "environment on" not in result.stdout
     assert "interfaces" in json.loads(result.stdout)
+
+
+def test_no_fact_can_write_a_line_of_its_own() -> None:
+    """Every value in the block comes from outside ddpdoctor (host name, launcher error, interface names,
+    paths): whichever holds a control character, the block keeps one line per fact, the character escaped."""
+    from ddpdoctor.env.report import collect, render
+
+    facts = collect(with_torch=False)
+    facts["host"] = "node\nfake: host"
+    facts["launcher"] = {"launcher": "invalid", "error": "RANK must be an integer, got: '1\r\nx'"}
+    facts["interfaces"] = {"eth\x1b0": ["10.0.0.1"]}
+    facts["vars"] = {"NCCL_\nX": "1"}
+    lines = render(facts).splitlines()
+    assert lines[0].endswith("environment on node\\nfake: host")
+    assert "launcher     invalid: RANK must be an integer, got: '1\\r\\nx'" in lines
+    assert any(line.startswith("interfaces   ") and "eth\\x1b0 10.0.0.1" in line for line in lines)
+    assert "  NCCL_\\nX=1" in lines
+    assert all(line.isprintable() for line in lines)

@@ -67,7 +67,7 @@ def test_groups_are_matched_by_rank_set_and_a_missing_last_rank_is_named(tmp_pat
     _write(tmp_path, 1, [_entry(1, "all_reduce", [[4]])], world=4)
     report = diagnose([str(tmp_path)])
     assert report.missing == [2, 3] and report.groups[0].ranks_known
-    assert "no dump from ranks 2-3: it died or could not write" in render_text(report)
+    assert "no dump from ranks 2-3: they died or could not write" in render_text(report)
     assert to_json(report)["groups"][0]["ranks_from"] == "pg_config"
 
 

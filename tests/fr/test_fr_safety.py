@@ -90,10 +90,16 @@ def test_bad_inputs_each_say_what_is_wrong(tmp_path: Path) -> None:
     text = tmp_path / "nccl_trace_rank_3"
     text.write_text("hello")
     cases[str(text)] = "not a Flight Recorder dump"
+    # An empty argument (an unset shell variable) is named as such, not as ": no such file or directory".
+    cases[""] = "ddpdoctor: error: PATH is empty (''): give the dump files or their folder"
     for arg, message in cases.items():
         out = run_cli(["fr", arg], timeout=60)
         assert out.returncode == 2, (arg, out.stdout)
         assert message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    # A --world-size beyond any job is refused as the option it is, not blamed on the dumps (which hold rank 3).
+    out = run_cli(["fr", str(text.parent), "--world-size", "5000000"], timeout=60)
+    assert out.returncode == 2, out.stdout
+    assert out.stderr == "ddpdoctor: error: --world-size 5000000: more ranks than any job has (at most 1048576)\n"
 
 
 def test_fr_never_imports_torch(real: Path) -> None:

@@ -159,6 +159,16 @@ def test_cli_nothing_listening_is_one_line_exit_2() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_json_rank_whose_process_nccl_does_not_know_is_read_not_refused() -> None:
+    """NCCL writes pid -1 and host "unknown" for a rank whose RAS peer it cannot find (client_support.cc
+    rasDumpCommsToJSON): that is NCCL's own reply, so the dead rank is still named, not refused as hostile."""
+    doc = json.loads((DATA / "dead.json").read_text())
+    world = max(doc["communicators"], key=lambda c: c["size"])
+    world["missing_ranks"][0].update(pid=-1, host="unknown")
+    v = judge(parse_json(json.dumps(doc)), "test")
+    assert v.status == "problem" and v.dead_ranks == [world["missing_ranks"][0]["rank"]]
+
+
 def test_json_document_fields() -> None:
     doc = to_json(_verdict("dead.json"))
     assert set(doc) >= {"addr", "status", "nccl_version", "dead_ranks", "unresponsive_ranks",

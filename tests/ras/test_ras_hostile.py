@@ -47,6 +47,33 @@ def test_hostile_json_reply_is_one_line_exit_2(body: object, text: str) -> None:
     assert res.stderr.count("\n") == 1 and text in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+NO_LIST = "without a 'communicators' list"
+NOT_NCCLS = "a status that NCCL does not write"
+NO_RANK = "names no rank"
+
+
+@pytest.mark.parametrize(("body", "text"), [
+    ("[]", NO_LIST), ("null", NO_LIST), ('{"communicators": 5}', NO_LIST),  # refused before the fix too
+    ("{}", NO_LIST),
+    ('{"nccl_version": "2.28.9", "communicators": [5]}', "communicators[0] is '5', not an object"),
+    ('{"communicators": []}', NO_RANK),
+    ('{"communicators": [{"hash": "0x1", "size": 2, "ranks": [], "missing_ranks": []}]}', NO_RANK),
+    ('{"communicators": [{"hash": "0x1", "size": 2, "ranks": "0,1"}]}', "communicators[0].ranks is '0,1', not a list"),
+    ('{"communicators": [{"hash": "0x1", "size": 2, "missing_ranks": [1]}]}', "missing_ranks[0] is '1', not an object"),
+    ('{"communicators": [{"hash": "0x1", "size": 2, "missing_ranks": [{"host": "h"}]}]}', "has no rank"),
+], ids=["list", "null", "number", "empty-object", "entries-not-objects", "no-communicator", "no-rank",
+        "ranks-not-a-list", "missing-rank-not-an-object", "missing-rank-without-rank"])
+def test_json_reply_that_names_no_rank_is_never_an_all_clear(body: str, text: str) -> None:
+    """An explorer's find: ``{}`` and ``{"communicators": [5]}`` read as "every rank answered", exit 0, where
+    ``[]``, ``null`` and ``{"communicators": 5}`` were refused. A reply that is not NCCL's layout, or names no
+    rank at all, is refused the same way (one line, exit 2); never an all-clear."""
+    with RasStandIn(HEALTHY_TEXT, body) as srv:
+        res = run_cli(["ras", "--addr", srv.addr, "--timeout", "10"], timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stdout[-300:], res.stderr[-1500:])
+    assert "every rank answered" not in res.stdout
+    assert res.stderr.count("\n") == 1 and text in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("line", ["    The missing ranks: 0-99999999999", "    The missing rank: " + "7" * 5000])
 def test_hostile_text_reply_is_one_line_exit_2(line: str) -> None:
     """NCCL 2.24's Errors section (dead.txt) with its missing-rank list made absurd."""

@@ -80,6 +80,21 @@ def test_tie_prefers_the_rank_outside_any_collective_as_outlier() -> None:
     # Two ranks, two different collectives: nobody can say which one is wrong, and the report says so.
     split = analyze([proc(0, ALL_REDUCE), proc(1, BARRIER)])[0]
     assert split.tie and split.summary().startswith("no majority: rank 1 is in barrier()")
+    # ... and the JSON says the same: no outlier named, the tie stated, still a problem (exit 1).
+    assert split.outliers == [] and split.problem
+    doc = to_json([], [split], "py-spy", host="node-a")
+    assert doc["outliers"] == [] and doc["no_majority"] is True
+    assert doc["jobs"][0]["outliers"] == [] and doc["jobs"][0]["no_majority"] is True
+    # Two tied groups and a smaller third: only the third is an outlier.
+    sleeping_rank = [proc(0, ALL_REDUCE), proc(1, ALL_REDUCE), proc(2, BARRIER), proc(3, BARRIER),
+                     ProcessStacks(pid=1099, host="node-a", rank=4, world_size=5, local_world_size=5,
+                                   job="torchrun:none@10.0.0.1:29500",
+                                   threads=[ThreadStack(1, "MainThread", True, sleeping)])]
+    three = analyze(sleeping_rank)[0]
+    assert three.tie and [p.rank for p in three.outliers] == [4]
+    assert to_json([], [three], "py-spy")["jobs"][0]["outliers"] == [4]
+    majority = to_json([], [report], "py-spy", host="node-a")
+    assert majority["no_majority"] is False and majority["jobs"][0]["no_majority"] is False
 
 
 def test_parse_faulthandler_output_of_a_real_dump() -> None:

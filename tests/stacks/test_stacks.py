@@ -250,6 +250,9 @@ def test_merge_of_two_nodes_json_groups_across_nodes(tmp_path: Path) -> None:
     assert sorted(p["rank"] for p in node0["processes"]) == [0, 1] and node0["outliers"] == []
     node1 = json.loads(files[1].read_text())
     assert "no majority" in node1["jobs"][0]["summary"]  # 1 vs 1 on node 1 alone: nobody can tell
+    # ... and its JSON names no outlier either: it says there is no majority.
+    assert node1["outliers"] == [] and node1["jobs"][0]["outliers"] == []
+    assert node1["no_majority"] is True and node1["jobs"][0]["no_majority"] is True
 
     merged_path = tmp_path / "merged.json"
     merged = run_cli(["stacks", "merge", str(files[0]), str(files[1]), "--json", str(merged_path)])
