@@ -31,6 +31,9 @@ from tests.support import clean_env, run_cli
     # An input for a model never named was ignored without a word (an explorer's find).
     (["check", "--input-shape", "4,16"], "--input-shape is an input for --model's model: give --model"),
     (["check", "--batch", "data:batch"], "--batch is an input for --model's model: give --model"),
+    # typer's Path("") is ".": an unset variable read as the current folder ("not a regular file (a directory)").
+    (["stacks", "merge", ""], "FILES holds an empty path"),
+    (["stacks", "--signal", "--stack-dir", ""], "--stack-dir is an empty path"),
     (["--bogus"], "No such option: --bogus"),
 ])
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:

@@ -6,13 +6,12 @@ that is already stuck.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ddpdoctor.commands.options import JsonOption
+from ddpdoctor.errors import DoctorError
 
 MIN_TIMEOUT = 0.1
 MAX_TIMEOUT = 86400.0  # a day: every wait has a deadline
@@ -24,8 +23,12 @@ def _finite(value: float) -> float:
     return value
 
 
-def _text(path: Optional[Path]) -> Optional[str]:
-    return None if path is None else os.fspath(path)
+def _text(path: Optional[str], option: str) -> Optional[str]:
+    """A path option as given. Taken as text, not as typer's Path: ``Path("")`` is ``"."``, so an unset shell
+    variable (``--stack-dir "$DIR"``) read as the current folder."""
+    if path == "":
+        raise DoctorError(f"{option} is an empty path (''): give a folder (an unset shell variable?)")
+    return path
 
 
 def stacks(
@@ -45,7 +48,7 @@ def stacks(
     json_path: JsonOption = None,
     signal_mode: bool = typer.Option(False, "--signal", help="No py-spy: signal ranks that called "
                                      "ddpdoctor.install_stack_dumps() and read their dumps."),
-    stack_dir: Optional[Path] = typer.Option(None, "--stack-dir", metavar="DIR", help="Where --signal dumps live "
+    stack_dir: Optional[str] = typer.Option(None, "--stack-dir", metavar="DIR", help="Where --signal dumps live "
                                              "(default $DDPDOCTOR_STACK_DIR or /tmp/ddpdoctor-stacks-<uid>)."),
     timeout: float = typer.Option(30.0, "--timeout", min=MIN_TIMEOUT, max=MAX_TIMEOUT, callback=_finite,
                                   metavar="SECONDS", help="Seconds to wait for all dumps."),
@@ -56,18 +59,20 @@ def stacks(
     from ddpdoctor.stacks import StacksOptions, run_stacks
 
     raise typer.Exit(run_stacks(StacksOptions(list(pid), job, native, all_threads, json_path, signal_mode,
-                                              _text(stack_dir), timeout, locals_level=locals_level,
+                                              _text(stack_dir, "--stack-dir"), timeout, locals_level=locals_level,
                                               nonblocking=nonblocking)))
 
 
 def merge(
-    files: list[Path] = typer.Argument(..., metavar="FILES", help="JSON files written by `ddpdoctor stacks --json` on each node."),
+    files: list[str] = typer.Argument(..., metavar="FILES", help="JSON files written by `ddpdoctor stacks --json` on each node."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread, not just the main one."),
     json_path: JsonOption = None,
 ) -> None:
     """Group the stacks of several nodes' JSON files as one job."""
     from ddpdoctor.stacks import merge_stacks
 
+    if "" in files:  # as text: typer's Path("") would be the current folder
+        raise DoctorError("FILES holds an empty path (''): give the JSON files (an unset shell variable?)")
     raise typer.Exit(merge_stacks(files, all_threads, json_path))
 
 
