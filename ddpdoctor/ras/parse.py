@@ -245,6 +245,7 @@ def parse_text(body: str) -> RasStatus:
     comm: RasCommunicator | None = None
     op = ""
     group_value: int | None = None
+    reported = False  # a "Job summary" or "Communicators" section: NCCL's status report, whatever else it holds
     for raw in body.splitlines():
         line = raw.rstrip()
         if m := _VERSION.match(line):
@@ -252,6 +253,7 @@ def parse_text(body: str) -> RasStatus:
             continue
         if line in ("Errors", "Warnings") or line.startswith(("Job summary", "Communicators")):
             section, block, comm = line.split()[0], "", None
+            reported = reported or line.startswith(("Job summary", "Communicators"))
             continue
         if not line or set(line) == {"="}:
             continue
@@ -304,6 +306,11 @@ def parse_text(body: str) -> RasStatus:
         for mr in c.missing:
             mr.dead = (mr.host, mr.pid) in dead if mr.pid is not None else only_dead
             mr.unresponsive = not mr.dead
+    if not reported:
+        # Every NCCL >= 2.24 report has its job summary or its communicators table (client_support.cc); text
+        # with neither after a good handshake is not a status, and must never read as "every rank answered".
+        raise DoctorError("NCCL RAS sent text with no 'Job summary' or 'Communicators' section: not a RAS status "
+                          "report; is something else listening on the RAS port?")
     status.communicators = list(comms.values())
     status.dead_count = max(status.dead_count, len(status.dead_processes))
     status.unresponsive_count = max(status.unresponsive_count, len(status.unresponsive_processes))

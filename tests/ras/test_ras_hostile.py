@@ -74,6 +74,17 @@ def test_json_reply_that_names_no_rank_is_never_an_all_clear(body: str, text: st
     assert res.stderr.count("\n") == 1 and text in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+def test_text_reply_that_is_no_status_report_is_never_an_all_clear() -> None:
+    """Text after a good handshake that holds neither NCCL's job summary nor its communicators table ("hello")
+    read as "every rank answered", exit 0 (the fixing helper's find, beside the JSON one above)."""
+    with RasStandIn("hello\n") as srv:
+        res = run_cli(["ras", "--addr", srv.addr, "--text", "--timeout", "10"], timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stdout[-300:], res.stderr[-1500:])
+    assert "every rank answered" not in res.stdout
+    assert res.stderr.strip() == ("ddpdoctor: error: NCCL RAS sent text with no 'Job summary' or 'Communicators' "
+                                  "section: not a RAS status report; is something else listening on the RAS port?")
+
+
 @pytest.mark.parametrize("line", ["    The missing ranks: 0-99999999999", "    The missing rank: " + "7" * 5000])
 def test_hostile_text_reply_is_one_line_exit_2(line: str) -> None:
     """NCCL 2.24's Errors section (dead.txt) with its missing-rank list made absurd."""
