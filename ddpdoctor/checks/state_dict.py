@@ -27,6 +27,7 @@ missing is a failure too). Nothing in the checkpoint is executed and no tensor d
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from ddpdoctor.check import Check, CheckContext
 from ddpdoctor.errors import DoctorError
@@ -38,10 +39,24 @@ def _run(ctx: CheckContext) -> list[Finding]:
     if not path:
         return [ctx.finding(SKIP, "no --checkpoint given: checkpoint loading not checked",
                             "pass --checkpoint PATH (and --model MODULE:FACTORY) to check a resume")]
-    from ddpdoctor.ckpt import build_model_for_shapes, diff_against, inspect_checkpoint, open_checkpoint
+    from ddpdoctor.ckpt import (
+        UnsafeCheckpointError,
+        build_model_for_shapes,
+        diff_against,
+        inspect_checkpoint,
+        open_checkpoint,
+        shell_word,
+    )
 
     try:
         checkpoint = open_checkpoint(path)
+    except UnsafeCheckpointError as exc:
+        # `ckpt` says "pass --trust"; this check has no such option (it never runs a checkpoint), so the
+        # advice is the command that does take it.
+        return [ctx.finding(FAIL, f"checkpoint cannot be read: {exc.problem}",
+                            f"if you trust where it came from, see what it holds with: ddpdoctor ckpt inspect "
+                            f"--trust {shell_word(Path(path))}; then re-save only tensors and plain containers "
+                            "(torch.save({'model': model.state_dict()}))", checkpoint=path)]
     except DoctorError as exc:
         return [ctx.finding(FAIL, f"checkpoint cannot be read: {exc}",
                             "fix or replace the checkpoint before launching the job", checkpoint=path)]
@@ -52,12 +67,11 @@ def _run(ctx: CheckContext) -> list[Finding]:
         except DoctorError as exc:
             return [ctx.finding(FAIL, str(exc), "fix --model or the checkpoint", checkpoint=path,
                                 model=ctx.options.model)]
-        found = [dataclasses.replace(rep.finding, ranks=[ctx.rank])]
-        if checkpoint.dcp is not None or checkpoint.shards is not None:
-            # A missing rank file or shard fails the resume even when the keys fit: say so too.
-            found += [dataclasses.replace(f, ranks=[ctx.rank], summary=f"{path}: {f.summary}")
-                      for f in inspect_checkpoint(checkpoint).findings if f.status == FAIL]
-        return found
+        # What is missing from a folder (a rank's file, a shard) fails the resume however well the keys fit,
+        # and the keys it held are counted there, not as a wrong architecture; then the key verdict.
+        return [*(dataclasses.replace(f, ranks=[ctx.rank], summary=f"{path}: {f.summary}")
+                  for f in rep.layout_findings),
+                dataclasses.replace(rep.finding, ranks=[ctx.rank])]
     # Without a model the findings are `ckpt inspect`'s; in a report of many checks they name the file.
     return [dataclasses.replace(f, ranks=[ctx.rank], summary=f"{path}: {f.summary}")
             for f in inspect_checkpoint(checkpoint).findings]

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
         LoadReport,
         StateDictLoc,
         StripReport,
+        UnsafeCheckpointError,
     )
-    from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, strip_prefix
+    from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, shell_word, strip_prefix
     from ddpdoctor.ckpt.strip import strip_file
 
 # The API is imported on first use (PEP 562): ``ckpt strip`` of one file then loads neither ``diff``,
@@ -46,8 +47,8 @@ _HOME = {
     "load_checkpoint_into": "load",
     "find_state_dicts": "locate",
     "DiffReport": "model", "DuplicateKeyError": "model", "InspectReport": "model", "LoadReport": "model",
-    "StateDictLoc": "model", "StripReport": "model",
-    "KNOWN_PREFIXES": "prefixes", "strip_prefix": "prefixes",
+    "StateDictLoc": "model", "StripReport": "model", "UnsafeCheckpointError": "model",
+    "KNOWN_PREFIXES": "prefixes", "shell_word": "prefixes", "strip_prefix": "prefixes",
     "strip_file": "strip",
 }
 
@@ -62,6 +63,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["KNOWN_PREFIXES", "Checkpoint", "DiffReport", "DuplicateKeyError", "InspectReport", "LoadReport",
-           "StateDictLoc", "StripReport", "build_model_for_shapes", "diff_against", "find_state_dicts",
-           "inspect_checkpoint", "load_checkpoint_into", "open_checkpoint", "render_diff", "render_inspect",
-           "strip_file", "strip_prefix"]
+           "StateDictLoc", "StripReport", "UnsafeCheckpointError", "build_model_for_shapes", "diff_against",
+           "find_state_dicts", "inspect_checkpoint", "load_checkpoint_into", "open_checkpoint", "render_diff",
+           "render_inspect", "shell_word", "strip_file", "strip_prefix"]

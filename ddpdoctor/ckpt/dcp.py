@@ -118,6 +118,11 @@ class DcpDir:
     def ranks(self) -> list[int]:
         return sorted({int(m.group(1)) for f in self.files if (m := _DATA_FILE.search(f))})
 
+    def unavailable(self) -> list[tuple[Any, ...]]:
+        """The key paths (as in :func:`tree`) with a chunk in a missing data file: ``dcp.load`` fails on them."""
+        gone = set(self.missing_files)
+        return [e.path for e in self.entries.values() if any(c.file in gone for c in e.chunks)]
+
     def layout(self) -> dict[str, Any]:
         """What ``inspect`` reports about the directory itself: files, ranks, problems."""
         per_file: dict[str, int] = {}
@@ -260,6 +265,7 @@ def open_dcp(path: Path) -> DcpDir:
             needed[c.file] = max(needed.get(c.file, 0), c.offset + c.length)
     missing = sorted(f for f in needed if f not in files)
     short = sorted(f for f, end in needed.items() if f in files and files[f] < end)
+    _check_readable(path, sorted(f for f in needed if f in files))
     version = st.get("version") if isinstance(st.get("version"), str) else None
     return DcpDir(path, md, entries, files, missing, short, version)
 
@@ -306,6 +312,21 @@ def _new_fqn(e: Entry, new_path: tuple[Any, ...]) -> str:
     return str(new_path[-1]) if len(e.path) == 1 else e.fqn
 
 
+def _check_readable(directory: Path, names: Iterable[str]) -> None:
+    """DoctorError naming the first of these files this user cannot open (``cannot read DIR/F: Permission denied``).
+
+    A listing and ``stat`` need only the folder's permissions, so a rank's file copied as root with mode
+    0600 looks present; unchecked, ``inspect`` passed it, ``strip -o out.pt`` called it a damaged zip and
+    ``strip -o DIR`` blamed the output. Opened with ``O_NONBLOCK`` and closed at once: nothing is read,
+    and a FIFO swapped in after the listing cannot block.
+    """
+    for name in names:
+        try:
+            os.close(os.open(directory / name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)))
+        except OSError as exc:
+            raise DoctorError(f"cannot read {directory / name}: {exc.strerror or exc}") from None
+
+
 def check_complete(d: DcpDir) -> None:
     """DoctorError when a data file the metadata names is missing or shorter than its entries need."""
     if d.missing_files:
@@ -319,6 +340,7 @@ def check_complete(d: DcpDir) -> None:
 def write_dcp_dir(d: DcpDir, target: outputs.Target, path_map: dict[tuple[Any, ...], tuple[Any, ...]]) -> None:
     """A new DCP directory: ``.metadata`` with renamed keys, data files copied by the kernel."""
     check_complete(d)
+    _check_readable(d.path, sorted(d.files))  # every file is copied: one we cannot read is not the output's fault
     fqn_map = {e.fqn: _new_fqn(e, path_map[e.path]) for e in d.entries.values() if e.path in path_map}
     st = d.metadata.states[-1]
     st["state_dict_metadata"] = {fqn_map.get(k, k): v for k, v in st["state_dict_metadata"].items()}

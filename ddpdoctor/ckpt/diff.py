@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.ckpt.formats import Checkpoint
-from ddpdoctor.ckpt.locate import find_state_dicts, state_dict_shapes
-from ddpdoctor.ckpt.model import CHECK_ID, DiffReport, DuplicateKeyError, Fix
+from ddpdoctor.ckpt.formats import Checkpoint, layout_findings
+from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs, state_dict_shapes
+from ddpdoctor.ckpt.model import CHECK_ID, DiffReport, DuplicateKeyError, Fix, StateDictLoc
 from ddpdoctor.ckpt.prefixes import KNOWN_PREFIXES, plan_renames, shell_word, stripped_name, used_prefixes
 from ddpdoctor.errors import DoctorError
 from ddpdoctor.findings import FAIL, PASS, Finding
@@ -114,34 +114,79 @@ def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items() if hasattr(v, "shape")}
 
 
+def _shapes_of(ckpt: Checkpoint, loc: StateDictLoc) -> tuple[dict[str, Any], list[str]]:
+    """Key -> shape of ``loc``'s keys, the ones the folder names in a missing file included, and those keys.
+
+    A shard the index names but that is missing still holds its keys (shapes unknown): without them the
+    keys it held read as "missing: a different architecture" next to the missing shard, two failures with
+    two remedies for one cause. A DCP ``.metadata`` names every key whatever files are missing.
+    """
+    shapes = state_dict_shapes(loc.node)
+    depth = len(loc.path)
+    unavailable = [str(p[depth]) for p in ckpt.unavailable() if len(p) == depth + 1 and tuple(p[:depth]) == loc.path]
+    for k in unavailable:
+        shapes.setdefault(k, None)
+    return shapes, unavailable
+
+
+def _without(cmp: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """A comparison with ``keys`` no longer counted as missing."""
+    gone = set(keys)
+    out = {**cmp, "missing": [k for k in cmp["missing"] if k not in gone]}
+    out["loads_strict"] = not out["missing"] and not out["unexpected"] and not out["shape_mismatches"]
+    return out
+
+
 def diff_against(ckpt: Checkpoint, model: nn.Module, key: str | None = None,
                  model_spec: str = "") -> DiffReport:
-    """The ``ckpt diff`` report: raw mismatch, and the prefix change that makes ``strict=True`` work."""
+    """The ``ckpt diff`` report: raw mismatch, the prefix change that makes ``strict=True`` work, and the
+    folder's own failures (a missing rank file or shard fails the load however well the keys fit)."""
     mshapes = model_shapes(model)
     locs = find_state_dicts(ckpt.root, key)
     if not locs:
         raise DoctorError(f"{ckpt.path}: no state_dict found (no mapping of names to tensors); name it with --key")
     scored = []
     for loc in locs:
-        shapes = state_dict_shapes(loc.node)
+        shapes, unavailable = _shapes_of(ckpt, loc)
         fix, after = best_fix(shapes, mshapes)
         matched = len(mshapes) - len(after["missing"]) - len(after["shape_mismatches"])
-        scored.append((matched, loc, shapes, fix, after))
-    scored.sort(key=lambda s: -s[0])
-    _, loc, shapes, fix, after = scored[0]
+        # Most model keys matched, then fewest left over: a state_dict that holds every key twice (wrapped
+        # and not) matches as many as a clean copy beside it, and must not be the one compared.
+        scored.append(((matched, -len(after["unexpected"])), loc, shapes, unavailable, fix, after))
+    scored.sort(key=lambda s: s[0], reverse=True)
+    _, loc, shapes, unavailable, fix, after = scored[0]
     raw = _compare(shapes, mshapes)
+    presumed: list[str] = []
+    if ckpt.shards is not None and ckpt.shards.missing and ckpt.shards.index is None \
+            and after["missing"] and not after["unexpected"] and not after["shape_mismatches"]:
+        # No index says what the missing shard held; model keys absent from every shard present, and nothing
+        # else wrong, are the shard's (a wrong architecture leaves keys over, or shapes off).
+        presumed = after["missing"]
+        raw, after = _without(raw, presumed), _without(after, presumed)
+    layout = [f for f in layout_findings(ckpt, {"checkpoint": str(ckpt.path), "model": model_spec},
+                                         absent_model_keys=presumed) if f.status == FAIL]
+    by_name = sum(1 for k in unavailable if shapes[k] is None)
+    note = (f"the {by_name} key(s) of the missing shard(s) by name only, from the index" if by_name else
+            f"the model's {len(presumed)} other key(s) presumed in the missing shard(s)" if presumed else "")
     found: dict[str, Any] | None = None
     if raw["loads_strict"]:
         status, remedy = PASS, ""
-        summary = f"{loc.name} loads into the model with strict=True ({len(shapes)} keys)"
+        counted = f"{len(shapes)} keys" + (f"; {note}" if note else "")
+        summary = (f"{loc.name} loads into the model with strict=True ({counted})" if not layout else
+                   f"{loc.name}: keys and shapes fit the model ({counted}); it loads with strict=True once the "
+                   "missing file(s) are back")
     elif (fix.strip or fix.add) and after["loads_strict"]:
         found = {"strip_prefixes": list(fix.strip), "add_prefix": fix.add, "description": fix.describe(),
                  "loads_strict_after": True}
         status = FAIL
         summary = (f"{loc.name} does not load as is ({len(raw['missing'])} missing, {len(raw['unexpected'])} "
-                   f"unexpected keys); it loads with strict=True after: {fix.describe()}")
+                   f"unexpected keys); it loads with strict=True after: {fix.describe()}"
+                   + (f" ({note})" if note else ""))
         remedy = _fix_remedy(ckpt.path, fix, found["strip_prefixes"],
-                             directory=ckpt.dcp is not None or ckpt.shards is not None)
+                             directory=ckpt.dcp is not None or ckpt.shards is not None,
+                             key=loc.name if _others_collide(ckpt.root, fix.strip) else None)
+        if layout:  # strip refuses an incomplete folder (it would write one that cannot load)
+            remedy = f"once the missing file(s) are back: {remedy}"
     else:
         if fix.strip or fix.add:
             found = {"strip_prefixes": list(fix.strip), "add_prefix": fix.add,
@@ -152,7 +197,7 @@ def diff_against(ckpt: Checkpoint, model: nn.Module, key: str | None = None,
         status = FAIL
         summary = (f"{loc.name} does not match the model: {len(left['missing'])} missing, "
                    f"{len(left['unexpected'])} unexpected, {len(left['shape_mismatches'])} shape mismatches"
-                   + (f" (even after: {fix.describe()})" if found else ""))
+                   + (f" (even after: {fix.describe()})" if found else "") + (f" ({note})" if note else ""))
         remedy = ("the checkpoint is for a different architecture or config; check the model factory's "
                   "arguments (sizes, num_classes) match the run that saved it")
     # The finding carries what `ddpdoctor check` shows for it; the lists are cut to keep that report short.
@@ -162,12 +207,27 @@ def diff_against(ckpt: Checkpoint, model: nn.Module, key: str | None = None,
         "missing": raw["missing"][:_DETAIL_ITEMS], "unexpected": raw["unexpected"][:_DETAIL_ITEMS],
         "shape_mismatches": raw["shape_mismatches"][:_DETAIL_ITEMS]})
     return DiffReport(str(ckpt.path), ckpt.format, model_spec, loc.name, len(shapes), len(mshapes),
-                      raw["loads_strict"], raw["missing"], raw["unexpected"], raw["shape_mismatches"], found,
-                      finding)
+                      raw["loads_strict"] and not layout, raw["missing"], raw["unexpected"],
+                      raw["shape_mismatches"], found, finding, unavailable_keys=unavailable,
+                      layout_findings=layout)
 
 
-def _fix_remedy(path: Path, fix: Fix, strip: list[str], *, directory: bool = False) -> str:
+def _others_collide(root: Any, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``strip --prefix ...`` without ``--key`` would refuse the file: it renames every state_dict in
+    it, and one that mixes wrapped and unwrapped keys (``{"net": {"module.w", "w"}, "ema": ...}``) fails
+    them all; the remedy then names the state_dict compared."""
+    for other in find_state_dicts(root):
+        try:
+            plan_renames((k for k, _ in mapping_pairs(other.node) or []), prefixes)
+        except DuplicateKeyError:
+            return True
+    return False
+
+
+def _fix_remedy(path: Path, fix: Fix, strip: list[str], *, directory: bool = False, key: str | None = None) -> str:
     flags = " ".join(f"--prefix {shell_word(p)}" for p in strip)
+    if key is not None:
+        flags += f" --key {shell_word(key)}"
     command = f"ddpdoctor ckpt strip {shell_word(path)} -o {shell_word(Path(stripped_name(path)))} {flags}"
     if strip and not fix.add and directory:
         # load_checkpoint_into reads single files: a directory is fixed by writing a stripped copy.
@@ -184,7 +244,8 @@ def _fix_remedy(path: Path, fix: Fix, strip: list[str], *, directory: bool = Fal
 
 def render_diff(rep: DiffReport) -> str:
     """The human-readable ``ckpt diff`` output."""
-    lines = [f"checkpoint  {rep.path}  state_dict {rep.location}: {rep.checkpoint_keys} keys",
+    gone = f" ({len(rep.unavailable_keys)} of them in missing files)" if rep.unavailable_keys else ""
+    lines = [f"checkpoint  {rep.path}  state_dict {rep.location}: {rep.checkpoint_keys} keys{gone}",
              f"model       {rep.model}: {rep.model_keys} keys"]
 
     def some(items: list[Any]) -> str:
@@ -205,7 +266,8 @@ def render_diff(rep: DiffReport) -> str:
                      f"{len(rep.fix['remaining_missing'])} missing, "
                      f"{len(rep.fix['remaining_unexpected'])} unexpected, "
                      f"{len(rep.fix['remaining_shape_mismatches'])} shape mismatches")
-    lines.append(f"{rep.status.upper():<5} {rep.finding.summary}")
-    if rep.finding.remedy:
-        lines.append(f"      fix: {rep.finding.remedy}")
+    for f in rep.findings:
+        lines.append(f"{f.status.upper():<5} {f.summary}")
+        if f.remedy:
+            lines.append(f"      fix: {f.remedy}")
     return "\n".join(lines)

@@ -37,8 +37,19 @@ def _start_writeback(fd: int, offset: int, count: int) -> None:
             os.posix_fadvise(fd, offset, count, os.POSIX_FADV_DONTNEED)
 
 
+def refuse_empty(path: str | os.PathLike[str]) -> None:
+    """DoctorError for an empty checkpoint path (``"$CKPT"`` with the variable unset).
+
+    ``Path("")`` is ``.``, the current folder: without this the user is told that ``.`` is a directory,
+    or, run from a checkpoint folder, the wrong checkpoint is read.
+    """
+    if not os.fspath(path):
+        raise DoctorError("the checkpoint path is empty (an unset shell variable?); give a checkpoint file or folder")
+
+
 def check_input(path: str | os.PathLike[str]) -> Path:
     """The checkpoint path if it is a readable, non-empty regular file; else a one-line DoctorError."""
+    refuse_empty(path)
     p = Path(path)
     if not p.exists():
         raise DoctorError(f"checkpoint not found: {p} (check the path)")

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.ckpt import filecopy, safetensors_file, unpickler, zip_rewrite
-from ddpdoctor.ckpt.model import FORMAT_LEGACY, FORMAT_SAFETENSORS, FORMAT_ZIP, TensorMeta
+from ddpdoctor.ckpt.locate import storage_record
+from ddpdoctor.ckpt.model import (
+    FORMAT_LEGACY,
+    FORMAT_SAFETENSORS,
+    FORMAT_ZIP,
+    TensorMeta,
+    UnsafeCheckpointError,
+)
 from ddpdoctor.errors import DoctorError
 
 
@@ -54,11 +61,6 @@ def detect_format(path: Path) -> str:
                       f"or safetensors file; it starts with {head[:8]!r})")
 
 
-def _unsafe_message(path: Path, name: str) -> str:
-    return (f"{path} needs {name} to load, which torch.load(weights_only=True) refuses: unpickling it can run "
-            "arbitrary code. If you trust where the file came from, pass --trust")
-
-
 def torch_load(path: Path, *, trust: bool, mmap: bool) -> Any:
     """``torch.load`` with weights-only semantics unless trusted; its failures become DoctorErrors."""
     import torch
@@ -70,7 +72,7 @@ def torch_load(path: Path, *, trust: bool, mmap: bool) -> Any:
         # "Trying to load unsupported GLOBAL posix.system whose module posix is blocked."
         found = re.search(r"GLOBAL (\S+) (?:was not an allowed global|whose module)", str(exc))
         if found:
-            raise DoctorError(_unsafe_message(path, found.group(1))) from None
+            raise UnsafeCheckpointError(str(path), found.group(1)) from None
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         useful = [ln for ln in lines if not ln.startswith(("Weights only load failed", "Check the documentation"))]
         raise DoctorError(f"{path} could not be unpickled: {(useful or lines or ['?'])[0]}") from None
@@ -96,7 +98,7 @@ def _shadow_legacy(p: Path, fh: io.BytesIO, *, trust: bool) -> tuple[Any, list[s
         # A plain pickle of a malicious object: say so, as torch.load(weights_only=True) would.
         unsafe = [g for g in first.globals_seen if not unpickler.is_allowed(g)]
         if unsafe and not trust:
-            raise DoctorError(_unsafe_message(p, unsafe[0]))
+            raise UnsafeCheckpointError(str(p), unsafe[0])
         raise DoctorError(f"{p} is a pickle but not a torch checkpoint (no torch magic number)")
     unpickler.ShadowUnpickler(fh, None).load()  # protocol version
     unpickler.ShadowUnpickler(fh, None).load()  # sys_info
@@ -128,13 +130,15 @@ def open_file(path: str | Path, *, trust: bool, for_rewrite: bool) -> FileCheckp
             # would hash 2^39 leaves in C, where no deadline can stop it).
             root, seen = _shadow_legacy(p, io.BytesIO(read_input(p)), trust=trust)
     except unpickler.UnsafeGlobalError as exc:
-        raise DoctorError(_unsafe_message(p, exc.name)) from None
+        raise UnsafeCheckpointError(str(p), exc.name) from None
     except unpickler.PickleLimitError as exc:
         raise DoctorError(limit_message(p, exc)) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
             AttributeError, struct.error, RecursionError, MemoryError, OverflowError) as exc:
         what = "its data.pkl is" if zf is not None else "its pickle is"
         raise DoctorError(f"{p}: {what} damaged ({type(exc).__name__}: {exc})") from None
+    if zf is not None:
+        check_storage_records(zf, root)
     if fmt == FORMAT_LEGACY and not (trust and not for_rewrite):
         return FileCheckpoint(p, fmt, torch_load(p, trust=trust, mmap=False), size)
     unsafe: list[str] = []
@@ -152,7 +156,8 @@ def check_within_limits(p: Path, fmt: str) -> None:
     """
     try:
         if fmt == FORMAT_ZIP:
-            unpickler.loads(zip_rewrite.open_zip(p).read("data.pkl"), trust=True)
+            zf = zip_rewrite.open_zip(p)
+            check_storage_records(zf, unpickler.loads(zf.read("data.pkl"), trust=True)[0])
         elif fmt == FORMAT_LEGACY:
             _shadow_legacy(p, io.BytesIO(read_input(p)), trust=True)
     except unpickler.PickleLimitError as exc:
@@ -160,6 +165,41 @@ def check_within_limits(p: Path, fmt: str) -> None:
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
             AttributeError, struct.error, RecursionError, MemoryError, OverflowError) as exc:
         raise DoctorError(f"{p}: its pickle is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def check_storage_records(zf: zip_rewrite.TorchZip, root: Any) -> None:
+    """DoctorError when the pickle names a storage whose record is absent from the zip or of the wrong size.
+
+    ``torch.load`` reads a storage only when it rebuilds the tensor, so a lost ``data/0`` (a copy or an
+    edit that dropped a zip member) surfaces as ``PytorchStreamReader failed locating file data/0``, and
+    a short one as ``record size (4 bytes) does not match expected size`` -- or, with ``mmap=True``, not
+    at all: the tensor is read from whatever bytes follow. Stripping copies records as they are, so such a
+    file would be "stripped" into another file that does not load. Checked from the shadow graph against
+    the zip's directory; no tensor byte is read.
+    """
+    sizes = {rec.name: rec.size for rec in zf.records}
+    seen: set[str] = set()
+
+    def visit(node: Any) -> bool:
+        if not isinstance(node, unpickler.PidRef):
+            return True
+        ref = storage_record(node.pid)
+        if ref is None or ref[0] in seen:
+            return False
+        name, expected = ref
+        seen.add(name)
+        size = sizes.get(f"{zf.prefix}/{name}")
+        if size is None:
+            raise DoctorError(f"{zf.path} is damaged: its data.pkl names the tensor storage {name}, which is not "
+                              "in the zip (a record was lost when the file was copied or edited); use another copy "
+                              "of the checkpoint")
+        if expected is not None and size != expected:
+            raise DoctorError(f"{zf.path} is damaged: its tensor storage {name} holds {size} bytes where "
+                              f"data.pkl says {expected} (a record was cut or replaced); use another copy of "
+                              "the checkpoint")
+        return False
+
+    unpickler.walk(root, visit)
 
 
 def limit_message(p: Path, exc: unpickler.PickleLimitError) -> str:

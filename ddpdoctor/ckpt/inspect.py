@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.ckpt import unpickler
-from ddpdoctor.ckpt.formats import Checkpoint
+from ddpdoctor.ckpt.formats import Checkpoint, layout_findings
 from ddpdoctor.ckpt.locate import find_state_dicts, is_optimizer_state, mapping_pairs, tensor_meta
 from ddpdoctor.ckpt.model import (
     CHECK_ID,
@@ -201,17 +201,30 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
             "checkpoint": str(ckpt.path), "format": ckpt.format, "tensor_bytes": nbytes}))
 
     directory = ckpt.dcp is not None or ckpt.shards is not None
-    fix = f"ddpdoctor ckpt strip {shell_word(ckpt.path)} -o {shell_word(Path(stripped_name(ckpt.path)))}"
-    if ckpt.dcp is not None:
-        fix += f"   (or -o {shell_word(Path(ckpt.path.name + '.pt'))} for one torch.save file)"
-    for loc, rep in zip(locs, sds, strict=True):
+    collisions: dict[str, DuplicateKeyError] = {}
+    for loc in locs:
         try:
             plan_renames((k for k, _ in mapping_pairs(loc.node) or []), where=repr(loc.name))
         except DuplicateKeyError as exc:
-            finding(FAIL, str(exc).split(";")[0],
+            collisions[loc.name] = exc
+
+    def fix_for(loc: StateDictLoc) -> tuple[str, str]:
+        """The strip command for ``loc`` (and its Python twin): ``strip`` without ``--key`` renames every
+        state_dict of the file and refuses them all when one cannot be renamed, so then it names this one."""
+        key = f" --key {shell_word(loc.name)}" if collisions else ""
+        command = f"ddpdoctor ckpt strip {shell_word(ckpt.path)} -o {shell_word(Path(stripped_name(ckpt.path)))}{key}"
+        if ckpt.dcp is not None:
+            command += f"   (or -o {shell_word(Path(ckpt.path.name + '.pt'))} for one torch.save file)"
+        py_key = f", key={loc.name!r}" if collisions else ""
+        return command, f"ddpdoctor.load_checkpoint_into(model, {str(ckpt.path)!r}{py_key})"
+
+    for loc, rep in zip(locs, sds, strict=True):
+        if loc.name in collisions:
+            finding(FAIL, str(collisions[loc.name]).split(";")[0],
                     "the checkpoint mixes wrapped and unwrapped weights: load it in Python, "
                     "keep one copy of each key, and save it again")
             continue
+        fix, in_python = fix_for(loc)
         for pre in rep["prefixes"]:
             origin = " and ".join(PREFIX_ORIGIN[p + "."] for p in pre["prefix"].split(".")[:-1]
                                   if p + "." in PREFIX_ORIGIN)
@@ -220,8 +233,7 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
                     f"{scope} {rep['keys']} keys of {rep['location']} start with {pre['prefix']!r} (saved from a "
                     f"{origin}-wrapped model); load_state_dict on the plain model fails with Missing/Unexpected "
                     "key(s)",
-                    fix if directory else
-                    f"{fix}   (or in Python: ddpdoctor.load_checkpoint_into(model, {str(ckpt.path)!r}))")
+                    fix if directory else f"{fix}   (or in Python: {in_python})")
         inner = [w for w in rep["wrappers"] if w["inner_positions"]]
         if inner:
             # One finding for every wrapper around inner layers: they come together (FSDP + checkpointing).
@@ -241,57 +253,14 @@ def inspect_checkpoint(ckpt: Checkpoint) -> InspectReport:
     elif not locs:
         finding(WARN, "no state_dict found (no mapping of names to tensors within 3 levels)",
                 "name it with --key, e.g. --key model/state_dict")
-    layout = None
-    if ckpt.dcp is not None:
-        layout = ckpt.dcp.layout()
-        _dcp_findings(layout, finding)
-    elif ckpt.shards is not None:
-        layout = ckpt.shards.layout()
-        _shard_findings(layout, finding)
+    layout = ckpt.dcp.layout() if ckpt.dcp is not None else ckpt.shards.layout() if ckpt.shards is not None else None
+    findings += layout_findings(ckpt, {"checkpoint": str(ckpt.path), "format": ckpt.format, "tensor_bytes": nbytes})
     if ckpt.unsafe_globals:
         finding(WARN, f"needs non-weights-only globals: {', '.join(ckpt.unsafe_globals[:5])}; "
                       "torch.load(weights_only=False) runs code from this file",
                 "re-save only tensors and plain containers (e.g. torch.save({'model': model.state_dict()}))")
     return InspectReport(str(ckpt.path), ckpt.format, ckpt.size_bytes, count, nbytes, dtypes, sds, others,
                          ckpt.unsafe_globals, findings, layout)
-
-
-def _some(items: list[str], n: int = 5) -> str:
-    return ", ".join(items[:n]) + (f", ... ({len(items)} in all)" if len(items) > n else "")
-
-
-def _dcp_findings(layout: dict[str, Any], finding: Any) -> None:
-    """A DCP directory's own problems: data files named by .metadata that are absent or cut short."""
-    if layout["missing_files"]:
-        finding(FAIL, f"data file(s) named by .metadata are missing: {_some(layout['missing_files'])}; "
-                      "dcp.load fails on the keys stored there",
-                "copy every rank's __<rank>_<n>.distcp file with the .metadata (they are written by each rank "
-                "to its own path; a per-node local disk loses the other nodes' files)")
-    if layout["short_files"]:
-        finding(FAIL, f"data file(s) end before the data .metadata places in them: {_some(layout['short_files'])} "
-                      "(truncated copy)", "copy the checkpoint again, or use an earlier one")
-
-
-def _shard_findings(layout: dict[str, Any], finding: Any) -> None:
-    """A shard set's own problems: missing or extra shards, index entries that point nowhere."""
-    if layout["missing_shards"]:
-        finding(FAIL, f"shard file(s) missing: {_some(layout['missing_shards'])}; loading fails on the keys "
-                      "the index places there", "download or copy the missing shard(s) again")
-    if layout["index_missing_tensors"]:
-        absent = [f"{e['key']} (in {e['file']})" for e in layout["index_missing_tensors"]]
-        finding(FAIL, f"{len(absent)} index entr{'y points' if len(absent) == 1 else 'ies point'} at tensors "
-                      f"the shard does not hold: {_some(absent, 3)}",
-                "the index and the shards come from different saves: take both from the same one")
-    if layout["duplicate_keys"]:
-        finding(FAIL, f"key(s) stored in more than one shard: {_some(layout['duplicate_keys'], 3)}",
-                "the shards come from different saves: take them all from the same one")
-    if layout["extra_shards"]:
-        finding(WARN, f"shard file(s) not in the index: {_some(layout['extra_shards'])} (left over from "
-                      "another save?); loading ignores them", "delete them, or use the index they belong to")
-    if layout["unindexed_tensors"]:
-        keys = [e["key"] for e in layout["unindexed_tensors"]]
-        finding(WARN, f"{len(keys)} tensor(s) in the shards are not in the index: {_some(keys, 3)}; loading "
-                      "through the index never reads them", "regenerate the index from the shards")
 
 
 def render_inspect(rep: InspectReport) -> str:

@@ -77,6 +77,20 @@ def _storage_meta(pid: Any) -> tuple[str | None, str | None, int]:
     return dtype, str(_text(key)), numel * size if _is_count(numel) else 0
 
 
+def storage_record(pid: Any) -> tuple[str, int | None] | None:
+    """The zip record a torch persistent id names (``"data/<key>"``) and the bytes torch expects there.
+
+    None when ``pid`` is not a storage reference. The size is None when the storage class is not one of
+    :data:`STORAGE_DTYPES` (nothing is imported to find out) or its element count is not an int64.
+    """
+    if not (isinstance(pid, tuple) and len(pid) in (5, 6) and _text(pid[0]) == "storage"):
+        return None
+    storage_type, key, numel = pid[1], pid[2], pid[4]
+    name = storage_type.name if isinstance(storage_type, Global) else ""
+    size = numel * STORAGE_DTYPES[name][1] if name in STORAGE_DTYPES and _is_count(numel) else None
+    return f"data/{_text(key)}", size
+
+
 def _shape(value: Any) -> tuple[int, ...] | None:
     """A shape from a pickled size tuple; None if it is not plain integers."""
     if isinstance(value, (tuple, list)) and all(_is_count(d) for d in value):

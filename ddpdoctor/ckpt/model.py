@@ -49,6 +49,25 @@ class DuplicateKeyError(DoctorError, ValueError):
     """Stripping would map two keys to one name (the checkpoint mixes wrapped and unwrapped keys)."""
 
 
+class UnsafeCheckpointError(DoctorError):
+    """The checkpoint's pickle names a global outside ``torch.load(weights_only=True)``'s allowlist.
+
+    Its text ends with the ``ckpt`` commands' way out (``--trust``); a caller with no such option (the
+    ``state_dict`` check) words its own advice from ``path`` and ``name`` instead of repeating advice that
+    does not work there.
+    """
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path, self.name = path, name
+        super().__init__(f"{self.problem}. If you trust where the file came from, pass --trust")
+
+    @property
+    def problem(self) -> str:
+        """What is wrong, without the advice."""
+        return (f"{self.path} needs {self.name} to load, which torch.load(weights_only=True) refuses: unpickling "
+                "it can run arbitrary code")
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """What a tensor is without its data: shape, dtype, and which storage holds it."""
@@ -149,15 +168,25 @@ class DiffReport:
     shape_mismatches: list[dict[str, Any]]
     fix: dict[str, Any] | None
     finding: Finding
+    # Keys of the compared state_dict whose data is in a missing file (a rank's .distcp, a shard), and the
+    # folder's own failures (that file missing): the load fails on them however well the keys fit.
+    unavailable_keys: list[str] = field(default_factory=list)
+    layout_findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The folder's failures (the first thing to fix), then the key verdict: what the ``state_dict``
+        check reports."""
+        return [*self.layout_findings, self.finding]
 
     @property
     def status(self) -> str:
-        """pass only when the checkpoint loads as is."""
-        return self.finding.status
+        """pass only when the checkpoint loads as is (its keys fit and no file of it is missing)."""
+        return overall_status(self.findings)
 
     def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k != "finding"}
-        data.update(status=self.status, findings=[self.finding.to_json()])
+        data = {k: v for k, v in asdict(self).items() if k not in ("finding", "layout_findings")}
+        data.update(status=self.status, findings=[f.to_json() for f in self.findings])
         return data
 
 

@@ -72,6 +72,7 @@ def open_safetensors(path: Path) -> SafeTensors:
     if metadata is not None and not isinstance(metadata, dict):
         raise DoctorError(f"{bad}: __metadata__ is not an object")
     data_size = size - 8 - n
+    ranges: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         try:
             begin, end = (_count(x) for x in entry["data_offsets"])
@@ -84,7 +85,30 @@ def open_safetensors(path: Path) -> SafeTensors:
         if not 0 <= begin <= end <= data_size or end - begin != expected:
             raise DoctorError(f"{bad}: entry {name!r} points outside the data block or has the wrong size "
                               "(truncated file?)")
+        ranges.append((begin, end, name))
+    _check_tiling(bad, ranges, data_size)
     return SafeTensors(path, header, metadata, 8 + n, data_size)
+
+
+def _check_tiling(bad: str, ranges: list[tuple[int, int, str]], data_size: int) -> None:
+    """The tensors' byte ranges, sorted by offset, must tile the data block: from 0, no overlap, no gap, to its end.
+
+    The reference reader's rule (safetensors/src/tensor.rs: ``Metadata::validate`` sorts the entries by
+    ``data_offsets`` and refuses any whose start is not the previous end, "invalid offset for tensor";
+    ``read_metadata`` then refuses a data block longer than the tensors, "incomplete metadata, file not
+    fully covered"). A header that breaks it loads nowhere, so it is corrupt here too: accepting it would
+    let ``strip`` write a copy that ``safetensors.torch.load_file`` refuses.
+    """
+    at = 0
+    for begin, end, name in sorted(ranges, key=lambda r: (r[0], r[1])):  # stable: ties keep header order
+        if begin != at:
+            what = "overlaps the tensor before it" if begin < at else f"leaves a gap of {begin - at} bytes before it"
+            raise DoctorError(f"{bad}: entry {name!r} (data_offsets [{begin}, {end}]) {what}; "
+                              "the reference reader refuses it (invalid offset)")
+        at = end
+    if at != data_size:
+        raise DoctorError(f"{bad}: the tensors cover {at} of the {data_size} bytes after the header; the reference "
+                          "reader refuses a data block the header does not fully describe")
 
 
 def _count(value: Any) -> int:

@@ -70,6 +70,15 @@ class ShardSet:
     duplicates: list[str] = field(default_factory=list)
     other_indexes: list[str] = field(default_factory=list)
 
+    def unavailable(self) -> list[tuple[Any, ...]]:
+        """The key paths (``(key,)``: the set is one flat state_dict) the index places in a missing shard.
+
+        Empty without an index: nothing then says which keys a missing shard held."""
+        if self.index is None or not self.missing:
+            return []
+        gone = set(self.missing)
+        return [(k,) for k, f in self.index["weight_map"].items() if f in gone]
+
     def layout(self) -> dict[str, Any]:
         return {"kind": "sharded", "index": self.index_name,
                 "shards": [{"file": s.name, "format": s.ckpt.format, "keys": len(s.keys),

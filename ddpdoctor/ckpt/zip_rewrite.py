@@ -147,7 +147,11 @@ def open_zip(path: Path, offset: int = 0, length: int | None = None) -> TorchZip
     if offset + length > file_size:
         raise DoctorError(f"{where} is truncated: the file has only {file_size} bytes")
     try:
-        with path.open("rb") as raw, zipfile.ZipFile(_Window(raw, offset, length)) as zf:
+        raw = path.open("rb")
+    except OSError as exc:  # unreadable is not damaged: say which, or the user replaces a good file
+        raise DoctorError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        with raw, zipfile.ZipFile(_Window(raw, offset, length)) as zf:
             infos = zf.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, struct.error,
             NotImplementedError, KeyError, IndexError) as exc:

@@ -13,6 +13,18 @@ from ddpdoctor import outputs
 from ddpdoctor.commands.options import JsonOption
 from ddpdoctor.errors import DoctorError
 
+
+def _one_key(keys: list[str] | None) -> str | None:
+    """The --key value; a repeated --key is refused (click keeps only the last one of an option given twice,
+    so `--key net --key epoch` silently stripped `epoch` alone)."""
+    if not keys:
+        return None
+    if len(keys) > 1:
+        raise DoctorError(f"--key given {len(keys)} times ({', '.join(repr(k) for k in keys)}): give it once (one "
+                          "state_dict, nested as a/b); without --key every state_dict in the checkpoint is used")
+    return keys[0]
+
+
 _TRUST_HELP = ("Allow classes outside torch.load(weights_only=True)'s allowlist. The file is still only read, never "
                "run, except by strip of a legacy (pre-1.6) pickle: that converts it through "
                "torch.load(weights_only=False), which runs it. Only for files whose source you trust.")
@@ -53,7 +65,8 @@ def strip_cmd(
     prefix: list[str] = typer.Option(None, "--prefix", metavar="P", help="Wrapper to remove (repeatable); default: all of "
                                      "module. (at the start of keys), _orig_mod., _fsdp_wrapped_module., _fpw_module., "
                                      "_checkpoint_wrapped_module. (at any depth)."),
-    key: str = typer.Option(None, "--key", metavar="K", help="Only the state_dict at this entry (nested: a/b)."),
+    key: list[str] = typer.Option(None, "--key", metavar="K", help="Only the state_dict at this entry (nested: "
+                                  "a/b); once."),
     in_place: bool = typer.Option(False, "--in-place", help="Replace PATH itself (still atomic; a symlink's target "
                                   "is rewritten, the link kept; owner, group and mode kept)."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
@@ -67,6 +80,7 @@ def strip_cmd(
         # Not a file named "-" in the current folder, which is what writing it would make.
         raise DoctorError("-o takes a file or directory name: strip writes a checkpoint, not to stdout "
                           "(- is for --json; ./- names a file called '-')")
+    one_key = _one_key(key)
     plan = outputs.Plan("ckpt strip")
     plan.reads("PATH", path)
     plan.json("--json", json_out)
@@ -74,7 +88,7 @@ def strip_cmd(
 
     # -o is checked against the plan once the input's format is known (a file, a DCP folder, a shard set),
     # before anything is written.
-    rep = strip_file(path, output, prefixes=prefix or None, key=key, in_place=in_place, trust=trust, plan=plan)
+    rep = strip_file(path, output, prefixes=prefix or None, key=one_key, in_place=in_place, trust=trust, plan=plan)
     if json_out is not None:
         outputs.emit_json(json_out, rep.to_json(), "ckpt strip")
     if outputs.json_to_stdout(json_out):
@@ -93,7 +107,8 @@ def diff_cmd(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint file, DCP directory or shard set."),
     model: str = typer.Option(..., "--model", metavar="MODULE:FACTORY", help="MODULE:FACTORY building the model, e.g. mypkg.net:build "
                               "(or path/to/file.py:build)."),
-    key: str = typer.Option(None, "--key", metavar="K", help="Compare the state_dict at this entry (nested: a/b)."),
+    key: list[str] = typer.Option(None, "--key", metavar="K", help="Compare the state_dict at this entry (nested: "
+                                  "a/b); once."),
     trust: bool = typer.Option(False, "--trust", help=_TRUST_HELP),
     json_out: JsonOption = None,
 ) -> None:
@@ -101,6 +116,7 @@ def diff_cmd(
 
     Exit 0 when the checkpoint loads with strict=True as is, 1 otherwise.
     """
+    one_key = _one_key(key)
     plan = outputs.Plan("ckpt diff")
     plan.reads("PATH", path)
     plan.reads_code("--model", model)
@@ -109,7 +125,7 @@ def diff_cmd(
 
     checkpoint = open_checkpoint(path, trust=trust)
     net = build_model_for_shapes(model)
-    rep = diff_against(checkpoint, net, key, model_spec=model)
+    rep = diff_against(checkpoint, net, one_key, model_spec=model)
     if json_out is not None:
         outputs.emit_json(json_out, rep.to_json(), "ckpt diff")
     if not outputs.json_to_stdout(json_out):

@@ -119,3 +119,43 @@ def test_directories_dcp_and_shard_sets_are_checked(tmp_path: Path) -> None:
         findings = _run(str(tmp_path / "shards" / "st"), model)
         assert any(f.status == "fail" and "shard file(s) missing: model-00001-of-00003.safetensors" in f.summary
                    for f in findings), findings
+
+
+def test_a_missing_shard_is_one_cause_not_a_wrong_architecture(tmp_path: Path) -> None:
+    """`check --checkpoint SET --model M:F` with shard 2 gone gave two failures: "different architecture"
+    and "download or copy the missing shard(s) again" (an explorer's find). The keys the shard held belong
+    to the shard's finding; with the prefix removed the shard is the only failure."""
+    from ddpdoctor.ckpt import strip_file
+    from examples.ckpt_make_shards import make_shards
+
+    make_shards(tmp_path / "shards")
+    plain = tmp_path / "plain"
+    strip_file(tmp_path / "shards" / "st", plain)
+    (plain / "model-00002-of-00003.safetensors").unlink()
+    findings = _run(str(plain), "examples.ckpt_models:make_stack")
+    assert [f.status for f in findings] == ["fail", "pass"], findings
+    shard, keys = findings
+    assert shard.summary.startswith(f"{plain}: shard file(s) missing: model-00002-of-00003.safetensors; loading "
+                                    "fails on the 5 key(s) the index places there")
+    assert shard.remedy == "download or copy the missing shard(s) again" and shard.ranks == [0]
+    assert "architecture" not in keys.summary + keys.remedy
+
+
+def test_an_unsafe_checkpoint_gets_advice_that_works_from_check(tmp_path: Path) -> None:
+    """The check has no --trust, yet said "If you trust where the file came from, pass --trust" (an explorer's
+    find). It names the command that takes it, quoted for the shell, and that command runs without running
+    the file."""
+    import shlex
+
+    from ddpdoctor.cli import main
+
+    folder = tmp_path / "my run"
+    folder.mkdir()
+    marker, paths = _evil_checkpoints(folder)
+    [f] = _run(str(paths[0]), MODEL)
+    assert f.status == "fail" and "needs posix.system to load" in f.summary
+    assert "--trust" not in f.summary
+    command = f"ddpdoctor ckpt inspect --trust {shlex.quote(str(paths[0]))}"
+    assert command in f.remedy, f.remedy
+    assert main(shlex.split(command)[1:]) == 0
+    assert not marker.exists()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddpdoctor.ckpt import build_model_for_shapes, strip_file
+from ddpdoctor.ckpt import build_model_for_shapes, load_checkpoint_into, strip_file
 from ddpdoctor.ckpt.prefixes import plan_renames
 from ddpdoctor.errors import DoctorError
 from examples.ckpt_models import MLP, make_mlp
@@ -389,3 +389,92 @@ def test_prefixes_are_reported_in_the_order_found() -> None:
     """Not in a set's order, which changes with PYTHONHASHSEED from run to run."""
     _, counts = plan_renames(["module._orig_mod.a", "_orig_mod.module.b"])
     assert list(counts) == ["module.", "_orig_mod."]
+
+
+def _copy_zip_without(src: Path, dst: Path, drop: str, cut_to: int | None = None) -> Path:
+    """``src`` re-zipped (stored, as torch writes) without the record ending in ``drop``, or with it cut to
+    ``cut_to`` bytes: what a copy or an edit that loses a zip member leaves."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith(drop):
+                if cut_to is None:
+                    continue
+                data = data[:cut_to]
+            zout.writestr(info.filename, data)
+    return dst
+
+
+def test_a_lost_or_cut_storage_record_is_a_damaged_checkpoint(ex: Path, tmp_path: Path, cli: Any) -> None:
+    """ddp.pt without its `ddp/data/0` record: `inspect` said nothing (exit 0) and `strip` reported "wrote ...:
+    9 keys renamed" for a file that fails torch.load with "PytorchStreamReader failed locating file data/0"
+    (an explorer's find). A record cut short loads wrong with mmap=True, silently. One line, exit 2."""
+    lost = _copy_zip_without(ex / "ddp.pt", tmp_path / "lost.pt", "/data/0")
+    with pytest.raises(RuntimeError, match="failed locating file data/0"):
+        torch.load(lost, weights_only=True)
+    cut = _copy_zip_without(ex / "ddp.pt", tmp_path / "cut.pt", "/data/0", cut_to=4)
+    with pytest.raises(RuntimeError, match="does not match expected size"):
+        torch.load(cut, weights_only=True)
+    for src, expected in ((lost, "names the tensor storage data/0, which is not in the zip"),
+                          (cut, "its tensor storage data/0 holds 4 bytes where data.pkl says 256")):
+        for args in (["ckpt", "inspect", str(src)], ["ckpt", "strip", str(src), "-o", str(tmp_path / "out.pt")],
+                     ["ckpt", "diff", str(src), "--model", MODEL]):
+            res = cli(args)
+            assert res.returncode == 2, (args, res.stdout)
+            assert res.stderr.startswith(f"ddpdoctor: error: {src} is damaged: ") and expected in res.stderr
+            assert res.stderr.count("\n") == 1 and res.stderr.rstrip().endswith("use another copy of the checkpoint")
+        with pytest.raises(DoctorError, match="is damaged"):
+            load_checkpoint_into(make_mlp(), src)
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_inspect_and_diff_name_the_state_dict_strip_can_rename(tmp_path: Path, cli: Any) -> None:
+    """`{"net": {"module.w", "w"}, "ema": {"module.w"}}`: inspect suggested `ckpt strip FILE -o OUT` for ema,
+    which fails on net's duplicate (an explorer's find). The command names --key ema, and it works."""
+    import shlex
+
+    t = torch.ones(2)
+    src = tmp_path / "mixed2.pt"
+    torch.save({"net": {"module.w": t, "w": t}, "ema": {"module.w": t}}, src)
+    res = cli(["ckpt", "inspect", str(src)])
+    assert res.returncode == 1
+    fix = next(line for line in res.stdout.splitlines() if "fix: ddpdoctor ckpt strip" in line)
+    command = fix.split("fix: ", 1)[1].split("   (or in Python")[0]
+    assert command == f"ddpdoctor ckpt strip {src} -o {tmp_path / 'mixed2.stripped.pt'} --key ema"
+    assert "load_checkpoint_into(model, " in fix and "key='ema'" in fix
+    assert cli(shlex.split(command)[1:]).returncode == 0
+    out = torch.load(tmp_path / "mixed2.stripped.pt", weights_only=True)
+    assert list(out["ema"]) == ["w"] and list(out["net"]) == ["module.w", "w"]
+    # diff compares the state_dict that fits (not the one holding every key twice) and names it too
+    sd = make_mlp().state_dict()
+    ddp = {f"module.{k}": v for k, v in sd.items()}
+    src = tmp_path / "mixed3.pt"
+    torch.save({"net": {**ddp, **sd}, "ema": ddp}, src)
+    res = cli(["ckpt", "diff", str(src), "--model", MODEL])
+    assert res.returncode == 1 and "ema does not load as is" in res.stdout, res.stdout
+    fix = next(line for line in res.stdout.splitlines() if "fix: ddpdoctor ckpt strip" in line)
+    command = fix.split("fix: ", 1)[1].split("   (or in Python")[0]
+    assert command.endswith(" --prefix module. --key ema")
+    assert cli(shlex.split(command)[1:]).returncode == 0
+    make_mlp().load_state_dict(torch.load(tmp_path / "mixed3.stripped.pt", weights_only=True)["ema"])
+
+
+@pytest.mark.parametrize("command", [["inspect", ""], ["strip", "", "-o", "x.pt"], ["diff", "", "--model", MODEL]])
+def test_an_empty_checkpoint_path_is_named_as_such(command: list[str], cli: Any) -> None:
+    """`ckpt inspect "$CKPT"` with CKPT unset said ". is a directory; give the checkpoint file inside it"
+    (an explorer's find): Path("") is the current folder."""
+    res = cli(["ckpt", *command])
+    assert res.returncode == 2
+    assert res.stderr == ("ddpdoctor: error: the checkpoint path is empty (an unset shell variable?); give a "
+                          "checkpoint file or folder\n")
+    assert not (REPO / "x.pt").exists()
+
+
+@pytest.mark.parametrize("command", ["strip", "diff"])
+def test_a_repeated_key_is_refused(ex: Path, tmp_path: Path, cli: Any, command: str) -> None:
+    """`strip --key net --key epoch` kept only the last --key, silently (click's rule for a repeated option)."""
+    more = ["-o", str(tmp_path / "out.pt")] if command == "strip" else ["--model", MODEL]
+    res = cli(["ckpt", command, str(ex / "ddp.pt"), "--key", "net", "--key", "epoch", *more])
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert res.stderr.startswith("ddpdoctor: error: --key given 2 times ('net', 'epoch'): give it once")
+    assert not (tmp_path / "out.pt").exists()

@@ -328,3 +328,51 @@ def test_a_key_of_shared_lists_is_shown_in_a_few_items(tmp_path: Path, cli: Any,
     assert res.returncode in (0, 1), res.stderr[-2000:]
     assert len(res.stdout) < 20_000, f"{len(res.stdout):,} characters of report from a {src.stat().st_size} B file"
     assert "[[[" in res.stdout and "..." in res.stdout  # the key is still shown, cut by reprlib
+
+
+# data_offsets of the tensors "a" and "module.b" (2 float32 each) and the length of the data block.
+ST_LAYOUTS = {
+    "same_range": ([0, 8], [0, 8], 8, "'module.b' (data_offsets [0, 8]) overlaps the tensor before it"),
+    "overlap": ([0, 8], [4, 12], 12, "'module.b' (data_offsets [4, 12]) overlaps the tensor before it"),
+    "gap": ([0, 8], [12, 20], 20, "'module.b' (data_offsets [12, 20]) leaves a gap of 4 bytes before it"),
+    "not_from_0": ([4, 12], [12, 20], 20, "'a' (data_offsets [4, 12]) leaves a gap of 4 bytes before it"),
+    "bytes_after": ([0, 8], [8, 16], 20, "the tensors cover 16 of the 20 bytes after the header"),
+    "header_order_is_free": ([8, 16], [0, 8], 16, ""),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ST_LAYOUTS))
+def test_safetensors_offsets_must_tile_the_data_as_the_reference_reader_requires(case: str, tmp_path: Path,
+                                                                                cli: Any) -> None:
+    """Two tensors on the same 8 bytes passed inspect and strip (exit 0) while safetensors' load_file raised
+    "invalid offset" (an explorer's find). Sorted by offset, the ranges must run from 0 to the end of the
+    data with no overlap and no gap (safetensors/src/tensor.rs, Metadata::validate and read_metadata); each
+    case is checked against the library itself."""
+    import json as json_
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
+    first, second, size, expected = ST_LAYOUTS[case]
+    real = tmp_path / "real.safetensors"
+    save_file({"a": torch.ones(2), "module.b": torch.zeros(2)}, str(real))
+    header = json_.loads(real.read_bytes()[8:8 + int.from_bytes(real.read_bytes()[:8], "little")])
+    header["a"]["data_offsets"], header["module.b"]["data_offsets"] = first, second
+    raw = json_.dumps(header).encode()
+    src = tmp_path / "c.safetensors"
+    src.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(range(size)))
+    before = _state(tmp_path)
+    out = tmp_path / "o.safetensors"
+    if not expected:
+        assert set(load_file(str(src))) == {"a", "module.b"}
+        assert cli(["ckpt", "inspect", str(src)]).returncode == 0
+        assert cli(["ckpt", "strip", str(src), "-o", str(out)]).returncode == 0
+        assert set(load_file(str(out))) == {"a", "b"}
+        return
+    with pytest.raises(SafetensorError, match=r"invalid offset|not fully covered"):
+        load_file(str(src))
+    for args in (["ckpt", "inspect", str(src)], ["ckpt", "strip", str(src), "-o", str(out)]):
+        res = cli(args)
+        _one_line_exit_2(res, f"{src} has a corrupt safetensors header: ")
+        assert expected in res.stderr, res.stderr
+    assert _state(tmp_path) == before
