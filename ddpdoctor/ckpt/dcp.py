@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import outputs
-from ddpdoctor.ckpt import unpickler, zip_rewrite
+from ddpdoctor.ckpt import filecopy, unpickler, zip_rewrite
 from ddpdoctor.ckpt.filecopy import copy_range
 from ddpdoctor.ckpt.model import StoredObject, TensorMeta
 from ddpdoctor.ckpt.unpickler import PidRef, Reduced
@@ -313,18 +313,10 @@ def _new_fqn(e: Entry, new_path: tuple[Any, ...]) -> str:
 
 
 def _check_readable(directory: Path, names: Iterable[str]) -> None:
-    """DoctorError naming the first of these files this user cannot open (``cannot read DIR/F: Permission denied``).
-
-    A listing and ``stat`` need only the folder's permissions, so a rank's file copied as root with mode
-    0600 looks present; unchecked, ``inspect`` passed it, ``strip -o out.pt`` called it a damaged zip and
-    ``strip -o DIR`` blamed the output. Opened with ``O_NONBLOCK`` and closed at once: nothing is read,
-    and a FIFO swapped in after the listing cannot block.
-    """
-    for name in names:
-        try:
-            os.close(os.open(directory / name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)))
-        except OSError as exc:
-            raise DoctorError(f"cannot read {directory / name}: {exc.strerror or exc}") from None
+    """DoctorError naming the first of these files of ``directory`` this user cannot open: a rank's file copied
+    as root with mode 0600 looks present to a listing (``inspect`` passed it, ``strip -o out.pt`` called it a
+    damaged zip and ``strip -o DIR`` blamed the output); see :func:`filecopy.check_readable`."""
+    filecopy.check_readable(directory / name for name in names)
 
 
 def check_complete(d: DcpDir) -> None:

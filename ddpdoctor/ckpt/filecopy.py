@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -35,6 +36,21 @@ def _start_writeback(fd: int, offset: int, count: int) -> None:
     if hasattr(os, "posix_fadvise"):
         with contextlib.suppress(OSError):
             os.posix_fadvise(fd, offset, count, os.POSIX_FADV_DONTNEED)
+
+
+def check_readable(paths: Iterable[Path]) -> None:
+    """DoctorError naming the first of these files this user cannot open (``cannot read P: Permission denied``).
+
+    A listing and ``stat`` need only the folder's permissions, so a file copied as root with mode 0600 looks
+    present; unchecked, it failed half-way through a copy, where the error read as the output's ("could not
+    write OUT") or as a damaged zip. Opened with ``O_NONBLOCK`` and closed at once: nothing is read, and a FIFO
+    swapped in after the listing cannot block.
+    """
+    for path in paths:
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)))
+        except OSError as exc:
+            raise DoctorError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def refuse_empty(path: str | os.PathLike[str]) -> None:

@@ -16,11 +16,13 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor import outputs
+from ddpdoctor.ckpt import filecopy
 from ddpdoctor.ckpt.files import FileCheckpoint, open_file
 from ddpdoctor.ckpt.locate import find_state_dicts, mapping_pairs
 from ddpdoctor.errors import DoctorError
@@ -250,6 +252,8 @@ def carried_entries(shards: ShardSet) -> list[str]:
             odd.append(f"{name} (not a file or folder)")
             continue
         carried.append(name)
+    # What is copied must be readable: found at the copy, an unreadable config.json read as "could not write OUT".
+    filecopy.check_readable(_files_below(shards.directory, carried))
     if unstripped:
         raise DoctorError(f"{shards.directory} also holds {', '.join(unstripped)}, which strip would not rewrite "
                           f"(it strips the set of {shards.index_name or 'the shard files'}): move them out, or "
@@ -258,6 +262,22 @@ def carried_entries(shards: ShardSet) -> list[str]:
         raise DoctorError(f"{shards.directory} holds {', '.join(odd)}, which cannot be copied into the stripped "
                           "set; move it out first; nothing was written")
     return carried
+
+
+def _files_below(directory: Path, names: list[str]) -> Iterator[Path]:
+    """The files ``names`` (files and folders of ``directory``) stand for, folders walked (links inside them not
+    followed: a link loop must not make this walk endless; the copy itself reports what it cannot read)."""
+    for name in names:
+        path = directory / name
+        if not path.is_dir():
+            yield path
+            continue
+        for root, _dirs, files in os.walk(path, onerror=_unreadable_folder):
+            yield from (Path(root) / f for f in files)
+
+
+def _unreadable_folder(exc: OSError) -> None:
+    raise DoctorError(f"cannot read {exc.filename}: {exc.strerror or exc}")
 
 
 def copy_other_files(shards: ShardSet, tmp: Path) -> None:

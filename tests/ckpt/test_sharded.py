@@ -115,6 +115,33 @@ def test_missing_shard_is_named_and_strip_refuses(shard_sets: Path, tmp_path: Pa
     assert res.returncode == 1 and "model-00003-of-00003.safetensors" in res.stdout
 
 
+def test_an_unreadable_file_the_stripped_set_carries_is_named_not_blamed_on_the_output(shard_sets: Path,
+                                                                                       tmp_path: Path) -> None:
+    """config.json this user may not read (copied as root, mode 0600): strip failed half-way through the copy
+    with "could not write OUT" (the fixing helper's find). One line, exit 2, naming the file; nothing written."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from tests.support import REPO, can_drop_root_read, without_root_read
+
+    if not can_drop_root_read():
+        pytest.skip("as root, needs setpriv (util-linux) to drop the capabilities that skip permission checks")
+    d = tmp_path / "set"
+    shutil.copytree(shard_sets / "st", d)
+    (d / "config.json").chmod(0)
+    try:
+        res = subprocess.run(without_root_read([sys.executable, "-m", "ddpdoctor", "ckpt", "strip", str(d), "-o",
+                                                str(tmp_path / "out")]), capture_output=True, text=True,
+                             timeout=120, cwd=REPO)
+        assert res.returncode == 2, (res.stdout[-1000:], res.stderr[-1000:])
+        assert res.stderr == f"ddpdoctor: error: cannot read {d / 'config.json'}: Permission denied\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["set"]
+    finally:
+        (d / "config.json").chmod(0o644)
+
+
 def test_index_entries_pointing_at_absent_tensors_and_extra_shards(shard_sets: Path, tmp_path: Path,
                                                                    cli: Any) -> None:
     d = tmp_path / "stale"
