@@ -264,10 +264,29 @@ def open_dcp(path: Path) -> DcpDir:
         for c in e.chunks:
             needed[c.file] = max(needed.get(c.file, 0), c.offset + c.length)
     missing = sorted(f for f in needed if f not in files)
+    for name in missing:  # there, but not a file: a folder, a FIFO or a broken link is no lost rank's file
+        if os.path.lexists(path / name):
+            raise DoctorError(f"{path / name} is not a regular file ({_kind(path / name)}); the data files .metadata "
+                              "names must be files")
     short = sorted(f for f, end in needed.items() if f in files and files[f] < end)
     _check_readable(path, sorted(f for f in needed if f in files))
     version = st.get("version") if isinstance(st.get("version"), str) else None
     return DcpDir(path, md, entries, files, missing, short, version)
+
+
+def _kind(path: Path) -> str:
+    """What a path that is not a regular file is, in words: "a folder", "a FIFO", "a broken link", ..."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a broken link"
+    for test, word in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return word
+    return "not a regular file"
 
 
 def _listify(node: Any) -> Any:

@@ -263,6 +263,26 @@ def test_diff_fails_when_a_rank_file_is_missing_even_if_the_keys_fit(dcp_dirs: P
     assert keys["status"] == "pass" and "keys and shapes fit the model" in keys["summary"]
 
 
+@pytest.mark.parametrize("kind", ["a folder", "a FIFO"])
+def test_a_rank_file_that_is_not_a_file_is_named_as_such(dcp_dirs: Path, tmp_path: Path, cli: Any,
+                                                         kind: str) -> None:
+    """A folder or FIFO where a rank's .distcp belongs was "missing" (the fixing helper's find): the user looks
+    for a file that is there. One line, exit 2, saying what it is."""
+    import os
+
+    d = _copy(dcp_dirs / "dcp_ddp", tmp_path / "d")
+    (d / "__1_0.distcp").unlink()
+    if kind == "a folder":
+        (d / "__1_0.distcp").mkdir()
+    else:
+        os.mkfifo(d / "__1_0.distcp")
+    for args in (["inspect", str(d)], ["strip", str(d), "-o", str(tmp_path / "out.pt")]):
+        res = cli(["ckpt", *args])
+        assert res.returncode == 2, (args, res.stdout[-500:])
+        assert res.stderr == (f"ddpdoctor: error: {d / '__1_0.distcp'} is not a regular file ({kind}); the data "
+                              "files .metadata names must be files\n"), args
+
+
 def test_an_unreadable_rank_file_is_named_not_called_damaged(dcp_dirs: Path, tmp_path: Path) -> None:
     """A rank's file this user may not read (copied as root, mode 0600): `inspect` passed it, `strip -o out.pt`
     called it "a damaged zip" and `strip -o DIR` blamed the output ("could not write DIR") (an explorer's
