@@ -342,8 +342,9 @@ def _agreement_note(traces: Mapping[int, GroupTrace], low: int | None, high: int
     n = len(traces)
     last = next((c for c in (_call(t, high, table) for t in traces.values()) if c is not None), None)
     what = f" (last: #{high} {last.describe()})" if last else f" (last: #{high})"
-    span = f"#{low}-#{high}" if low is not None and low < high else f"#{high}"
-    note = f"all {n} ranks agree on collectives {span}{what}"
+    several = low is not None and low < high
+    span = f"collectives #{low}-#{high}" if several else f"collective #{high}"
+    note = f"all {n} ranks agree on {span}{what}"
     pending = sorted(r for r, t in traces.items() if t.last_completed is not None and t.last_completed < high)
     if pending:
         note += f"; not yet completed on {rank_phrase(pending)} when dumped"

@@ -157,3 +157,13 @@ def test_ranks_on_several_hosts_are_named_per_host_from_the_stacks_files(tmp_pat
     report = diagnose([str(tmp_path)])
     assert "  hosts: node-a: rank 0; node-b: rank 1" in render_text(report).splitlines()
     assert to_json(report)["hosts"] == {"node-a": [0], "node-b": [1]}
+
+
+def test_one_collective_agreed_on_is_said_in_the_singular(tmp_path: Path) -> None:
+    """"all 2 ranks agree on collectives #1" for a single collective (an explorer's find); a span stays plural."""
+    for rank in (0, 1):
+        _write(tmp_path, rank, [_entry(1, "all_reduce", [[4]])])
+    assert "all 2 ranks agree on collective #1 (last: #1 all_reduce" in render_text(diagnose([str(tmp_path)]))
+    for rank in (0, 1):
+        _write(tmp_path, rank, [_entry(1, "all_reduce", [[4]]), _entry(2, "all_reduce", [[4]], created=1)])
+    assert "all 2 ranks agree on collectives #1-#2 (last: #2 all_reduce" in render_text(diagnose([str(tmp_path)]))
