@@ -1,12 +1,16 @@
-"""Inputs as the scanner wants them: torchrun error files read as their traceback, UTF-16 logs as UTF-8."""
+"""Inputs as the scanner wants them: torchrun error files read as their traceback, UTF-16 logs as UTF-8, gzip'd
+logs decompressed."""
 
 from __future__ import annotations
 
 import codecs
+import gzip
 import io
+import zlib
 from collections.abc import Iterable
 from typing import IO, Any, cast
 
+from ddpdoctor.errors import DoctorError
 from ddpdoctor.explain.knowledge import Signature
 from ddpdoctor.explain.model import ExplainResult
 from ddpdoctor.explain.scanner import Scanner
@@ -79,9 +83,10 @@ class _Utf16AsUtf8(io.RawIOBase):
     NUL, so no keyword would ever match. Undecodable code units become U+FFFD, as in a UTF-8 log.
     """
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: IO[bytes], encoding: str = "utf-16") -> None:
         self._stream = stream
-        self._decoder = codecs.getincrementaldecoder("utf-16")(errors="replace")  # reads and drops the BOM
+        # "utf-16" reads and drops the BOM; "utf-16-le"/"-be" for a stream without one.
+        self._decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
         self._pending = b""
         self._eof = False
 
@@ -111,17 +116,65 @@ def _read_up_to(stream: IO[bytes], limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _sniffed(stream: IO[bytes]) -> IO[bytes]:
-    """The stream as UTF-8-compatible bytes: a UTF-16 one is transcoded.
+class _Gunzipped(io.RawIOBase):
+    """A gzip'd log (``train.log.gz``, as logrotate and many job schedulers keep them) read decompressed, a piece
+    at a time. A file that cannot be read to its end (cut short, damaged) is one line, exit 2: scanned as bytes it
+    gave "no known error found", an all-clear for a log that was never read."""
+
+    def __init__(self, stream: IO[bytes], name: str) -> None:
+        self._gz = gzip.GzipFile(fileobj=stream, mode="rb")
+        self._name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            return self._gz.readinto(buffer)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise DoctorError(f"{self._name}: a gzip file that cannot be read to its end ({exc}); "
+                              "decompress what is left with `zcat -f` and give that") from None
+
+
+# UTF-16 with no byte-order mark: at least this share of NULs, nearly all on one side of each code unit.
+UTF16_NUL_SHARE = 0.4
+UTF16_NUL_SIDE = 0.95
+
+
+_TEXT_BYTES = frozenset(b"\t\n\r" + bytes(range(0x20, 0x7F)))
+
+
+def _utf16_without_bom(head: bytes) -> str | None:
+    """"utf-16-le" or "utf-16-be" when ``head`` reads as BOM-less UTF-16 text, else None: mostly ASCII, so every
+    other byte is a NUL, always the same one of the two, and the other bytes are nearly all printable ASCII. A
+    binary file's NULs fall on both sides, or beside bytes that are no text (``\\x00\\xff`` repeated)."""
+    if len(head) < 64 or head.count(0) < UTF16_NUL_SHARE * len(head):
+        return None
+    odd, even = head[1::2], head[0::2]
+    for nuls, other, encoding in ((odd, even, "utf-16-le"), (even, odd, "utf-16-be")):
+        if (nuls.count(0) >= UTF16_NUL_SIDE * len(nuls) and other.count(0) == 0
+                and sum(b in _TEXT_BYTES for b in other) >= UTF16_NUL_SIDE * len(other)):
+            return encoding
+    return None
+
+
+def _sniffed(stream: IO[bytes], name: str = "<input>") -> IO[bytes]:
+    """The stream as UTF-8-compatible bytes: a gzip'd one is decompressed, a UTF-16 one transcoded.
 
     UTF-16 is recognised by its byte-order mark and NULs in at least a quarter of the next bytes (log text
     is mostly ASCII, whose UTF-16 high bytes are NUL): a UTF-8 log that merely starts with the bytes FF FE
-    (garbage) is not taken for one.
+    (garbage) is not taken for one; without a mark, by NULs on one side of every code unit and none on the
+    other (``_utf16_without_bom``). Gzip by its magic bytes (RFC 1952) and a header gzip reads.
     """
     head = _read_up_to(stream, 4096)
     rest = cast(IO[bytes], _Prefixed(head, stream))
+    if head[:3] == b"\x1f\x8b\x08":  # gzip's magic and its one compression method, deflate
+        return _sniffed(cast(IO[bytes], io.BufferedReader(_Gunzipped(rest, name))), name)
     if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) and head[2:].count(0) * 4 >= len(head) - 2:
         return cast(IO[bytes], _Utf16AsUtf8(rest))
+    encoding = _utf16_without_bom(head)
+    if encoding is not None:
+        return cast(IO[bytes], _Utf16AsUtf8(rest, encoding))
     return rest
 
 
@@ -134,7 +187,7 @@ def explain_streams(streams: Iterable[tuple[str, IO[bytes], int | None]],
     """
     scanner = Scanner(kb)
     for name, stream, rank in streams:
-        stream = _sniffed(stream)
+        stream = _sniffed(stream, name)
         if name.endswith(".json"):
             head = _read_up_to(stream, MAX_ERROR_FILE_BYTES + 1)
             text = error_file_text(head) if len(head) <= MAX_ERROR_FILE_BYTES else None

@@ -114,7 +114,10 @@ DIST_MAX_CANDIDATES = 256  # literals found but not confirmed (torch/nn/... fram
 # What starts a new log line, never the middle of a wrapped one: a glog or ISO time stamp, an NCCL
 # "host:pid:tid [dev] NCCL" header, a traceback's header.
 LINE_HEADER = re.compile(
-    r"\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[?\d{4}-\d\d-\d\d[ T]\d\d:|[\w.-]+:\d+:\d+ \[\d+\] NCCL |Traceback \(most")
+    r"\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[?\d{4}-\d\d-\d\d[ T]\d\d:|[\w.-]+:\d+:\d+ \[\d+\] NCCL |Traceback \(most"
+    # a field of torchrun's failure summary (torch/distributed/elastic/multiprocessing/errors/__init__.py): the line
+    # under a long `error_file: /tmp/torchelastic_.../error.json` is `traceback : Traceback ...`, never its wrap
+    r"|\s{2}(?:time|host|rank|exitcode|error_file|traceback)\s*: ")
 SPAWN_HEADER = re.compile(r"Process (\d{1,7}) terminated with the following error")
 PG_RANK = re.compile(r"\[(?:PG [^\]\[]*?)?Rank (\d{1,7})\]")
 NCCL_RANK = re.compile(r"\brank (\d{1,7})\b")

@@ -108,7 +108,8 @@ def _consequences(head: Diagnosis, result: ExplainResult) -> list[str]:
 def render_text(result: ExplainResult) -> str:
     """The human report: one numbered block per root cause, its consequences under it, notes last."""
     nfiles = len(result.files)
-    where = f"{nfiles} input{'s' if nfiles != 1 else ''}, {result.lines_scanned:,} lines"
+    lines = result.lines_scanned
+    where = f"{nfiles} input{'s' if nfiles != 1 else ''}, {lines:,} line{'s' if lines != 1 else ''}"
     windowed = ""
     if result.lines_windowed:
         n = result.lines_windowed

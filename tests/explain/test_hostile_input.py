@@ -287,6 +287,42 @@ def test_a_utf16_log_with_a_bom_is_read_as_text(tmp_path: Path, codec: str) -> N
     assert data["lines_scanned"] == 3002
 
 
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be"])
+def test_a_utf16_log_without_a_bom_is_read_as_text(tmp_path: Path, codec: str) -> None:
+    """The same log with no byte-order mark (a tool that strips it, a copy that lost it) was "no error found",
+    exit 0 (an explorer's find): read as UTF-16 when NULs fall on one side of every code unit and none on the
+    other, which no binary file and no UTF-8 log shows."""
+    text = "step 1 ok\r\n" * 300 + OOM_LINE.decode().replace("\n", "\r\n") + "done\r\n"
+    f = tmp_path / "nobom.log"
+    f.write_bytes(text.encode(codec))
+    proc = run_cli(["explain", "--json", "-", str(f)])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (d,) = json.loads(proc.stdout)["diagnoses"]
+    assert (d["id"], d["ranks"], d["evidence"][0]["line"]) == ("cuda-oom", [2], 301)
+
+
+def test_a_gzipped_log_is_read_decompressed_and_a_cut_one_is_one_line(tmp_path: Path) -> None:
+    """`explain train.log.gz` scanned the compressed bytes: "no known error found", exit 0, for a log never read
+    (an explorer's find). Decompressed as it streams (also from stdin); a gzip file cut short is bad input."""
+    import gzip
+
+    log = b"step 1 ok\n" * 1000 + OOM_LINE + b"done\n"
+    f = tmp_path / "train.log.gz"
+    f.write_bytes(gzip.compress(log))
+    for args, stdin in ((["explain", "--json", "-", str(f)], None), (["explain", "--json", "-", "-"], f)):
+        proc = subprocess.run([sys.executable, "-m", "ddpdoctor", *args], capture_output=True, timeout=60,
+                              stdin=stdin.open("rb") if stdin else subprocess.DEVNULL, env=clean_env())
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        data = json.loads(proc.stdout)
+        assert [(d["id"], d["ranks"]) for d in data["diagnoses"]] == [("cuda-oom", [2])]
+        assert data["lines_scanned"] == 1002
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(f.read_bytes()[:60])
+    proc = run_cli(["explain", str(cut)])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"ddpdoctor: error: {cut}: a gzip file that cannot be read to its end")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="peak memory read from Linux /proc")
 def test_a_50_mb_single_line_streams_in_flat_memory(tmp_path: Path) -> None:
     """A 50 MB line without a newline (a core dump, a minified JSON blob): read in fixed-size pieces, never

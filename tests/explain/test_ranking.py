@@ -376,3 +376,20 @@ def test_a_name_that_does_not_resolve_explains_the_connect_timeout_though_c10d_w
                       if "cannot be retrieved" in line else line for line in text.splitlines())
     assert [d for d in tree(explain_text(other)) if d[0] == "master-connect-timeout"] == \
         [("master-connect-timeout", None)]
+
+
+def test_a_summary_traceback_under_a_long_error_file_path_keeps_its_rank() -> None:
+    """torchrun's summary quotes a worker's traceback only when the worker wrote an error file (`@record`), so
+    `error_file:` then holds a long path; the `traceback :` line under it was taken for that line's terminal wrap,
+    and the exception lost its rank (an explorer's find: "ranks: unknown", the echo listed as its own problem)."""
+    from ddpdoctor.explain import explain_text
+
+    long_path = "/tmp/torchelastic_abcd1234/9f8e7d6c-5b4a-3c2d-1e0f-a1b2c3d4e5f6_x7y8z9/attempt_0/1/error.json"
+    log = ("Root Cause (first observed failure):\n[0]:\n  time      : 2024-11-28_10:25:06\n  host      : node1\n"
+           "  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 1234)\n"
+           f"  error_file: {long_path}\n  traceback : Traceback (most recent call last):\n"
+           '    File "/home/u/train.py", line 40, in main\n      dist.all_reduce(t)\n  ValueError: bad batch\n'
+           + "=" * 60 + "\n")
+    for path in (long_path, "/tmp/e.json"):
+        got = explain_text(log.replace(long_path, path)).diagnoses
+        assert [(d.id, sorted(d.ranks)) for d in got] == [("python-exception", [1]), ("worker-failed", [1])], path
