@@ -37,6 +37,31 @@ def known_cause(error: str | None, rank: int) -> dict[str, Any] | None:
     return None
 
 
+def known_cause_in_output(tail: str | None, rank: int) -> dict[str, Any] | None:
+    """The explain diagnosis of rank ``rank``'s last output lines, with the line it rests on (``line``), or None
+    when they hold nothing specific.
+
+    For a rank killed by a signal there is no exception line to read: gloo aborts a rank whose peer sent a
+    buffer of another size (``gloo::EnforceNotMet ... Received data size doesn't match expected size``, then
+    SIGABRT) within milliseconds, before its mismatched call reaches the supervisor, and the reason is only in
+    what the rank printed. Never raises."""
+    if not tail or not tail.strip():
+        return None
+    try:
+        from ddpdoctor.explain import explain_text
+
+        result = explain_text(tail if tail.endswith("\n") else tail + "\n", name=f"rank {rank} output")
+    except Exception:  # explain's own bug must not cost the verdict
+        return None
+    for diagnosis in result.diagnoses:
+        if diagnosis.id not in _SAYS_NOTHING_MORE and not diagnosis.signature.catch_all:
+            sig = diagnosis.signature
+            line = diagnosis.evidence[0].text.strip() if diagnosis.evidence else ""
+            return {"id": sig.id, "title": sig.title, "remedy": sig.remedy, "command": sig.command,
+                    "source": "output", "line": line}
+    return None
+
+
 def warm_up() -> None:
     """Build explain's knowledge base and matcher now, in a daemon thread: at a crash under torchrun the launcher
     tears rank 0 down soon after another rank failed, and building them then (a second on a loaded node) came

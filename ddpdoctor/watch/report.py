@@ -13,7 +13,16 @@ from typing import Any
 from tabulate import tabulate
 
 from ddpdoctor.ranks import rank_phrase
-from ddpdoctor.watch.verdict import HOST_LOST, LOST_CONTACT, PARTITION, clock
+from ddpdoctor.watch.verdict import (
+    EARLY_EXIT,
+    HOST_LOST,
+    LOST_CONTACT,
+    NEXT_STEP,
+    PARTITION,
+    busy_only,
+    clock,
+    early_exit_text,
+)
 
 # The table's "now" column for a rank outside any recorded call, by where it waits (watch.waits).
 _NOW = {"gpu": "waiting for the GPU", "dataloader": "waiting for a DataLoader worker", "lock": "waiting on a lock",
@@ -82,10 +91,17 @@ def behind_lines(div: dict[str, Any], hosts: dict[int, str] | None = None) -> li
     for entry in div.get("behind") or []:
         what = f"{entry['op']} {point_name(div['group'], div['seq']).split(' ', 1)[1]}"
         desc = f" {entry['desc']}" if entry.get("desc") else ""
-        lines.append(f"  {who_text(entry['ranks'], hosts)} never issued {what}{desc} ({who_text(entry['others'], hosts)} issued "
-                     f"it at {entry.get('site') or '?'}): {entry['issued']} issued on {div['group']} against "
-                     f"{entry['others_issued']}; a collective skipped there (a rank-dependent branch, an early "
-                     "break or continue) is the likely cause")
+        head = (f"  {who_text(entry['ranks'], hosts)} never issued {what}{desc} ({who_text(entry['others'], hosts)} "
+                f"issued it at {entry.get('site') or '?'}): {entry['issued']} issued on {div['group']} against "
+                f"{entry['others_issued']}")
+        if entry.get("busy"):
+            # In its own code with nothing pending: it has not reached the call, as far as the evidence shows.
+            lines.append(f"{head}; {'it has' if len(entry['ranks']) == 1 else 'they have'} not reached it: busy in "
+                         f"{'its' if len(entry['ranks']) == 1 else 'their'} own code at {entry['busy']} (not in any "
+                         "collective, nothing pending), so nothing shows a skip")
+        else:
+            lines.append(f"{head}; a collective skipped there (a rank-dependent branch, an early break or continue) "
+                         "is the likely cause")
     return lines
 
 
@@ -216,6 +232,11 @@ def headline(result: dict[str, Any]) -> str:
             if not ws:
                 text += " before any process it started joined a process group: nothing was watched"
             return text
+        if result.get("early_exit"):
+            text = f"ddpdoctor watch: CRASH: {early_exit_text(result['early_exit'])}"
+            if any(r["state"] in ("waiting", "running", "silent") for r in result["ranks"]):
+                text += "; the rest were torn down"
+            return text
         first = by_rank[order[0]]
         where = f" on {first['host']}" if host_map(result) and first.get("host") else ""
         text = f"ddpdoctor watch: CRASH: rank {first['rank']}{where} {ended_text(first)}"
@@ -223,12 +244,19 @@ def headline(result: dict[str, Any]) -> str:
         # the text), hit the same bug itself: "then failed" would read as a consequence of the first crash.
         same = [r for r in order[1:] if by_rank[r]["state"] == "crashed" and by_rank[r]["error"]
                 and by_rank[r]["error"] == first["error"] and not by_rank[r]["signal"]]
-        rest = [r for r in order[1:] if r not in same]
+        # Likewise ranks that each exited with the same code, with no error text, no signal, and no collective
+        # issued by either (argparse rejecting an argument on every rank: exit 2): nobody waited for anybody.
+        same_exit = [r for r in order[1:] if r not in same and _quiet_exit(by_rank[r])
+                     and _quiet_exit(first) and by_rank[r]["exit_code"] == first["exit_code"]]
+        rest = [r for r in order[1:] if r not in same and r not in same_exit]
         if same:
             text += (f" first; {rank_phrase(same)} raised the same at the same place (each rank hit it: not a "
                      f"consequence of rank {first['rank']}'s crash)")
+        if same_exit:
+            text += (f"{'' if same else ' first'}; {rank_phrase(same_exit)} exited with the same code (each rank "
+                     f"ended so on its own, before any collective: not a consequence of rank {first['rank']}'s exit)")
         if rest:
-            text += f"{'' if same else ' first'}; then {rank_phrase(rest)} failed"
+            text += f"{'' if same or same_exit else ' first'}; then {rank_phrase(rest)} failed"
         if any(r["state"] in ("waiting", "running", "silent") for r in result["ranks"]):
             text += "; the rest were torn down"
         return text
@@ -236,6 +264,12 @@ def headline(result: dict[str, Any]) -> str:
         return (f"ddpdoctor watch: the script ended (exit code {result['exit_code']}) before any process it started "
                 "joined a process group: nothing was watched")
     return f"ddpdoctor watch: ok: {_ranks(ws)} finished (exit code {result['exit_code']})"
+
+
+def _quiet_exit(rank: dict[str, Any]) -> bool:
+    """It exited with a code of its own, no error text, no signal, and had issued no collective."""
+    return (isinstance(rank["exit_code"], int) and rank["exit_code"] > 0 and not rank["error"]
+            and not rank["signal"] and not any((rank.get("issued") or {}).values()))
 
 
 def _ranks(count: int) -> str:
@@ -359,6 +393,11 @@ def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
         elif result["status"] == "hang" and not user_code:
             lines += ["", "next step: the ranks that stopped reporting first (above): their host and its link, before "
                       "any code; their last report is older than the verdict"]
+        elif result["status"] == "hang" and div and busy_only(div):
+            busy = sorted({entry["busy"] for entry in div["behind"]})
+            lines += ["", f"fix: if the phase at {', '.join(busy)} (an evaluation, a checkpoint, loading data) is expected "
+                      f"to take longer than {result['hang_timeout_s']:g} s, raise --hang-timeout above its duration; "
+                      "otherwise that line is the hang (what keeps it from reaching the call the others wait in)"]
         elif result["status"] == "hang" and div and div.get("behind"):
             lines += ["", "fix: every rank must issue the same collectives: make the branch that skips one the same "
                       "on every rank (decide it with an all_reduce of a flag), or still call the collective"]
@@ -375,6 +414,14 @@ def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
         elif result["status"] == "hang":
             lines += ["", "fix: a collective inside `if rank == ...` (or skipped by a data-dependent branch) must "
                       "run on every rank; if one rank legitimately works alone for longer, raise --hang-timeout"]
+        elif result["status"] == "crash" and result.get("early_exit"):
+            lines += ["", f"fix: {NEXT_STEP[EARLY_EXIT]}"]
+        elif result["status"] == "crash" and (result.get("known_cause") or {}).get("source") == "output":
+            known = result["known_cause"]
+            first = (result.get("crash_order") or ["?"])[0]
+            lines += ["", f"rank {first}'s last output says: {_short(known['line'], 300)}",
+                      f"what that means (ddpdoctor explain: {known['id']}): {known['title']}",
+                      f"fix: {known['remedy']}"]
         elif result["status"] == "crash" and result.get("known_cause"):
             known = result["known_cause"]
             lines += ["", f"what that exception means (ddpdoctor explain: {known['id']}): {known['title']}",

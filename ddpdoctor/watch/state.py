@@ -40,6 +40,7 @@ class RankState:
     frames: list[list[Any]] | None = None  # its main thread's whole stack at the verdict
     loader: dict[str, Any] | None = None  # the DataLoader worker it waits for, at the verdict
     cur: dict[str, Any] | None = None
+    ended_in: dict[str, Any] | None = None  # the call it was in when it ended (its last beat's ``cur``)
     last: dict[str, Any] | None = None
     seqs: dict[str, int] = field(default_factory=dict)
     said_exit: bool = False  # the rank's own exit message arrived

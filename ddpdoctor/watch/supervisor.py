@@ -43,7 +43,7 @@ from ddpdoctor.watch import evidence
 from ddpdoctor.watch.aggregate import CRASH, HANG, INIT_CONFLICT, OK, Aggregator
 from ddpdoctor.watch.channel import ADDR_ENV, Server
 from ddpdoctor.watch.config import WatchConfig
-from ddpdoctor.watch.known_errors import known_cause, warm_up
+from ddpdoctor.watch.known_errors import known_cause, known_cause_in_output, warm_up
 from ddpdoctor.watch.output import RankOutput
 from ddpdoctor.watch.reaper import Teardown, die_with_supervisor
 from ddpdoctor.watch.recorder import site_name
@@ -101,7 +101,13 @@ def write_result(result: dict[str, Any], json_path: str | None, agg: Aggregator 
     if result.get("status") == CRASH:
         by_rank = {r["rank"]: r for r in result["ranks"]}
         first = by_rank.get((result.get("crash_order") or [None])[0])
-        result["known_cause"] = known_cause(first["error"], first["rank"]) if first else None
+        # After a rank's clean early exit the first failure is its echo: explain's advice for that ("look at the
+        # other ranks' logs") would send the reader to a log with nothing in it; the report names the exit.
+        echo_only = result.get("early_exit") is not None
+        result["known_cause"] = known_cause(first["error"], first["rank"]) if first and not echo_only else None
+        if first and first.get("signal") and output is not None and result["known_cause"] is None:
+            # A rank killed by a signal left no exception; what it printed last may say why (gloo's abort).
+            result["known_cause"] = known_cause_in_output(output.tail_text(first["rank"]), first["rank"])
     histories = {r: list(s.history) for r, s in agg.ranks.items()} if agg is not None else {}
     outputs = {rank: output.tail_text(rank) for rank in output.tails} if output is not None else {}
     bundle = evidence.planned(result, histories, outputs) if agg is not None and result.get("evidence") else None

@@ -15,11 +15,14 @@ The classes (``failure.class`` in the JSON), in the order they are tried:
   step: the NIC and the link (``ip -s link``, the switch port), then the host.
 - ``crash``: a rank ended with an exit status, a signal or an exception (peers that failed only because it
   went away are listed after it, see ``Aggregator.failure_order``). Next step: its stderr and exit status.
+  When the first failure is only such an echo and a rank had ended well (exit code 0) before it, that early
+  exit is the cause (``Aggregator.early_exit``): next step, the same number of steps on every rank.
 - ``desync``: the ranks are alive and reporting, and they are in different collectives (or issued different
   ones: a mismatch). Only here does the advice point at the user's code (a skipped collective, a
   rank-dependent branch). Next step: the code line named.
 - ``hang`` / ``stall``: nobody progresses and no class above fits (a GPU that never finishes, a DataLoader
-  worker, a rank stuck outside the collectives, every rank busy in its own code).
+  worker, a rank stuck outside the collectives, every rank busy in its own code; a rank behind that is busy in
+  its own code before the call the others wait in: it has not reached it, see :func:`busy_only`).
 - ``init_conflict``: contradictory ``init_process_group`` calls (see ``aggregate.claim_conflict``).
 - ``lost_contact``: the verdict of a host that lost the supervisor (rank 0's host and the job's store):
   written by that host itself (:func:`lost_contact`), since the supervisor cannot reach it.
@@ -88,12 +91,16 @@ class Aggregator(Protocol):
 
     def failure_order(self) -> list[int]: ...
 
+    def early_exit(self) -> dict[str, Any] | None: ...
+
 
 # The statuses of aggregate (the same strings; kept here so that this module does not import it).
 _CRASH, _HANG, _MISMATCH, _INIT_CONFLICT = "crash", "hang", "mismatch", "init_conflict"
 
 HOST_LOST, PARTITION, CRASH_CLASS, DESYNC = "host_lost", "partition", "crash", "desync"
 HANG_CLASS, STALL, INIT_CONFLICT_CLASS, LOST_CONTACT = "hang", "stall", "init_conflict", "lost_contact"
+# Not a class of its own (a crash): the key of the next step when a rank's clean early exit caused it.
+EARLY_EXIT = "early_exit"
 # A host's ranks that vanish within this many seconds of each other vanished together (a host-level event);
 # also how long the supervisor waits, after the first one, for the rest of that host before it decides.
 HOST_WINDOW_S = 2.0
@@ -110,6 +117,10 @@ NEXT_STEP = {
                "and kernel log (a host that froze looks the same from here)",
     CRASH_CLASS: "read the failed rank's own stderr and exit status above (and its host's kernel log for a "
                  "signal such as SIGKILL: the OOM killer)",
+    EARLY_EXIT: "give every rank the same number of steps: a DistributedSampler with drop_last=True (or the same "
+                "number of batches on every rank), no rank-dependent `return`, `break`, `continue` or `sys.exit` "
+                "around the collectives; for uneven inputs, wrap the loop in "
+                "`torch.distributed.algorithms.Join([model])`",
     DESYNC: "the code line named above: every rank must issue the same collectives in the same order",
 }
 
@@ -263,6 +274,13 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
                            f"{names} (or {names} froze as a whole); not a fault in the training code",
                 "next_step": NEXT_STEP[PARTITION].format(host=names, here=here or "this host")}
 
+    early = agg.early_exit() if status == _CRASH else None
+    if early is not None:
+        summary = early_exit_text(early)
+        evidence.append(f"{on([early['rank']])} exited with code 0 first")
+        evidence.append(f"then {rank_phrase(early['then'])} failed: {early['echo']} (a peer went away)")
+        return {**base, "class": CRASH_CLASS, "user_code": True, "summary": summary,
+                "next_step": NEXT_STEP[EARLY_EXIT]}
     if status == _CRASH:
         order = agg.failure_order()
         first = order[0] if order else None
@@ -277,6 +295,14 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
 
     involved = _involved(divergence)
     alive = not any(r in silent or agg.ranks[r].finished for r in involved)
+    if divergence and status == _HANG and alive and busy_only(divergence):
+        busy = sorted({entry["busy"] for entry in divergence["behind"]})
+        late = sorted({r for entry in divergence["behind"] for r in entry["ranks"]})
+        return {**base, "class": HANG_CLASS, "user_code": True,
+                "summary": f"{rank_phrase(late)} has not reached the collective the others wait in: busy in its own "
+                           f"code at {', '.join(busy)}",
+                "next_step": "if that phase is expected to take this long, raise --hang-timeout; otherwise that line "
+                             "is the hang"}
     if status == _MISMATCH or (divergence and alive and not stall):
         if silent:
             evidence.append("no report from " + "; ".join(
@@ -291,6 +317,30 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
     return {**base, "class": STALL if stall else HANG_CLASS, "user_code": not silent,
             "summary": "no rank made progress" if not stall else "every rank is busy in its own code",
             "next_step": "where each rank waits, below"}
+
+
+def early_exit_text(early: dict[str, Any]) -> str:
+    """'rank 1 exited with code 0 while rank 0 was still in all_reduce #3 at faulty.py:46; rank 0 then failed
+    (Connection closed by peer): a rank that ends early ... leaves the others in a collective'."""
+    call = early.get("in")
+    if call and call.get("op"):
+        seq = f" #{call['seq']}" if call.get("seq") is not None else ""
+        where = f"in {call['op']}{seq} at {call.get('site') or '?'}"
+    else:
+        where = f"at {early['site']}" if early.get("site") else "running"
+    victim = early["echo_rank"]
+    return (f"rank {early['rank']} exited with code 0 while rank {victim} was still {where}; "
+            f"{rank_phrase(early['then'])} then failed ({early['echo']}): a rank that ends early (fewer batches, an "
+            "early return or sys.exit) leaves the others in a collective")
+
+
+def busy_only(divergence: dict[str, Any]) -> bool:
+    """Every rank behind at the divergence is busy in its own code before the call (``behind[].busy``) and no
+    rank is inside another collective: a rank that has not reached a call yet, not a desync (a skip shows as a
+    rank in another collective, or waiting for the GPU on work it issued past the call)."""
+    behind = divergence.get("behind") or []
+    return bool(behind) and all(entry.get("busy") for entry in behind) and not any(
+        group.get("state") == "elsewhere" for group in divergence.get("groups") or [])
 
 
 def _involved(divergence: dict[str, Any] | None) -> list[int]:

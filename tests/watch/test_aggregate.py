@@ -330,7 +330,8 @@ def test_a_rank_that_never_issued_what_the_others_issued_is_behind_only_once_it_
     assert agg.verdict(6.5) == HANG
     div = agg.result(HANG)["divergence"]
     assert (div["seq"], div["behind"]) == (6, [{"ranks": [1], "issued": 5, "others": [0, 2], "others_issued": 6,
-                                                "op": "all_reduce", "desc": "float32[4]", "site": "skip.py:20"}])
+                                                "op": "all_reduce", "desc": "float32[4]", "site": "skip.py:20",
+                                                "busy": None}])
     assert "rank 1 never issued all_reduce #6 float32[4] (ranks 0,2 issued it at skip.py:20)" in render(agg.result(HANG))
     # The same counts with rank 1 inside another recorded call: no "skipped" claim.
     agg.feed(1, {"t": "beat", "progress": 11, "done": 5, "cur": rec("backward", None, "skip.py:30"), "last": None,
@@ -400,3 +401,131 @@ def test_rank0s_own_crash_waits_briefly_for_the_others_under_a_launcher() -> Non
         assert not other._own_crash_settling(10.01), "another rank's crash is reported at once"
     finally:
         server.close()
+
+
+GLOO_PEER_GONE = ("RuntimeError: Connection closed by peer [127.0.0.1]:10117. This is typically caused by a remote "
+                  "worker crashing. Check the logs of the remote worker before reporting an error.")
+
+
+def test_a_rank_that_exits_0_early_is_the_cause_of_the_peer_gone_failure_that_follows() -> None:
+    """Rank 1 runs one step fewer (sys.exit(0), a `continue`, fewer batches) and exits 0; rank 0, still in its
+    all_reduce, fails on the closed connection. The exit is the cause: rank 0's echo must not be "the crash"."""
+    agg = Aggregator(2, hang_timeout_s=15)
+    hello_all(agg)
+    start(agg, 0, rec("all_reduce", 4, "faulty.py:46", "float32[4]"), 3, 1.0)
+    agg.feed(1, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 1.1)
+    agg.process_exited(1, 0, 1.11)
+    agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": f"{GLOO_PEER_GONE} (at faulty.py:46)"}, 1.2)
+    agg.process_exited(0, 1, 1.21)
+    result = agg.result(agg.verdict(1.3) or "")
+    assert result["status"] == CRASH and result["crash_order"] == [0]
+    assert result["early_exit"]["rank"] == 1
+    text = render(result)
+    assert text.splitlines()[0] == (
+        "ddpdoctor watch: CRASH: rank 1 exited with code 0 while rank 0 was still in all_reduce #4 at faulty.py:46; "
+        "rank 0 then failed (Connection closed by peer): a rank that ends early (fewer batches, an early return or "
+        "sys.exit) leaves the others in a collective")
+    assert "fix: give every rank the same number of steps" in text and "Join" in text
+    assert result["failure"]["summary"].startswith("rank 1 exited with code 0 while rank 0")
+
+
+def test_a_real_crash_first_keeps_its_place_and_a_clean_end_is_not_an_early_exit() -> None:
+    # Rank 1 raised first; rank 2 had ended well before; rank 0's echo follows: rank 1's crash is the cause.
+    agg = Aggregator(3, hang_timeout_s=15)
+    hello_all(agg)
+    agg.feed(2, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 0.5)
+    agg.process_exited(2, 0, 0.51)
+    agg.feed(1, {"t": "exit", "code": 1, "crashed": True, "error": "ValueError: bad batch (at t.py:20)"}, 1.0)
+    agg.process_exited(1, 1, 1.01)
+    agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": f"{GLOO_PEER_GONE} (at t.py:46)"}, 1.1)
+    agg.process_exited(0, 1, 1.11)
+    result = agg.result(agg.verdict(1.3) or "")
+    assert result["early_exit"] is None
+    assert render(result).startswith("ddpdoctor watch: CRASH: rank 1 raised ValueError: bad batch")
+    # Every rank exiting 0 is still ok.
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    for rank in (0, 1):
+        agg.feed(rank, {"t": "exit", "code": 0, "crashed": False, "error": ""}, 1.0)
+        agg.process_exited(rank, 0, 1.0)
+    assert agg.verdict(9.0) == OK and agg.result(OK)["early_exit"] is None
+
+
+def test_a_rank_busy_in_its_own_code_before_the_call_has_not_reached_it_and_is_not_said_to_skip_it() -> None:
+    """Rank 0 sleeps (a checkpoint, an evaluation) before barrier #4 while rank 1 waits in it. Its stack is in its
+    own code with nothing pending: it has not reached the barrier; "skipped" and the desync fix were wrong."""
+    agg = Aggregator(2, hang_timeout_s=8)
+    hello_all(agg)
+    start(agg, 1, rec("barrier", 4, "slowrank.py:8"), 3, 1.0)
+    agg.feed(0, {"t": "beat", "progress": 6, "done": 3, "cur": None, "last": None, "seqs": {"WORLD": 3}}, 1.5)
+    assert agg.verdict(9.6) == HANG
+    agg.feed(0, {"t": "stack", "stack": ["slowrank.py:7 in <module>: time.sleep(60)"],
+                 "frames": [["slowrank.py", 7, "<module>", "time.sleep(60)"]]}, 9.7)
+    result = agg.result(HANG)
+    (behind,) = result["divergence"]["behind"]
+    assert behind["ranks"] == [0] and behind["busy"] == "slowrank.py:7"
+    assert result["failure"]["class"] == "hang" and result["failure"]["user_code"]
+    text = render(result)
+    assert ("rank 0 never issued barrier #4 (rank 1 issued it at slowrank.py:8): 3 issued on WORLD against 4; it has "
+            "not reached it: busy in its own code at slowrank.py:7 (not in any collective, nothing pending)") in text
+    assert "skipped" not in text and "every rank must issue the same collectives" not in text
+    assert "fix: if the phase at slowrank.py:7 (an evaluation, a checkpoint, loading data) is expected to take longer " \
+           "than 8 s, raise --hang-timeout" in text
+    # The same rank a few lines below the call in its file went past it: that is a skip, as before.
+    agg.feed(0, {"t": "stack", "stack": ["slowrank.py:12 in <module>: time.sleep(60)"],
+                 "frames": [["slowrank.py", 12, "<module>", "time.sleep(60)"]]}, 9.8)
+    result = agg.result(HANG)
+    assert result["divergence"]["behind"][0]["busy"] is None and result["failure"]["class"] == "desync"
+    assert "a collective skipped there" in render(result)
+
+
+GLOO_ABORT = """rank 0 step 4
+terminate called after throwing an instance of 'gloo::EnforceNotMet'
+  what():  [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:510] op.preamble.length <= op.nbytes. 28 \
+vs 16. Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?
+"""
+
+
+def test_a_rank_killed_by_a_signal_is_explained_by_its_own_last_output() -> None:
+    """gloo aborts the receiving rank of a size mismatch (SIGABRT) before its mismatched call is reported: the
+    reason is only in that rank's output. explain reads it; only a specific diagnosis is kept."""
+    from ddpdoctor.watch.known_errors import known_cause_in_output
+
+    known = known_cause_in_output(GLOO_ABORT, 0)
+    assert known is not None and known["id"] == "collective-mismatch" and known["source"] == "output"
+    assert "Received data size doesn't match expected size" in known["line"]
+    assert known_cause_in_output("rank 0 step 4\nloss 0.3\n", 0) is None and known_cause_in_output("", 0) is None
+    agg = Aggregator(2, hang_timeout_s=15)
+    hello_all(agg)
+    agg.feed(0, None, 1.0)
+    agg.process_exited(0, -6, 1.01)
+    agg.feed(1, {"t": "exit", "code": 1, "crashed": True, "error": f"{GLOO_PEER_GONE} (at mism.py:11)"}, 1.1)
+    agg.process_exited(1, 1, 1.11)
+    result = agg.result(agg.verdict(1.2) or "")
+    result["known_cause"] = known  # what supervisor.write_result adds for a rank killed by a signal
+    text = render(result)
+    assert text.startswith("ddpdoctor watch: CRASH: rank 0 was killed by signal 6 (SIGABRT)")
+    assert "rank 0's last output says: what():  [enforce fail at" in text
+    assert "what that means (ddpdoctor explain: collective-mismatch): Ranks called different collectives" in text
+
+
+def test_ranks_that_each_exit_with_the_same_code_before_any_collective_did_not_follow_each_other() -> None:
+    """argparse rejects an argument on every rank (exit 2, its message on stderr only): "then rank 1 failed" read
+    as if rank 1 were rank 0's victim. Only without error text, signal or any collective issued."""
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    for rank, at in ((0, 1.0), (1, 1.01)):
+        agg.feed(rank, {"t": "exit", "code": 2, "crashed": False, "error": ""}, at)
+        agg.process_exited(rank, 2, at)
+    assert render(agg.result(agg.verdict(1.1) or "")).splitlines()[0] == (
+        "ddpdoctor watch: CRASH: rank 0 exited with code 2 first; rank 1 exited with the same code (each rank ended "
+        "so on its own, before any collective: not a consequence of rank 0's exit)")
+    # After a collective, the second exit may well follow the first: the old wording stays.
+    agg = Aggregator(2, hang_timeout_s=2)
+    hello_all(agg)
+    for rank, at in ((0, 1.0), (1, 1.01)):
+        agg.feed(rank, {"t": "beat", "progress": 2, "done": 1, "cur": None, "last": None, "seqs": {"WORLD": 1}}, 0.5)
+        agg.feed(rank, {"t": "exit", "code": 2, "crashed": False, "error": ""}, at)
+        agg.process_exited(rank, 2, at)
+    assert render(agg.result(agg.verdict(1.1) or "")).splitlines()[0] == (
+        "ddpdoctor watch: CRASH: rank 0 exited with code 2 first; then rank 1 failed")

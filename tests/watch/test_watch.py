@@ -483,3 +483,17 @@ def test_a_bad_channel_port_under_a_launcher_is_one_line_exit_2(extra: dict[str,
     proc = run_cli(["watch", str(EXAMPLES / "train_ok.py")], env=env, timeout=120)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_rank_that_runs_out_of_batches_and_exits_0_is_named_as_the_cause(tmp_path: Path) -> None:
+    """Rank 1 has one batch fewer and exits 0; rank 0's all_reduce then fails on the closed connection. The
+    report named rank 0's echo as the crash and explain's "look at the other ranks' logs" as the fix."""
+    proc, data = watch(tmp_path, "early_exit_rank.py", 2)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert data["status"] == "crash" and data["early_exit"]["rank"] == 1, proc.stderr[-3000:]
+    assert data["known_cause"] is None
+    assert "\nddpdoctor watch: CRASH: rank 1 exited with code 0 while rank 0 was still " in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "a rank that ends early (fewer batches, an early return or sys.exit) leaves the others in a collective" \
+        in proc.stderr
+    assert "fix: give every rank the same number of steps" in proc.stderr
