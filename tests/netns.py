@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 
 from tests.debian import NFTABLES, ensure_packages
 
+# How many times closing a host lists and kills what runs in its namespace (see NetnsHosts.close).
+NAMESPACE_KILL_ROUNDS = 20
+
 
 def sh(*args: str) -> None:
     subprocess.run(list(args), check=True, capture_output=True, timeout=30)
@@ -160,11 +163,18 @@ class NetnsHosts:
         self.inits.clear()
         for name in self.names:
             # Whatever still runs in the host's network namespace (a launcher's workers in sessions of their own,
-            # which a killpg of the launcher misses) would keep the namespace alive and outlive the test.
-            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30)
-            for pid in pids.stdout.split():
-                with contextlib.suppress(OSError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            # which a killpg of the launcher misses) would keep the namespace alive and outlive the test. Listed
+            # and killed until none is left: a process forking as it is killed (setsid, a launcher starting a
+            # worker) puts a new pid there after the listing.
+            for _ in range(NAMESPACE_KILL_ROUNDS):
+                pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                                      timeout=30).stdout.split()
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(OSError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
+                time.sleep(0.05)
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         self.names.clear()
 
