@@ -19,22 +19,32 @@ _SITE = re.compile(r" \(at [^()]*:\d+\)$")
 _SAYS_NOTHING_MORE = frozenset(("python-exception", "traceback-cut", "worker-failed"))
 
 
+def _specific(text: str, name: str) -> dict[str, Any] | None:
+    """The first specific explain diagnosis of ``text`` (``{"id", "title", "remedy", "command", "line"}``), or None.
+    Never raises: explain's own bug must not cost the verdict."""
+    try:
+        from ddpdoctor.explain import explain_text
+
+        result = explain_text(text, name=name)
+    except Exception:
+        return None
+    for diagnosis in result.diagnoses:
+        if diagnosis.id not in _SAYS_NOTHING_MORE and not diagnosis.signature.catch_all:
+            sig = diagnosis.signature
+            line = diagnosis.evidence[0].text.strip() if diagnosis.evidence else ""
+            return {"id": sig.id, "title": sig.title, "remedy": sig.remedy, "command": sig.command, "line": line}
+    return None
+
+
 def known_cause(error: str | None, rank: int) -> dict[str, Any] | None:
     """``{"id", "title", "remedy", "command"}`` of the explain diagnosis for rank ``rank``'s ``error`` (``Type:
     message``), or None when explain knows nothing specific about it. Never raises: the verdict must not fail for it."""
     if not error:
         return None
-    try:
-        from ddpdoctor.explain import explain_text
-
-        result = explain_text(f"[rank{rank}]: {_SITE.sub('', error)}\n", name="rank error")
-    except Exception:  # explain's own bug must not cost the verdict
-        return None
-    for diagnosis in result.diagnoses:
-        if diagnosis.id not in _SAYS_NOTHING_MORE and not diagnosis.signature.catch_all:
-            sig = diagnosis.signature
-            return {"id": sig.id, "title": sig.title, "remedy": sig.remedy, "command": sig.command}
-    return None
+    found = _specific(f"[rank{rank}]: {_SITE.sub('', error)}\n", "rank error")
+    if found is not None:
+        del found["line"]  # the headline quotes the error already
+    return found
 
 
 def known_cause_in_output(tail: str | None, rank: int) -> dict[str, Any] | None:
@@ -47,19 +57,8 @@ def known_cause_in_output(tail: str | None, rank: int) -> dict[str, Any] | None:
     what the rank printed. Never raises."""
     if not tail or not tail.strip():
         return None
-    try:
-        from ddpdoctor.explain import explain_text
-
-        result = explain_text(tail if tail.endswith("\n") else tail + "\n", name=f"rank {rank} output")
-    except Exception:  # explain's own bug must not cost the verdict
-        return None
-    for diagnosis in result.diagnoses:
-        if diagnosis.id not in _SAYS_NOTHING_MORE and not diagnosis.signature.catch_all:
-            sig = diagnosis.signature
-            line = diagnosis.evidence[0].text.strip() if diagnosis.evidence else ""
-            return {"id": sig.id, "title": sig.title, "remedy": sig.remedy, "command": sig.command,
-                    "source": "output", "line": line}
-    return None
+    found = _specific(tail if tail.endswith("\n") else tail + "\n", f"rank {rank} output")
+    return None if found is None else {**found, "source": "output"}
 
 
 def warm_up() -> None:
