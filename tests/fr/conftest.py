@@ -13,7 +13,7 @@ from tests.support import made_once
 @pytest.fixture(scope="session")
 def fr_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """mode -> folder of dumps. Six jobs, pickle and JSON, run side by side: their time is torchrun's
-    start-up and the 5 s hang each, which overlap. The stall job hangs 20 s instead, while ``stacks --json``
+    start-up and the 5 s hang each, which overlap. The stall job hangs STALL_HANG_S (12 s) instead, while ``stacks --json``
     reads its ranks: that reading is ``"stall_stacks"`` (a file beside the folders, read with the same
     dumps by tests/fr/test_fr_stacks.py)."""
     plan = {"healthy": ("json", 2), "mismatch": ("pickle", 3), "stall": ("pickle", 3), "skip": ("json", 3),

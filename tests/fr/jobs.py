@@ -45,7 +45,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
 
 
 # The stall job's hang: long enough to read its stacks before the ranks dump and exit.
-STALL_HANG_S = 20
+STALL_HANG_S = 12
 
 
 def _ranks(torchrun_pid: int, deadline: float) -> list[int]:
@@ -80,7 +80,7 @@ def read_stalled_job(job: subprocess.Popen[str], out: Path) -> None:
     pids = _ranks(job.pid, time.monotonic() + 120)
     # Past init and the first three steps: rank 1 sleeps in main(), the others wait in all_reduce. A loaded
     # machine can take longer than any fixed wait to import torch (rank 1 was once read at `import torch`):
-    # read again until rank 1 is in main(), within the 20 s before the ranks dump and exit.
+    # read again until rank 1 is in main(), within the STALL_HANG_S before the ranks dump and exit.
     give_up = time.monotonic() + 60
     while True:
         stacks = run_cli(["stacks", *(f"--pid={p}" for p in pids), "--json", str(out)], timeout=120)

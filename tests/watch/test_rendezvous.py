@@ -63,7 +63,7 @@ def test_watch_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
     for rank in (0, 1):
         options = ["--json", str(tmp_path / "watch.json"), "--evidence", str(tmp_path / "evidence")] if rank == 0 else []
         command = [sys.executable, "-m", "ddpdoctor"] if rank == 0 or not script.exists() else [str(script)]
-        procs.append(subprocess.Popen([*command, "watch", "--hang-timeout", "10", *options,
+        procs.append(subprocess.Popen([*command, "watch", "--hang-timeout", "8", *options,
                                        "rdv.py"], cwd=tmp_path, env=_rank_env(rank, port), text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     (code0, _out0, err0), (code1, _out1, _err1) = communicate_all(procs, timeout=240)

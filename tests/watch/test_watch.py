@@ -27,7 +27,7 @@ EXAMPLES = REPO / "examples"
 pytestmark = pytest.mark.slow
 # No progress on any rank for this long is a hang (issue 25). DDP's constructor alone takes seconds on gloo on
 # a busy machine: a healthy phase must fit well within it.
-HANG_TIMEOUT = 10
+HANG_TIMEOUT = 8
 
 
 def site(example: str, marker: str) -> str:
