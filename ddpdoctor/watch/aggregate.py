@@ -20,7 +20,6 @@ Ranks are keyed by rank; a process the script started itself (mp.spawn) is keyed
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -28,8 +27,18 @@ from ddpdoctor.stacks import StoreView, store_text
 from ddpdoctor.watch.claims import STRAGGLER_CONFIRM, claim_conflict, straggler
 from ddpdoctor.watch.pitfalls import merge as merge_pitfalls
 from ddpdoctor.watch.recorder import P2P_RECV, P2P_SEND
-from ddpdoctor.watch.state import ECHO, ECHO_WINDOW_S, ProcState, RankState
-from ddpdoctor.watch.waits import ENDED, NOT_STARTED, STALL_KINDS, classify, is_stall
+from ddpdoctor.watch.state import ECHO_WINDOW_S, ProcState, RankState
+from ddpdoctor.watch.verdict import (
+    HOST_WINDOW_S,
+    busy_at,
+    clock,
+    early_exit,
+    hosts_of,
+    silent_ranks,
+    vanished,
+)
+from ddpdoctor.watch.verdict import classify as classify_failure
+from ddpdoctor.watch.waits import ENDED, NOT_STARTED, classify, innermost, is_stall
 
 OK, HANG, MISMATCH, CRASH, INIT_CONFLICT = "ok", "hang", "mismatch", "crash", "init_conflict"
 # A rank still starting (its Python importing torch) holds the hang clock, at most this long.
@@ -37,8 +46,6 @@ STARTUP_LIMIT_S = 600.0
 SILENT_S = 5.0  # no message from a starting rank for this long: its watchdog cannot run
 # How far back a rank's own "I ended at" stamp may reach (a clock that disagrees is not believed further).
 MAX_STAMP_AGE_S = 60.0
-# The site watch appends to a rank's error: "... (at train.py:12)".
-_SITE = re.compile(r" \(at ([^()]*:\d+)\)$")
 
 
 def _op_class(op: str) -> str:
@@ -254,8 +261,6 @@ class Aggregator:
         """A rank vanished (no exit status) less than :data:`~ddpdoctor.watch.verdict.HOST_WINDOW_S` ago and
         other ranks of its host are still live: wait for them before deciding, so a host that went down whole
         is named as one (its ranks' connections close within milliseconds, but are read one poll apart)."""
-        from ddpdoctor.watch.verdict import HOST_WINDOW_S, vanished
-
         now = time.monotonic() if now is None else now
         hosts = {s.host for s in self.ranks.values() if s.host}
         if len(hosts) < 2:
@@ -324,45 +329,6 @@ class Aggregator:
 
         return [s.rank for s in sorted(ended, key=key)]
 
-    @staticmethod
-    def _was_in(state: RankState, call: dict[str, Any] | None, site: str | None) -> bool:
-        """``call`` (its last beat's call, or the last it issued) is the one it failed in: at the failure's line,
-        and not one it completed (a beat's ``cur`` can be a second old)."""
-        if not call or call.get("seq") is None or site is None or call.get("site") != site:
-            return False
-        last = state.last or {}
-        return not (last.get("group") == call.get("group") and int(last.get("seq") or 0) >= int(call["seq"]))
-
-    def early_exit(self) -> dict[str, Any] | None:
-        """A rank that ended well (exit code 0) while another still needed it: the cause of a crash whose first
-        failure is only the echo of a peer going away (gloo's "Connection closed by peer").
-
-        A rank that runs fewer steps (an uneven last batch, a ``continue``, an early ``return`` or ``sys.exit(0)``)
-        ends cleanly and closes its connections; the rank still in a collective then fails on the closed socket.
-        The failed rank is only the echo: without this the report named it, and explain's advice for the echo
-        ("look at the other ranks' logs") sent the reader to a log with nothing in it. Only when the first failure
-        is such an echo and the clean exit came before it (within :data:`ECHO_WINDOW_S`: the echo can be timed a
-        little before the exit is seen), so a real crash that came first keeps its place."""
-        order = self.failure_order()
-        if not order:
-            return None
-        victim = self.ranks[order[0]]
-        if not victim.echo or victim.ended_at is None:
-            return None
-        early = [s for s in self.ranks.values() if s.finished and not s.failed and s.exit_code == 0
-                 and s.ended_at is not None and s.ended_at <= victim.ended_at + ECHO_WINDOW_S]
-        if not early:
-            return None
-        first = min(early, key=lambda s: (s.ended_at or 0.0, s.rank))
-        found = ECHO.search(victim.error)
-        site = _SITE.search(victim.error)
-        were_in = next((call for call in (victim.ended_in, victim.history[-1] if victim.history else None)
-                        if self._was_in(victim, call, site[1] if site else None)), None)
-        return {"rank": first.rank, "code": 0, "then": order,
-                "echo_rank": victim.rank, "echo": found[0] if found else victim.error,
-                "site": site[1] if site else None,
-                "in": {k: were_in.get(k) for k in ("op", "seq", "group", "site", "desc")} if were_in else None}
-
     # -- the report --------------------------------------------------------------------------------
 
     def divergence(self, now: float | None = None) -> dict[str, Any] | None:
@@ -371,8 +337,6 @@ class Aggregator:
         With ``now`` (the verdict's time) and ranks on several hosts, a rank silent for
         :data:`~ddpdoctor.watch.verdict.SILENT_AFTER_S` is shown as ``silent`` with its last report's time
         (what it last said is old news, not where it is), and is never named as having skipped a collective."""
-        from ddpdoctor.watch.verdict import hosts_of, silent_ranks
-
         self._silent = silent_ranks(self, now) if now is not None and len(hosts_of(self.ranks)) > 1 else {}
         if self.mismatch is not None:
             group, seq = self.mismatch["group"], self.mismatch["seq"]
@@ -450,7 +414,7 @@ class Aggregator:
                 entry = {"op": cur["op"], "desc": cur.get("desc", ""), "site": cur["site"], "state": "elsewhere",
                          "seq": cur.get("seq"), "group": cur.get("group")}
             else:
-                where = _innermost(state.stack)
+                where = innermost(state.stack)
                 key = ("running", where)
                 entry = {"op": None, "desc": "", "site": where, "state": state.state}
             clusters.setdefault(key, {**entry, "ranks": []})["ranks"].append(rank)
@@ -460,7 +424,7 @@ class Aggregator:
         """Where a rank is now: the call it is in, or the innermost line of its own code."""
         if state.cur is not None:
             return {"op": state.cur["op"], "site": state.cur.get("site")}
-        return {"op": None, "site": _innermost(state.stack)}
+        return {"op": None, "site": innermost(state.stack)}
 
     @staticmethod
     def _issued_record(state: RankState, group: str, seq: int) -> dict[str, Any] | None:
@@ -491,27 +455,10 @@ class Aggregator:
             # short script whose ranks all raised before rank 1's first beat read "rank 1 never issued #1").
             fresh = since is not None and state.beat_at is not None and state.beat_at > since
             if issued[rank] < seq and fresh and not state.finished and state.cur is None and rank not in self._silent:
-                late.setdefault((issued[rank], self._busy_at(state, missed.get("site"))), []).append(rank)
+                late.setdefault((issued[rank], busy_at(state, missed.get("site"))), []).append(rank)
         return [{"ranks": late_ranks, "issued": count, "others": ahead, "others_issued": max(issued[r] for r in ahead),
                  "op": missed["op"], "desc": missed.get("desc", ""), "site": missed.get("site"), "busy": busy}
                 for (count, busy), late_ranks in sorted(late.items(), key=lambda item: (item[0][0], item[0][1] or ""))]
-
-    @staticmethod
-    def _busy_at(state: RankState, missed: str | None) -> str | None:
-        """The line of its own code a rank that is behind is busy at, when nothing shows it went past the call
-        the others wait in (``missed``, its site): its stack is in its own code or I/O (a sleep, an evaluation, a
-        checkpoint), nothing it issued is pending, and it is not at a later line of the call's own file. Such a
-        rank has not reached the call yet (a long phase before ``barrier()``), which the issue counts alone cannot
-        tell from a skip. A rank waiting for the GPU or on pending work moved on (NCCL's shape of a skip:
-        ``.item()`` after the collective it never issued), and one a few lines below the call in its file, one
-        collective short, went past it. None when it may have moved on."""
-        wait = classify(None, state.frames or [], state.inflight, state.loader)
-        if wait["kind"] not in STALL_KINDS or wait["pending"] or state.inflight_n:
-            return None
-        site = wait["site"] or _innermost(state.stack)
-        if site and missed and _past(site, missed):
-            return None
-        return site
 
     def verdict_time(self) -> float:
         """The verdict's monotonic time: when verdict() decided, else the last message (a state fed by hand)."""
@@ -523,8 +470,6 @@ class Aggregator:
     def result(self, status: str) -> dict[str, Any]:
         """The whole outcome as the JSON document `--json` writes."""
         from ddpdoctor import __version__
-        from ddpdoctor.watch.verdict import classify, clock, hosts_of
-
         now = self.verdict_time()
         waits = self.waits() if status == HANG else {}
         ranks = []
@@ -549,7 +494,7 @@ class Aggregator:
         crash_order = self.failure_order()
         warnings = merge_pitfalls({r: s.pitfalls for r, s in self.ranks.items()}, self.world_size)
         stall = status == HANG and is_stall([w for w in waits.values() if w["kind"] not in (NOT_STARTED, ENDED)])
-        failure = classify(self, status, now, self.here, divergence, stall)
+        failure = classify_failure(self, status, now, self.here, divergence, stall)
         silent = {entry["rank"] for entry in (failure or {}).get("silent_ranks") or []}
         for entry in ranks:
             if entry["rank"] in silent:
@@ -563,7 +508,7 @@ class Aggregator:
                 "stalled_s": round(time.monotonic() - self.last_progress, 3) if status == HANG else None,
                 "stall": stall,
                 "ranks": ranks, "divergence": divergence, "crash_order": crash_order,
-                "early_exit": self.early_exit() if status == CRASH else None,
+                "early_exit": early_exit(self) if status == CRASH else None,
                 "init_conflict": self.conflict if status == INIT_CONFLICT else None,
                 "outside": self.outside() if status == HANG else [],
                 "rendezvous": self.rendezvous if status == HANG else None,
@@ -605,25 +550,10 @@ class Aggregator:
         found = []
         for state in self.ranks.values():
             if state.connected and not state.finished and state.cur is None:
-                found.append({"rank": state.rank, "pid": state.pid, "site": _innermost(state.stack),
+                found.append({"rank": state.rank, "pid": state.pid, "site": innermost(state.stack),
                               "stack": state.stack or [], "before_init": state.claim is None})
         for proc in self.procs.values():
             if proc.role == "child" and not proc.finished:
-                found.append({"rank": None, "pid": proc.pid, "index": proc.index, "site": _innermost(proc.stack),
+                found.append({"rank": None, "pid": proc.pid, "index": proc.index, "site": innermost(proc.stack),
                               "stack": proc.stack or [], "before_init": True})
         return found
-
-
-def _past(site: str, call: str) -> bool:
-    """``site`` is a later line of ``call``'s file ('t.py:40' against 't.py:37'): a rank there, one collective
-    short, went past the call's line without issuing it (a ``continue``, a branch)."""
-    file, _, line = site.rpartition(":")
-    call_file, _, call_line = call.rpartition(":")
-    return file == call_file and line.isdigit() and call_line.isdigit() and int(line) > int(call_line)
-
-
-def _innermost(stack: list[str] | None) -> str | None:
-    """'train.py:55' from the innermost stack entry 'train.py:55 in main: ...'."""
-    if not stack:
-        return None
-    return stack[-1].split(" in ", 1)[0]

@@ -1,7 +1,8 @@
 """Which kind of failure a watched job had, told apart by evidence: a host lost, a link cut, a crash, a desync.
 
 A pure function of the supervisor's picture (:class:`~ddpdoctor.watch.aggregate.Aggregator`): no sockets, no
-clock of its own (the verdict's time is passed in), so every class is unit-tested without processes.
+clock of its own (the verdict's time is passed in), so every class is unit-tested without processes. The rules that assign blame within a class live here too
+(:func:`early_exit`, :func:`busy_at`): they are classification, not bookkeeping.
 
 The classes (``failure.class`` in the JSON), in the order they are tried:
 
@@ -16,7 +17,7 @@ The classes (``failure.class`` in the JSON), in the order they are tried:
 - ``crash``: a rank ended with an exit status, a signal or an exception (peers that failed only because it
   went away are listed after it, see ``Aggregator.failure_order``). Next step: its stderr and exit status.
   When the first failure is only such an echo and a rank had ended well (exit code 0) before it, that early
-  exit is the cause (``Aggregator.early_exit``): next step, the same number of steps on every rank.
+  exit is the cause (:func:`early_exit`): next step, the same number of steps on every rank.
 - ``desync``: the ranks are alive and reporting, and they are in different collectives (or issued different
   ones: a mismatch). Only here does the advice point at the user's code (a skipped collective, a
   rank-dependent branch). Next step: the code line named.
@@ -49,35 +50,15 @@ How others tell these apart, and what was taken from them (sources):
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ddpdoctor.ranks import rank_phrase
-
-
-class RankState(Protocol):
-    """What this module reads of a rank (``state.RankState``; a protocol, so the aggregator can import
-    this module without a circle)."""
-
-    host: str
-    lost: bool
-    said_exit: bool
-    returncode: int | None
-    ended_at: float | None
-    connected: bool
-    heard_at: float | None
-
-    @property
-    def finished(self) -> bool: ...
-
-    @property
-    def failed(self) -> bool: ...
-
-    @property
-    def echo(self) -> bool: ...
-
-    def how_ended(self) -> str: ...
+from ddpdoctor.watch.state import ECHO, ECHO_WINDOW_S, RankState
+from ddpdoctor.watch.waits import STALL_KINDS, innermost
+from ddpdoctor.watch.waits import classify as classify_wait
 
 
 class Aggregator(Protocol):
@@ -91,7 +72,6 @@ class Aggregator(Protocol):
 
     def failure_order(self) -> list[int]: ...
 
-    def early_exit(self) -> dict[str, Any] | None: ...
 
 
 # The statuses of aggregate (the same strings; kept here so that this module does not import it).
@@ -274,7 +254,7 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
                            f"{names} (or {names} froze as a whole); not a fault in the training code",
                 "next_step": NEXT_STEP[PARTITION].format(host=names, here=here or "this host")}
 
-    early = agg.early_exit() if status == _CRASH else None
+    early = early_exit(agg) if status == _CRASH else None
     if early is not None:
         summary = early_exit_text(early)
         evidence.append(f"{on([early['rank']])} exited with code 0 first")
@@ -367,3 +347,74 @@ def lost_contact(host: str, ranks: list[int], supervisor: str, hosts: dict[str, 
             "evidence": [f"no word from {name}'s watch supervisor since {clock(since_wall)} ({waited_s:.0f} s, "
                          f"--hang-timeout); {rank_phrase(ranks)} on {host or 'this host'} were still running"],
             "next_step": NEXT_STEP[PARTITION].format(host=name, here=host or "this host")}
+
+
+# -- blame within a crash or a divergence: who caused it, who only followed --------------------------
+
+# The site watch appends to a rank's error: "... (at train.py:12)".
+_ERROR_SITE = re.compile(r" \(at ([^()]*:\d+)\)$")
+
+
+def _was_in(state: RankState, call: dict[str, Any] | None, site: str | None) -> bool:
+    """``call`` (its last beat's call, or the last it issued) is the one it failed in: at the failure's line,
+    and not one it completed (a beat's ``cur`` can be a second old)."""
+    if not call or call.get("seq") is None or site is None or call.get("site") != site:
+        return False
+    last = state.last or {}
+    return not (last.get("group") == call.get("group") and int(last.get("seq") or 0) >= int(call["seq"]))
+
+
+def early_exit(agg: Aggregator) -> dict[str, Any] | None:
+    """A rank that ended well (exit code 0) while another still needed it: the cause of a crash whose first
+    failure is only the echo of a peer going away (gloo's "Connection closed by peer").
+
+    A rank that runs fewer steps (an uneven last batch, a ``continue``, an early ``return`` or ``sys.exit(0)``)
+    ends cleanly and closes its connections; the rank still in a collective then fails on the closed socket.
+    The failed rank is only the echo: without this the report named it, and explain's advice for the echo
+    ("look at the other ranks' logs") sent the reader to a log with nothing in it. Only when the first failure
+    is such an echo and the clean exit came before it (within :data:`ECHO_WINDOW_S`: the echo can be timed a
+    little before the exit is seen), so a real crash that came first keeps its place."""
+    order = agg.failure_order()
+    if not order:
+        return None
+    victim = agg.ranks[order[0]]
+    if not victim.echo or victim.ended_at is None:
+        return None
+    early = [s for s in agg.ranks.values() if s.finished and not s.failed and s.exit_code == 0
+             and s.ended_at is not None and s.ended_at <= victim.ended_at + ECHO_WINDOW_S]
+    if not early:
+        return None
+    first = min(early, key=lambda s: (s.ended_at or 0.0, s.rank))
+    found = ECHO.search(victim.error)
+    site = _ERROR_SITE.search(victim.error)
+    were_in = next((call for call in (victim.ended_in, victim.history[-1] if victim.history else None)
+                    if _was_in(victim, call, site[1] if site else None)), None)
+    return {"rank": first.rank, "code": 0, "then": order,
+            "echo_rank": victim.rank, "echo": found[0] if found else victim.error,
+            "site": site[1] if site else None,
+            "in": {k: were_in.get(k) for k in ("op", "seq", "group", "site", "desc")} if were_in else None}
+
+
+def busy_at(state: RankState, missed: str | None) -> str | None:
+    """The line of its own code a rank that is behind is busy at, when nothing shows it went past the call
+    the others wait in (``missed``, its site): its stack is in its own code or I/O (a sleep, an evaluation, a
+    checkpoint), nothing it issued is pending, and it is not at a later line of the call's own file. Such a
+    rank has not reached the call yet (a long phase before ``barrier()``), which the issue counts alone cannot
+    tell from a skip. A rank waiting for the GPU or on pending work moved on (NCCL's shape of a skip:
+    ``.item()`` after the collective it never issued), and one a few lines below the call in its file, one
+    collective short, went past it. None when it may have moved on."""
+    wait = classify_wait(None, state.frames or [], state.inflight, state.loader)
+    if wait["kind"] not in STALL_KINDS or wait["pending"] or state.inflight_n:
+        return None
+    site = wait["site"] or innermost(state.stack)
+    if site and missed and _past(site, missed):
+        return None
+    return site
+
+
+def _past(site: str, call: str) -> bool:
+    """``site`` is a later line of ``call``'s file ('t.py:40' against 't.py:37'): a rank there, one collective
+    short, went past the call's line without issuing it (a ``continue``, a branch)."""
+    file, _, line = site.rpartition(":")
+    call_file, _, call_line = call.rpartition(":")
+    return file == call_file and line.isdigit() and call_line.isdigit() and int(line) > int(call_line)

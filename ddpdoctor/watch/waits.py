@@ -137,3 +137,10 @@ def moved_on(cur: dict[str, Any] | None, sites: list[str]) -> bool:
 def _file_line(site: str) -> str:
     path, _, line = site.rpartition(":")
     return f"{os.path.basename(path)}:{line}"
+
+
+def innermost(stack: list[str] | None) -> str | None:
+    """'train.py:55' from the innermost stack entry 'train.py:55 in main: ...'."""
+    if not stack:
+        return None
+    return stack[-1].split(" in ", 1)[0]
