@@ -200,7 +200,7 @@ def resolve(flag: str, path: str | os.PathLike[str], kind: Kind, *, command: str
     """
     given = os.fspath(path)
     if given == "":
-        raise DoctorError(f"{flag}: an empty path; give a file name")
+        raise DoctorError(f"{flag}: an empty path; give a {'folder' if kind.folder else 'file'} name")
     if given == STDOUT and kind is not JSON:
         raise _refuse(flag, given, "writes a file; - (stdout) is for --json")
     name = os.path.basename(given.rstrip(os.sep)) or given

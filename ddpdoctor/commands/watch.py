@@ -65,11 +65,13 @@ def watch(
         supervise,
         validate_evidence,
     )
+    from ddpdoctor.watch.config import MIN_HANG_TIMEOUT_S
 
     refuse_unknown_option(ctx, script)
     validate_launch_options(nproc, master_port=master_port)
-    if not hang_timeout > 0:
-        raise DoctorError(f"--hang-timeout must be a positive number of seconds, got: {hang_timeout}")
+    if not hang_timeout >= MIN_HANG_TIMEOUT_S:  # also NaN
+        raise DoctorError(f"--hang-timeout must be at least {MIN_HANG_TIMEOUT_S:g} s (the ranks report their "
+                          f"progress every 0.1 s), got: {hang_timeout:g}")
     check_script(script)
     plan = Plan("watch")
     plan.reads("SCRIPT", script)

@@ -9,6 +9,10 @@ from ddpdoctor.errors import DoctorError
 from ddpdoctor.watch.output import OutputOptions
 from ddpdoctor.watch.reaper import DEFAULT_GRACE_S, GRACE_ENV
 
+# The shortest --hang-timeout: ten of the ranks' watchdog ticks (watchdog.TICK_S, 0.1 s), the interval at which
+# their progress is sent. Below it a hang would be decided on counts a tick or two old.
+MIN_HANG_TIMEOUT_S = 1.0
+
 
 @dataclass
 class WatchConfig:

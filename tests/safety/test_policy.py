@@ -158,6 +158,14 @@ def test_evidence_refuses_a_folder_in_use_and_a_reused_bundle(workspace: Path, t
     assert snapshot(workspace) == before and snapshot(bundle) == kept
 
 
+def test_an_empty_output_path_asks_for_the_kind_of_name_the_option_takes() -> None:
+    """`--evidence ""` (an unset shell variable) was told to "give a file name" for an option that takes a folder."""
+    with pytest.raises(DoctorError, match=r"^--evidence: an empty path; give a folder name$"):
+        outputs.resolve("--evidence", "", outputs.EVIDENCE_FOLDER)
+    with pytest.raises(DoctorError, match=r"^--json: an empty path; give a file name$"):
+        outputs.resolve("--json", "", outputs.JSON)
+
+
 def test_an_evidence_folder_filled_during_the_run_gets_no_bundle_mixed_in(tmp_path: Path,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     from ddpdoctor.watch import evidence

@@ -252,8 +252,9 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
     missing = run_cli(["watch", str(tmp_path / "nope.py")])
     assert missing.returncode == 2 and "script not found" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
-    bad = run_cli(["watch", "--hang-timeout", "0", str(EXAMPLES / "train_ok.py")])
-    assert bad.returncode == 2 and "--hang-timeout" in bad.stderr
+    for value in ("0", "0.05", "nan"):  # 0.05: below the ranks' 0.1 s reporting tick, every step would read as a hang
+        bad = run_cli(["watch", "--hang-timeout", value, str(EXAMPLES / "train_ok.py")])
+        assert bad.returncode == 2 and "--hang-timeout must be at least 1 s" in bad.stderr, bad.stderr
     # Refused before any rank starts, not after the whole run.
     no_dir = run_cli(["watch", "--json", str(tmp_path / "absent" / "r.json"), str(EXAMPLES / "train_ok.py")])
     assert no_dir.returncode == 2 and "does not exist" in no_dir.stderr
