@@ -141,11 +141,18 @@ def skip_dirs() -> tuple[str, ...]:
 
 
 def site_name(filename: str) -> str:
-    """How a file is shown: relative to the working directory when inside it, else its base name."""
+    """How a file is shown: relative to the working directory when inside it, else its base name. A relative
+    name is the path the script was started with (``ddpdoctor watch sub/train.py``: its code's file name is
+    ``sub/train.py``), kept as given: its base name alone would not say which ``train.py``."""
     name = _site_names.get(filename)
     if name is None:
         cwd = os.getcwd() + os.sep
-        name = filename[len(cwd):] if filename.startswith(cwd) else os.path.basename(filename)
+        if filename.startswith(cwd):
+            name = filename[len(cwd):]
+        elif not os.path.isabs(filename) and not filename.startswith("<"):
+            name = os.path.normpath(filename)
+        else:
+            name = os.path.basename(filename)
         _site_names[filename] = name
     return name
 

@@ -6,6 +6,7 @@ when silence is a hang and when it is just a rank doing its own work, and how th
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -529,3 +530,17 @@ def test_ranks_that_each_exit_with_the_same_code_before_any_collective_did_not_f
         agg.process_exited(rank, 2, at)
     assert render(agg.result(agg.verdict(1.1) or "")).splitlines()[0] == (
         "ddpdoctor watch: CRASH: rank 0 exited with code 2 first; then rank 1 failed")
+
+
+def test_a_script_started_by_a_relative_path_is_named_by_that_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ddpdoctor watch sub/train.py`: the code's file name is the relative path; the report said `train.py:5`,
+    which does not say which of a project's train.py files failed."""
+    from ddpdoctor.watch import recorder
+
+    monkeypatch.setattr(recorder, "_site_names", {})
+    monkeypatch.chdir(tmp_path)
+    assert recorder.site_name("sub/train.py") == "sub/train.py"
+    assert recorder.site_name("./sub/../train.py") == "train.py"
+    assert recorder.site_name(str(tmp_path / "pkg" / "model.py")) == "pkg/model.py"  # inside the working folder
+    assert recorder.site_name("/opt/elsewhere/train.py") == "train.py"  # outside it: the base name, as before
+    assert recorder.site_name("<string>") == "<string>"
