@@ -25,6 +25,7 @@ and each JSON file is a ddpdoctor document (``"tool"``/``"command"`` first).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -141,7 +142,17 @@ def write(folder: str, result: dict[str, Any], report: str, histories: dict[int,
             written.append(name)
         except (OSError, DoctorError, TypeError, ValueError) as exc:
             written.append(f"{name} (not written: {exc})")
+    _drop_if_empty(os.path.join(folder, FR_FOLDER))
     return written
+
+
+def _drop_if_empty(dumps: str) -> None:
+    """The Flight Recorder folder, made before the run for the ranks' dumps, is removed when no rank wrote one
+    (a crash before any collective, a backend without a recorder): an empty folder the report does not name
+    looked like dumps that went missing. ``rmdir`` removes only an empty folder, so a dump that arrives late
+    stays."""
+    with contextlib.suppress(OSError):
+        os.rmdir(dumps)
 
 
 def _env_facts() -> dict[str, Any]:

@@ -92,7 +92,9 @@ def test_every_process_claiming_rank_0_is_named_as_such_not_as_a_busy_port(tmp_p
     # Stopped before the rendezvous: no process group recorded anything, and there is no rank 1 whose
     # missing Flight Recorder dump could be blamed (issue 28).
     assert "no dump from rank" not in proc.stderr and "Flight Recorder (" not in proc.stderr
-    assert "fr" not in data and not list((tmp_path / "evidence" / "flight_recorder").iterdir())
+    # ... and the bundle keeps no empty flight_recorder/ folder that its listing does not name.
+    assert "fr" not in data and not (tmp_path / "evidence" / "flight_recorder").exists()
+    assert "flight_recorder" not in proc.stderr
 
 
 def test_a_rank_sleeping_every_step_is_the_straggler_and_the_others_are_not(tmp_path: Path) -> None:
