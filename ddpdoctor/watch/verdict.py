@@ -95,8 +95,9 @@ NEXT_STEP = {
     PARTITION: "look at the link between {here} and {host}: `ip -s link` on both (errors, drops, a link that is "
                "down), `ping` {host} from {here}, the switch port; if {host} does not answer at all, its console "
                "and kernel log (a host that froze looks the same from here)",
-    CRASH_CLASS: "read the failed rank's own stderr and exit status above (and its host's kernel log for a "
-                 "signal such as SIGKILL: the OOM killer)",
+    CRASH_CLASS: "read the failed rank's own output and exit status (its [rankN]: lines, or output_rank_N.txt in "
+                 "the evidence folder when -q kept them off the terminal; its host's kernel log for a signal such as "
+                 "SIGKILL: the OOM killer)",
     EARLY_EXIT: "give every rank the same number of steps: a DistributedSampler with drop_last=True (or the same "
                 "number of batches on every rank), no rank-dependent `return`, `break`, `continue` or `sys.exit` "
                 "around the collectives; for uneven inputs, wrap the loop in "

@@ -80,6 +80,9 @@ def test_a_single_rank_that_vanishes_is_a_crash_of_that_rank_not_a_host() -> Non
     result = agg.result(CRASH)
     assert result["failure"]["class"] == "crash"
     assert render(result).startswith("ddpdoctor watch: CRASH: rank 2 on nodeB lost its connection")
+    # The next step names where the rank's output is kept: under --quiet there is no output "above" to read.
+    step = result["failure"]["next_step"]
+    assert "output_rank_N.txt in the evidence folder" in step and "above" not in step
 
 
 def test_a_silent_host_with_open_connections_is_a_partition_with_its_last_report_time() -> None:
