@@ -56,7 +56,25 @@ def _open_inputs(stack: ExitStack, logs: list[str]) -> list[tuple[str, IO[bytes]
         except OSError as exc:
             raise DoctorError(f"{path}: cannot read it ({exc.strerror}); check the path and permissions") from None
         opened.append((path, stream, rank_from_path(path)))
+    _refuse_if_all_empty(opened)
     return opened
+
+
+def _refuse_if_all_empty(opened: list[tuple[str, IO[bytes], int | None]]) -> None:
+    """Files that are all empty are a wrong path or a log that caught nothing, not a clean run: "no known error
+    found" would reassure about a log that was never read. Exit 2. An empty file beside others (a rank that
+    printed nothing) and empty stdin (a grep that matched nothing) are read as they are."""
+    if any(name == "<stdin>" for name, _, _ in opened):
+        return
+    try:
+        if any(os.fstat(stream.fileno()).st_size for _, stream, _ in opened):
+            return
+    except (OSError, ValueError):
+        return
+    which = (f"{opened[0][0]} is" if len(opened) == 1 else
+             f"{', '.join(name for name, _, _ in opened)} are all" if len(opened) <= 3 else f"all {len(opened)} logs are")
+    raise DoctorError(f"{which} empty (0 bytes): nothing to explain; is it the right file? (a job's errors go "
+                      "to stderr: `2>&1` in the command that wrote it keeps them)")
 
 
 def explain(

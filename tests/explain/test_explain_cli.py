@@ -215,3 +215,21 @@ def test_a_deeply_nested_json_input_is_no_crash(tmp_path: Path) -> None:
     done = run_cli(["explain", str(deep)], timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_a_log_that_is_empty_is_refused_not_reported_clean(tmp_path: Path) -> None:
+    """`explain train.log` on an empty file said "no known error found (1 input, 0 lines)", exit 0: a wrong path
+    or a log that caught nothing read as a clean run. Exit 2, one line. An empty rank log beside others, and
+    empty stdin (a grep that matched nothing), are still read."""
+    empty, other = tmp_path / "train.log", tmp_path / "rank1.log"
+    empty.write_bytes(b"")
+    alone = run_cli(["explain", str(empty)])
+    assert alone.returncode == 2 and alone.stdout == ""
+    assert alone.stderr.strip().splitlines() == [
+        f"ddpdoctor: error: {empty} is empty (0 bytes): nothing to explain; is it the right file? (a job's errors "
+        "go to stderr: `2>&1` in the command that wrote it keeps them)"]
+    other.write_text("step 1 loss 0.5\n")
+    beside = run_cli(["explain", str(empty), str(other)])
+    assert beside.returncode == 0 and "(2 inputs, 1 line)" in beside.stdout, beside.stderr
+    piped = run_cli(["explain", "-"], input_text="")
+    assert piped.returncode == 0 and "(1 input, 0 lines)" in piped.stdout, piped.stderr

@@ -257,7 +257,7 @@ def test_stdin_from_a_pipe_still_works() -> None:
 # --- 5. bytes that are not a UTF-8 text log ----------------------------------------------------------------
 
 @pytest.mark.parametrize("data,code", [
-    pytest.param(b"", 0, id="empty"),
+    pytest.param(b"", 2, id="empty"),  # a wrong path or a log that caught nothing, not a clean run
     pytest.param(bytes(range(256)) * 4000, 0, id="every-byte"),
     pytest.param(b"\xff\xfe\xc3\x28 invalid \xe2\x82 utf-8\n" + OOM_LINE + b"\xa0\xa1\n", 1, id="invalid-utf8"),
     pytest.param(b"\0" * 100_000 + b"\n" + OOM_LINE.replace(b" ", b" \0") + OOM_LINE, 1, id="nul-bytes"),
