@@ -50,6 +50,10 @@ class Score:
     positives: int = 0
     recognised: int = 0
     right_first: int = 0
+    # A miss whose first note names the labelled cause, exit 0: a Python exception (or a single-process CUDA
+    # failure) in a log with no sign of a distributed job, named for that one process. Reported, never counted
+    # as right: the label says the thread's job was distributed, which the log itself does not show.
+    named_as_note: int = 0
     negatives: int = 0
     # repr=False: a failing assert prints its operands' reprs, and a held-out half's names must not show.
     false_alarms: list[str] = field(default_factory=list, repr=False)
@@ -62,6 +66,7 @@ class Score:
         return [f"{self.name}: {self.positives} logs with a known failure, {self.negatives} without",
                 f"  right root cause first: {pct(self.right_first, self.positives)}",
                 f"  recognised:             {pct(self.recognised, self.positives)}",
+                f"  (misses whose first note names the labelled cause, exit 0: {self.named_as_note})",
                 f"  false alarms:           {len(self.false_alarms)}/{self.negatives}"]
 
     def details(self) -> list[str]:
@@ -145,6 +150,7 @@ def _merged(name: str, scores: list[Score]) -> Score:
         total.positives += s.positives
         total.recognised += s.recognised
         total.right_first += s.right_first
+        total.named_as_note += s.named_as_note
         total.negatives += s.negatives
         total.false_alarms += s.false_alarms
         total.misses += s.misses
@@ -199,6 +205,7 @@ def _score_entry(entry: dict, score: Score) -> None:
         return
     score.positives += 1
     if verdict.exit_code != 1 or not got:
+        score.named_as_note += verdict.exit_code == 0 and got[:1] == [entry["expected"]]
         score.misses.append(f"{entry['file']}: exit {verdict.exit_code}, nothing recognised "
                             f"(want {entry['expected']}; notes {got})")
         return
