@@ -410,7 +410,10 @@ def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
                       "Recorder dumps in the bundle show what NCCL itself saw"]
         elif result["status"] == "hang" and not div and result.get("outside"):
             lines += ["", "fix: the process named above never reached the collective the others wait in: look at what it "
-                      "does at that line (data loading, a lock, input, a file on a slow filesystem)"]
+                      "does at that line (data loading, a lock, input, a file on a slow filesystem); if it is work "
+                      "one rank does alone on purpose (an evaluation, a checkpoint), the others wait for it in their "
+                      f"next collective: raise --hang-timeout above its duration ({result['hang_timeout_s']:g} s now), "
+                      "and init_process_group's timeout, which otherwise ends their wait with a timeout error"]
         elif result["status"] == "hang":
             lines += ["", "fix: a collective inside `if rank == ...` (or skipped by a data-dependent branch) must "
                       "run on every rank; if one rank legitimately works alone for longer, raise --hang-timeout"]

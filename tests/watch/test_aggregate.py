@@ -480,6 +480,26 @@ def test_a_rank_busy_in_its_own_code_before_the_call_has_not_reached_it_and_is_n
     assert "a collective skipped there" in render(result)
 
 
+def test_one_rank_working_alone_while_the_other_waits_in_ddps_backward_is_told_what_to_raise() -> None:
+    """Rank 0 evaluates alone after step 4 while rank 1 waits in the next backward (DDP's gradient all_reduce is
+    issued by the reducer, not counted as a call): nothing diverges by count, rank 0 is outside any collective.
+    The fix named the line only; an evaluation on one rank on purpose also needs the two timeouts raised."""
+    agg = Aggregator(2, hang_timeout_s=5)
+    hello_all(agg)
+    start(agg, 1, rec("backward", None, "longeval.py:12"), 4, 1.0)
+    agg.feed(0, {"t": "beat", "progress": 9, "done": 4, "cur": None, "last": None, "seqs": {"WORLD": 4}}, 1.5)
+    assert agg.verdict(6.6) == HANG
+    agg.feed(0, {"t": "stack", "stack": ["longeval.py:16 in <module>: evaluate(model)"],
+                 "frames": [["longeval.py", 16, "<module>", "evaluate(model)"]]}, 6.7)
+    result = agg.result(HANG)
+    assert result["divergence"] is None and [o["rank"] for o in result["outside"]] == [0]
+    text = render(result)
+    assert "rank 0: in its own code at longeval.py:16: evaluate(model)" in text
+    assert ("if it is work one rank does alone on purpose (an evaluation, a checkpoint), the others wait for it in "
+            "their next collective: raise --hang-timeout above its duration (5 s now), and init_process_group's "
+            "timeout") in text
+
+
 GLOO_ABORT = """rank 0 step 4
 terminate called after throwing an instance of 'gloo::EnforceNotMet'
   what():  [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:510] op.preamble.length <= op.nbytes. 28 \
