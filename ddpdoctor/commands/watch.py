@@ -54,6 +54,7 @@ def watch(
     from ddpdoctor.runtime import launcher
     from ddpdoctor.runtime.entry import validate_launch_options
     from ddpdoctor.watch import (
+        MIN_HANG_TIMEOUT_S,
         OutputOptions,
         WatchConfig,
         check_script,
@@ -65,7 +66,6 @@ def watch(
         supervise,
         validate_evidence,
     )
-    from ddpdoctor.watch.config import MIN_HANG_TIMEOUT_S
 
     refuse_unknown_option(ctx, script)
     validate_launch_options(nproc, master_port=master_port)

@@ -26,13 +26,14 @@
 
 from __future__ import annotations
 
-from ddpdoctor.watch.config import WatchConfig, shutdown_timeout_s
+from ddpdoctor.watch.config import MIN_HANG_TIMEOUT_S, WatchConfig, shutdown_timeout_s
 from ddpdoctor.watch.evidence import validate as validate_evidence
 from ddpdoctor.watch.output import OutputOptions, parse_ranks_filter, parse_std
 from ddpdoctor.watch.spawned import spawn_sites
 from ddpdoctor.watch.supervisor import check_script, run_under_launcher, supervise
 
 __all__ = [
+    "MIN_HANG_TIMEOUT_S",
     "OutputOptions",
     "WatchConfig",
     "check_script",
