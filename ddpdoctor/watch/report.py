@@ -331,9 +331,18 @@ def rank_table(result: dict[str, Any], hosts: dict[int, str]) -> list[str]:
                 ended_text(rank) if state in ("exited", "crashed") else
                 _NOW.get(str((rank.get("wait") or {}).get("kind")), "its own code (no collective)"))
         host = [rank.get("host") or "?"] if hosts else []
-        rows.append([rank["rank"], *host, state, call_text(rank["last_completed"]), now])
+        rows.append([rank["rank"], *host, state, _last_completed(rank), now])
     headers = ["rank", *(["host"] if hosts else []), "state", "last completed", "now"]
     return ["", tabulate(rows, headers=headers, tablefmt="simple")]
+
+
+def _last_completed(rank: dict[str, Any]) -> str:
+    """The last collective the rank's script called that completed; with none, the steps it completed. A DDP
+    job whose only collectives are DDP's gradient all_reduces (issued from C++, never counted) read "-" after
+    hundreds of steps, as if it had done nothing."""
+    if rank["last_completed"] is None and (steps := (rank.get("steps") or {}).get("steps")):
+        return f"- ({steps} step{'s' if steps != 1 else ''} done)"
+    return call_text(rank["last_completed"])
 
 
 def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:

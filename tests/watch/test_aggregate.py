@@ -6,6 +6,7 @@ when silence is a hang and when it is just a rank doing its own work, and how th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -487,7 +488,8 @@ def test_one_rank_working_alone_while_the_other_waits_in_ddps_backward_is_told_w
     agg = Aggregator(2, hang_timeout_s=5)
     hello_all(agg)
     start(agg, 1, rec("backward", None, "longeval.py:12"), 4, 1.0)
-    agg.feed(0, {"t": "beat", "progress": 9, "done": 4, "cur": None, "last": None, "seqs": {"WORLD": 4}}, 1.5)
+    agg.feed(0, {"t": "beat", "progress": 9, "done": 4, "cur": None, "last": None, "seqs": {"WORLD": 4},
+                 "steps": {"steps": 4, "window": 4, "boundary": "optimizer", "step_us": 900.0, "wait_us": 400.0}}, 1.5)
     assert agg.verdict(6.6) == HANG
     agg.feed(0, {"t": "stack", "stack": ["longeval.py:16 in <module>: evaluate(model)"],
                  "frames": [["longeval.py", 16, "<module>", "evaluate(model)"]]}, 6.7)
@@ -495,6 +497,8 @@ def test_one_rank_working_alone_while_the_other_waits_in_ddps_backward_is_told_w
     assert result["divergence"] is None and [o["rank"] for o in result["outside"]] == [0]
     text = render(result)
     assert "rank 0: in its own code at longeval.py:16: evaluate(model)" in text
+    # No collective of its script completed, but its steps did: the table says so rather than "-" alone.
+    assert re.search(r"^ +0 +running +- \(4 steps done\) +its own code", text, re.M), text
     assert ("if it is work one rank does alone on purpose (an evaluation, a checkpoint), the others wait for it in "
             "their next collective: raise --hang-timeout above its duration (5 s now), and init_process_group's "
             "timeout") in text
