@@ -185,7 +185,7 @@ def failure_lines(result: dict[str, Any]) -> list[str]:
     lines = []
     if failure.get("evidence"):
         lines += ["", "what was seen (who reported what, when):", *(f"  {line}" for line in failure["evidence"])]
-    if failure.get("class") in (HOST_LOST, PARTITION, LOST_CONTACT):
+    if failure.get("class") in (HOST_LOST, PARTITION, LOST_CONTACT) or failure.get("same_call"):
         lines += ["", f"conclusion: {failure['summary']}"]
     return lines
 
@@ -367,7 +367,7 @@ def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
     elif result["status"] != "ok":
         div = result.get("divergence")
         stall = bool(result.get("stall"))
-        lines += failure_lines(result) if hosts else []
+        lines += failure_lines(result) if hosts or failure.get("same_call") else []
         if div:
             lines += ["", "first divergence:", f"  {divergence_line(div, hosts)}",
                       *(behind_lines(div, hosts) if user_code else [])]
@@ -399,6 +399,8 @@ def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
             lines += ["", f"fix: if this phase is expected to take longer than {result['hang_timeout_s']:g} s (an "
                       "evaluation, a checkpoint, loading data), raise --hang-timeout above its duration; otherwise "
                       "the lines above are where each rank is stuck"]
+        elif result["status"] == "hang" and (result.get("failure") or {}).get("same_call"):
+            lines += ["", f"fix: {result['failure']['next_step']}"]
         elif result["status"] == "hang" and not user_code:
             lines += ["", "next step: the ranks that stopped reporting first (above): their host and its link, before "
                       "any code; their last report is older than the verdict"]

@@ -69,6 +69,7 @@ class Aggregator(Protocol):
 
     wall_offset: float
     conflict: dict[str, Any] | None
+    hang_timeout_s: float
 
     def failure_order(self) -> list[int]: ...
 
@@ -81,6 +82,8 @@ HOST_LOST, PARTITION, CRASH_CLASS, DESYNC = "host_lost", "partition", "crash", "
 HANG_CLASS, STALL, INIT_CONFLICT_CLASS, LOST_CONTACT = "hang", "stall", "init_conflict", "lost_contact"
 # Not a class of its own (a crash): the key of the next step when a rank's clean early exit caused it.
 EARLY_EXIT = "early_exit"
+# Not a class of its own (a hang): the key of the next step when every rank waits in one and the same collective.
+SAME_CALL = "same_call"
 # A host's ranks that vanish within this many seconds of each other vanished together (a host-level event);
 # also how long the supervisor waits, after the first one, for the rest of that host before it decides.
 HOST_WINDOW_S = 2.0
@@ -103,6 +106,12 @@ NEXT_STEP = {
                 "around the collectives; for uneven inputs, wrap the loop in "
                 "`torch.distributed.algorithms.Join([model])`",
     DESYNC: "the code line named above: every rank must issue the same collectives in the same order",
+    # Every rank in the same collective that does not finish: the code issued it alike everywhere.
+    SAME_CALL: "the collective itself does not finish, not the order of your code's collectives: across hosts the "
+               "link between them (`ddpdoctor bench --pairs` names a slow or shaped link; `ip -s link`, `tc qdisc "
+               "show` on each host), the interface NCCL/gloo chose (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); on GPUs "
+               "a kernel or an NVLink/PCIe fault (the Flight Recorder dumps in the bundle); if a call this large "
+               "legitimately takes longer than {timeout:g} s on this network, raise --hang-timeout",
 }
 
 
@@ -199,7 +208,8 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
         return f"{rank_phrase(ranks)} on {', '.join(sorted(where))}" if multi and where else rank_phrase(ranks)
 
     base: dict[str, Any] = {"hosts": [{"host": h, "ranks": r} for h, r in hosts.items()], "evidence": [],
-                            "lost_hosts": [], "silent_hosts": [], "silent_ranks": [], "user_code": False}
+                            "lost_hosts": [], "silent_hosts": [], "silent_ranks": [], "user_code": False,
+                            "same_call": None}
     if status == _INIT_CONFLICT:
         return {**base, "class": INIT_CONFLICT_CLASS, "summary": (agg.conflict or {}).get("summary", ""),
                 "next_step": (agg.conflict or {}).get("remedy", "")}
@@ -292,12 +302,36 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
                 "summary": "the ranks are alive and reporting, in different collectives" if alive else
                            "the ranks are in different collectives, and not all of them are reporting",
                 "next_step": NEXT_STEP[DESYNC]}
+    same = same_call(agg) if status == _HANG and not silent and not stall else None
+    if same is not None:
+        evidence.append(f"{on(same['ranks'])} all wait in {same['op']} #{same['seq']}"
+                        + (f" {same['desc']}" if same.get("desc") else "")
+                        + (f" on {same['group']}" if same["group"] != "WORLD" else "")
+                        + f" at {same['site']}: the same call, issued alike, and it has not completed")
+        return {**base, "class": HANG_CLASS, "user_code": False, "same_call": same,
+                "summary": f"every rank is in the same {same['op']} #{same['seq']} and it does not complete",
+                "next_step": NEXT_STEP[SAME_CALL].format(timeout=agg.hang_timeout_s)}
     if silent:
         evidence.append("no report from " + "; ".join(
             f"{on([r])} since {clock(verdict_at - a)}, {a:.0f} s before the verdict" for r, a in sorted(silent.items())))
     return {**base, "class": STALL if stall else HANG_CLASS, "user_code": not silent,
             "summary": "no rank made progress" if not stall else "every rank is busy in its own code",
             "next_step": "where each rank waits, below"}
+
+
+def same_call(agg: Aggregator) -> dict[str, Any] | None:
+    """Every rank alive and inside one and the same collective (group, number, op, shapes): the code issued it
+    alike everywhere, so a hang there is the collective not finishing (a slow or shaped link, a transport on the
+    wrong interface, a GPU fault), never a skipped or reordered call. None otherwise."""
+    states = list(agg.ranks.values())
+    if len(states) < 2 or any(s.finished or not s.connected or s.cur is None for s in states):
+        return None
+    calls = {(s.cur.get("group"), s.cur.get("seq"), s.cur.get("op"), s.cur.get("sig")) for s in states}
+    if len(calls) != 1 or next(iter(calls))[1] is None:
+        return None
+    first = states[0].cur
+    return {"op": first["op"], "seq": first["seq"], "group": first.get("group") or "WORLD",
+            "desc": first.get("desc", ""), "site": first.get("site"), "ranks": sorted(agg.ranks)}
 
 
 def early_exit_text(early: dict[str, Any]) -> str:

@@ -568,3 +568,33 @@ def test_a_script_started_by_a_relative_path_is_named_by_that_path(tmp_path: Pat
     assert recorder.site_name(str(tmp_path / "pkg" / "model.py")) == "pkg/model.py"  # inside the working folder
     assert recorder.site_name("/opt/elsewhere/train.py") == "train.py"  # outside it: the base name, as before
     assert recorder.site_name("<string>") == "<string>"
+
+
+def test_every_rank_waiting_in_the_same_collective_blames_the_transport_not_the_code() -> None:
+    """Two hosts, the link between them shaped to 2 Mbit/s (an explorer's lab run): both ranks sat in the same
+    all_reduce #9 and the report said "a collective inside `if rank == ...` must run on every rank", user_code
+    true. A call every rank issued alike cannot be skipped or reordered: the collective itself does not finish."""
+    agg = Aggregator(2, hang_timeout_s=8)
+    for rank, host in ((0, "nodeA"), (1, "nodeB")):
+        agg.feed(rank, {"t": "hello", "rank": rank, "pid": 100 + rank, "host": host}, 0.0)
+        start(agg, rank, rec("all_reduce", 9, "train.py:38", sig="float32[2000000]"), 8, 1.0)
+    for rank in (0, 1):  # still beating: alive and reporting, only the call does not end
+        agg.feed(rank, {"t": "beat", "progress": 17, "done": 8, "cur": rec("all_reduce", 9, "train.py:38",
+                                                                          sig="float32[2000000]"),
+                        "last": None, "seqs": {"WORLD": 9}}, 8.5)
+    assert agg.verdict(9.6) == HANG
+    result = agg.result(HANG)
+    failure = result["failure"]
+    assert (failure["class"], failure["user_code"]) == ("hang", False)
+    assert failure["same_call"]["ranks"] == [0, 1] and failure["same_call"]["seq"] == 9
+    text = render(result)
+    assert ("ranks 0-1 on nodeA, nodeB all wait in all_reduce #9 float32[2000000] at train.py:38: the same call, "
+            "issued alike, and it has not completed") in text
+    assert "conclusion: every rank is in the same all_reduce #9 and it does not complete" in text
+    assert "fix: the collective itself does not finish, not the order of your code's collectives" in text
+    assert "`ddpdoctor bench --pairs` names a slow or shaped link" in text and "longer than 8 s" in text
+    assert "if rank ==" not in text
+    # One rank elsewhere (another call, or its own code) is not this case: the code's order is in question again.
+    agg.feed(1, {"t": "beat", "progress": 19, "done": 9, "cur": rec("barrier", 10, "train.py:40"),
+                 "last": None, "seqs": {"WORLD": 10}}, 9.7)
+    assert agg.result(HANG)["failure"].get("same_call") is None
