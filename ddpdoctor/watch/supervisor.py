@@ -60,6 +60,10 @@ POLL_S = 0.05
 STACK_WAIT_S = 8.0
 PY_SPY_S = 5.0
 STORE_WAIT_S = 120.0
+# A rank waiting for rank 0's channel port says so (see _published_channel_port) after this many seconds,
+# then once per WAIT_LOG_EVERY_S when stderr is a log.
+WAIT_SHOWN_AFTER_S = 10.0
+WAIT_LOG_EVERY_S = 10.0
 # A rank gives up on the channel after the store wait plus its 60 s of connect retries.
 UNWATCHED_AFTER_S = STORE_WAIT_S + 80.0
 _LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -580,15 +584,26 @@ def _store_channel_port(info: LaunchInfo, port: int) -> None:
 
 
 def _published_channel_port(info: LaunchInfo) -> int | None:
-    """Other ranks: the port rank 0 published, or None (then the rank runs unwatched) after a deadline."""
-    from ddpdoctor.runtime.control import ControlPlane
+    """Other ranks: the port rank 0 published, or None (then the rank runs unwatched) after a deadline.
 
+    The wait is shown once it lasts :data:`WAIT_SHOWN_AFTER_S` (one line per :data:`WAIT_LOG_EVERY_S` in a log):
+    a rank 0 whose watch refused to start (a bad option on that host) left the other hosts' ranks silent for the
+    whole :data:`STORE_WAIT_S`."""
+    from ddpdoctor.runtime.control import ControlPlane
+    from ddpdoctor.runtime.progress import WaitDisplay
+
+    display = WaitDisplay(show_after_s=WAIT_SHOWN_AFTER_S, log_every_s=WAIT_LOG_EVERY_S)
+    display.begin(f"rank {info.rank}: waiting for rank 0's watch to publish its channel in torchrun's store at "
+                  f"{info.master_addr}:{info.master_port} (if rank 0's watch did not start, its host's output says "
+                  "why)", total_s=STORE_WAIT_S)
     try:
         value = ControlPlane(_store_client(info)).wait_get(_channel_key(info), time.monotonic() + STORE_WAIT_S)
     except Exception as exc:  # as above: the store's own errors
         value, why = None, str(exc)
     else:
         why = f"rank 0 did not publish it within {STORE_WAIT_S:g} s"
+    finally:
+        display.close()
     if value is None:
         print(f"ddpdoctor watch: rank {info.rank}: no watch channel port in torchrun's store ({why}); "
               "this rank runs unwatched", file=sys.stderr, flush=True)

@@ -118,3 +118,34 @@ def test_stacks_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
         for rank_proc in procs:
             rank_proc.kill()
             rank_proc.wait(timeout=30)
+
+
+def test_a_rank_waiting_for_rank_0s_watch_says_so_and_then_runs_unwatched(monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 0's watch refused to start on its host (an explorer's lab run: a bad --evidence there): the other
+    host's ranks waited for its channel port in torchrun's store for the whole 120 s without a word. A real
+    store that never gets the key, with the waits shortened."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ddpdoctor.runtime.launcher import LaunchInfo
+    from ddpdoctor.watch import supervisor
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    info = LaunchInfo(launcher="torchrun", rank=2, world_size=4, local_rank=0, local_world_size=2,
+                      master_addr="127.0.0.1", master_port=port, agent_store=True, run_id="wait-test")
+    monkeypatch.setattr(supervisor, "STORE_WAIT_S", 1.6)
+    monkeypatch.setattr(supervisor, "WAIT_SHOWN_AFTER_S", 0.3)
+    monkeypatch.setattr(supervisor, "WAIT_LOG_EVERY_S", 0.5)
+    assert supervisor._published_channel_port(info) is None
+    err = capsys.readouterr().err
+    assert (f"ddpdoctor: rank 2: waiting for rank 0's watch to publish its channel in torchrun's store at "
+            f"127.0.0.1:{port} (if rank 0's watch did not start, its host's output says why): ") in err, err
+    assert err.rstrip().endswith("no watch channel port in torchrun's store (rank 0 did not publish it within "
+                                 "1.6 s); this rank runs unwatched"), err
+    # Published in time: nothing shown.
+    server.set("ddpdoctor/watch/wait-test/channel_port", "4321")
+    assert supervisor._published_channel_port(info) == 4321
+    assert capsys.readouterr().err == ""
