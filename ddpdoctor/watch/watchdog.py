@@ -336,7 +336,13 @@ class Watchdog(threading.Thread):
                           "sent": time.time(), "pitfalls": self.findings()})
 
     def _supervisor_gone(self) -> bool:
-        """The supervisor's end of the channel has closed (read what is left of it, without waiting)."""
+        """The supervisor's end of the channel has closed without it ending this rank (read what is left of it,
+        without waiting).
+
+        A supervisor that reached its verdict ends every rank (an ``exit`` message) and then closes: when this
+        rank's script failed first (its peer on a lost host reset the connection), the thread that would have
+        obeyed that message has stopped, and the message is only read here. It is not a lost supervisor: a third,
+        healthy host wrote "LOST CONTACT with nodeA" while nodeA was reporting nodeB lost (an explorer's lab run)."""
         assert self.client is not None
         for _ in range(4):
             if self.client.closed:
@@ -344,6 +350,8 @@ class Watchdog(threading.Thread):
             messages = self.client.receive(0.05)
             if messages is None:
                 return True
+            if any(message.get("t") == "exit" for message in messages):
+                return False
             if not messages:
                 return False
         return False

@@ -207,3 +207,33 @@ def test_a_rank_read_from_outside_has_left_the_call_it_last_reported_only_when_n
     assert not moved_on({"op": "all_reduce", "site": "sub/train.py:40"}, ["/work/sub/train.py:40"])
     # Nothing to go on: keep what the rank said.
     assert not moved_on(None, ["/tmp/x/gil_hog.py:10"]) and not moved_on(init, [])
+
+
+def test_a_rank_the_supervisor_ended_after_its_verdict_does_not_report_it_lost() -> None:
+    """Three hosts, nodeB lost: the rank on nodeC failed first (its collective's peer reset the connection), and
+    its watchdog thread had stopped when nodeA's supervisor, done with its verdict, sent every rank its exit and
+    closed. The rank read the exit, then the close, and wrote "LOST CONTACT with nodeA" (an explorer's lab run,
+    2 of 4 three-host runs). Real sockets; the closing sequence as the supervisor does it."""
+    server = Server("127.0.0.1", 0)
+    called: list[float] = []
+    dog = Watchdog(Recorder(2, 4), None, f"127.0.0.1:{server.port}", exit_on_lost=False, lost_after_s=30.0,
+                   on_lost=lambda since, silent, hosts: called.append(silent))
+    dog.start()
+    try:
+        deadline = time.monotonic() + 30
+        while 2 not in server.ranks and time.monotonic() < deadline:
+            server.poll(0.05)
+        server.keepalive({"nodeA": [0, 1], socket.gethostname(): [2, 3]}, decided=False)
+        while dog.sup_heard is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dog.sup_heard is not None, "the ping never armed the watchdog"
+        dog.stopping.set()  # the script failed: finish() stops the thread first ...
+        dog.join(timeout=5)
+        server.send(2, {"t": "exit", "code": 1})  # ... while the supervisor ends every rank and closes
+        server.close()
+        time.sleep(0.2)
+        dog.finish(1, True, "RuntimeError: Connection closed by peer (at train.py:9)")
+        assert called == [], "a rank the supervisor ended reported it lost"
+    finally:
+        dog.stopping.set()
+        server.close()
