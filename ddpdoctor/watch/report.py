@@ -170,6 +170,8 @@ def failure_headline(result: dict[str, Any]) -> str | None:
     kind = failure.get("class")
     if kind == HOST_LOST:
         return f"ddpdoctor watch: HOST LOST: {failure['summary']}; the job was torn down"
+    if kind == PARTITION and result["status"] == "crash":  # a rank's collective failed on the silent host's end
+        return f"ddpdoctor watch: LINK OR PARTITION: {failure['summary']}; the job was torn down"
     if kind == PARTITION:
         return (f"ddpdoctor watch: LINK OR PARTITION: no progress for {result['hang_timeout_s']:g} s and "
                 f"{failure['summary']}; the job was torn down")

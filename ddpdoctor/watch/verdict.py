@@ -246,7 +246,12 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
                                f"once without an exit status",
                     "next_step": NEXT_STEP[HOST_LOST].format(host=names, here=here or "this host")}
 
-    quiet = silent_hosts(agg, here, now) if status == _HANG else []
+    # A crash whose first failure is only a peer-gone echo, while a whole other host had already gone silent: the
+    # link or that host went first, and the echo is its consequence (a blocked port, a cut link: the silent
+    # host then ends its own ranks on its lost-contact verdict, and the connections it closed fail ours).
+    order = agg.failure_order() if status == _CRASH else []
+    echo_first = bool(order) and agg.ranks[order[0]].echo
+    quiet = silent_hosts(agg, here, now) if status == _HANG or echo_first else []
     if quiet:
         base["silent_hosts"] = [{"host": q["host"], "ranks": q["ranks"], "last_report": clock(_wall(agg, q["since"])),
                                  "age_s": q["age_s"]} for q in quiet]
@@ -259,6 +264,9 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
                             "to be dead")
         if reporting:
             evidence.append(f"{on(reporting)} kept reporting until the verdict")
+        if echo_first:
+            evidence.append(f"{rank_phrase(order)} then failed, a peer gone: "
+                            + "; ".join(f"rank {r} {agg.ranks[r].how_ended()}" for r in order[:4]))
         names = ", ".join(q["host"] for q in quiet)
         return {**base, "class": PARTITION,
                 "summary": f"{names} stopped answering: a cut link or a partition between {here or 'this host'} and "

@@ -237,3 +237,37 @@ def test_a_rank_the_supervisor_ended_after_its_verdict_does_not_report_it_lost()
     finally:
         dog.stopping.set()
         server.close()
+
+
+def test_a_peer_gone_crash_after_a_whole_host_went_silent_is_that_host_or_its_link() -> None:
+    """The watch port blocked on nodeB (an explorer's lab run): nodeB's ranks went silent, nodeB then ended its
+    own ranks on its lost-contact verdict, and rank 0's collective failed on the connection they closed. The
+    report said "CRASH: rank 0 raised RuntimeError: Connection closed by peer", user_code true, though the JSON
+    listed nodeB's ranks silent for 9.6 s: the silence came first, the echo is its consequence."""
+    agg = two_hosts()
+    for now in range(1, 10):  # nodeA's ranks keep beating; nodeB is silent from 0.0 on
+        for rank in (0, 1):
+            beat(agg, rank, float(now))
+    agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": ECHO + " (at train.py:30)"}, 9.6)
+    for now in range(10, 18):
+        beat(agg, 1, float(now))
+    assert agg.verdict(17.7) == CRASH
+    result = agg.result(CRASH)
+    failure = result["failure"]
+    assert (failure["class"], failure["user_code"]) == ("partition", False)
+    assert [(h["host"], h["ranks"]) for h in failure["silent_hosts"]] == [("nodeB", [2, 3])]
+    text = render(result)
+    assert text.startswith("ddpdoctor watch: LINK OR PARTITION: nodeB stopped answering"), text
+    assert f"no report from ranks 2-3 on nodeB since {clock(0.0 + agg.wall_offset)}" in text
+    assert "rank 0 then failed, a peer gone: rank 0 raised RuntimeError" in text
+    assert "ip -s link" in text and "fix the first failure" not in text
+    # The same echo with nodeB still reporting is a crash, as before.
+    agg = two_hosts()
+    for now in range(1, 10):
+        for rank in HOST_OF:
+            beat(agg, rank, float(now))
+    agg.feed(0, {"t": "exit", "code": 1, "crashed": True, "error": ECHO + " (at train.py:30)"}, 9.6)
+    for now in range(10, 18):
+        for rank in (1, 2, 3):
+            beat(agg, rank, float(now))
+    assert agg.verdict(17.7) == CRASH and agg.result(CRASH)["failure"]["class"] == "crash"
