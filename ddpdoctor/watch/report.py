@@ -442,6 +442,9 @@ def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
             known = result["known_cause"]
             lines += ["", f"what that exception means (ddpdoctor explain: {known['id']}): {known['title']}",
                       f"fix: {known['remedy']}"]
+        elif result["status"] == "crash" and failure.get("next_step"):
+            # No known cause to explain: where to look next, as the JSON's failure.next_step says.
+            lines += ["", f"next step: {failure['next_step']}"]
     straggler = result.get("straggler")
     if straggler:
         lines += ["", f"warning: {straggler['summary']}", f"  fix: {straggler['remedy']}"]

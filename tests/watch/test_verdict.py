@@ -83,6 +83,7 @@ def test_a_single_rank_that_vanishes_is_a_crash_of_that_rank_not_a_host() -> Non
     # The next step names where the rank's output is kept: under --quiet there is no output "above" to read.
     step = result["failure"]["next_step"]
     assert "output_rank_N.txt in the evidence folder" in step and "above" not in step
+    assert f"next step: {step}" in render(result)  # the text says it too, not only the JSON
 
 
 def test_a_silent_host_with_open_connections_is_a_partition_with_its_last_report_time() -> None:
