@@ -84,6 +84,9 @@ HANG_CLASS, STALL, INIT_CONFLICT_CLASS, LOST_CONTACT = "hang", "stall", "init_co
 EARLY_EXIT = "early_exit"
 # Not a class of its own (a hang): the key of the next step when every rank waits in one and the same collective.
 SAME_CALL = "same_call"
+# Ranks of a lost host that closed this far apart or more may be one rank's death and its launcher's teardown of
+# the others (torchrun's --monitor-interval, 0.1 s by default in torch/distributed/run.py, then SIGTERM): said so.
+LAUNCHER_FOLLOW_S = 0.01
 # A host's ranks that vanish within this many seconds of each other vanished together (a host-level event);
 # also how long the supervisor waits, after the first one, for the rest of that host before it decides.
 HOST_WINDOW_S = 2.0
@@ -235,6 +238,12 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
                                 f"{clock(_wall(agg, g['at']))}, within {g['spread_s']:g} s of each other, and none "
                                 "of them sent an exit status (no exception, no exit code: the processes ended "
                                 "without running any more Python)")
+                if len(g["ranks"]) > 1 and g["spread_s"] >= LAUNCHER_FOLLOW_S:
+                    order = sorted(g["ranks"], key=lambda r: (agg.ranks[r].ended_at or 0.0, r))
+                    evidence.append(f"rank {order[0]}'s closed first: a launcher ends a host's other ranks once one "
+                                    "of them dies (torchrun's agent checks every 0.1 s), so one rank killed on "
+                                    f"{g['host']} (the OOM killer) looks the same from here; {g['host']}'s kernel log "
+                                    "tells the two apart")
             echoes = [r for r in agg.failure_order() if r not in {x for g in gone for x in g["ranks"]}]
             if echoes:
                 evidence.append(f"{rank_phrase(echoes)} then failed: "
