@@ -396,8 +396,11 @@ def lost_contact(host: str, ranks: list[int], supervisor: str, hosts: dict[str, 
                                                 "age_s": round(waited_s, 1)}],
             "silent_ranks": [], "user_code": False,
             "summary": f"lost contact with {who} at {clock(since_wall)}",
-            "evidence": [f"no word from {name}'s watch supervisor since {clock(since_wall)} ({waited_s:.0f} s, "
-                         f"--hang-timeout); {rank_phrase(ranks)} on {host or 'this host'} were still running"],
+            # "N s before this verdict", not "--hang-timeout": a closed connection decides at once (1 s after the
+            # last word), silence only after the timeout.
+            "evidence": [f"no word from {name}'s watch supervisor since {clock(since_wall)} ({waited_s:.0f} s before "
+                         f"this verdict); {rank_phrase(ranks)} on {host or 'this host'} "
+                         f"{'was' if len(ranks) == 1 else 'were'} still running"],
             "next_step": NEXT_STEP[PARTITION].format(host=name, here=host or "this host")}
 
 

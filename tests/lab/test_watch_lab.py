@@ -56,7 +56,8 @@ class Job:
         return "\n".join(f"--- {h} (exit {self.codes.get(h)}):\n{self.errs.get(h, '')[-3000:]}" for h in HOSTS)
 
 
-def run_job(tmp: Path, scenario: str, fault: Callable[[NetnsHosts], None] | None) -> Job:
+def run_job(tmp: Path, scenario: str, fault: Callable[[NetnsHosts], None] | None,
+            script_args: tuple[str, ...] = ()) -> Job:
     job = Job(tmp=tmp)
     ready = tmp / "ready"
     with NetnsHosts(2, whole_hosts=True, subnet="10.78") as hosts:
@@ -66,7 +67,7 @@ def run_job(tmp: Path, scenario: str, fault: Callable[[NetnsHosts], None] | None
                     "--nproc-per-node", "2", "--master-addr", hosts.ip(0), "--master-port", str(PORT),
                     "-m", "ddpdoctor", "watch", "--hang-timeout", str(HANG_TIMEOUT),
                     "--json", str(tmp / f"{name}.json"), "--evidence", str(tmp / f"evidence_{name}"),
-                    str(LAB / "lab_train.py"), "--scenario", scenario]
+                    str(LAB / "lab_train.py"), "--scenario", scenario, *script_args]
             env = clean_env({"GLOO_SOCKET_IFNAME": hosts.ifname(index), "LAB_READY": str(ready),
                              "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
             procs.append(subprocess.Popen(hosts.command(index, name, argv), env=env, stdout=subprocess.PIPE,
@@ -96,10 +97,11 @@ def run_job(tmp: Path, scenario: str, fault: Callable[[NetnsHosts], None] | None
     return job
 
 
-def _job(tmp_path_factory: pytest.TempPathFactory, scenario: str, fault: Callable[[NetnsHosts], None] | None) -> Job:
+def _job(tmp_path_factory: pytest.TempPathFactory, scenario: str, fault: Callable[[NetnsHosts], None] | None,
+         script_args: tuple[str, ...] = ()) -> Job:
     if not have_netns():
         pytest.skip("needs root and iproute2 (ip, tc, unshare) for network namespaces")
-    return run_job(tmp_path_factory.mktemp(scenario), scenario.split("-")[0], fault)
+    return run_job(tmp_path_factory.mktemp(scenario), scenario.split("-")[0], fault, script_args)
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +117,12 @@ def host_killed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
 @pytest.fixture(scope="module")
 def link_cut(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     yield _job(tmp_path_factory, "steady-link", lambda hosts: hosts.link_down(1))
+
+
+@pytest.fixture(scope="module")
+def link_shaped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    """nodeB's link shaped to 2 Mbit/s (tc tbf) under 8 MB all_reduces: every rank stays in the same call."""
+    yield _job(tmp_path_factory, "steady-shaped", lambda hosts: hosts.rate_limit(1, "2mbit"), ("--numel", "2000000"))
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +244,19 @@ def test_the_lab_hosts_are_whole_and_their_faults_are_real(tmp_path: Path) -> No
         finally:
             if server.poll() is None:
                 server.kill()
+
+
+def test_a_shaped_link_under_one_collective_blames_the_transport_not_the_code(link_shaped: Job) -> None:
+    """Every rank alive, reporting, and in the same all_reduce that a 2 Mbit/s link cannot finish in the hang
+    timeout: the report said "a collective inside `if rank == ...` must run on every rank" (user_code true)."""
+    report = link_shaped.reports.get("nodeA")
+    assert report is not None, link_shaped.why()
+    failure = report["failure"]
+    assert (report["status"], failure["class"], failure["user_code"]) == ("hang", "hang", False), link_shaped.why()
+    assert failure["same_call"]["op"] == "all_reduce" and failure["same_call"]["ranks"] == [0, 1, 2, 3]
+    text = link_shaped.text("nodeA")
+    assert "ranks 0-1 on nodeA, ranks 2-3 on nodeB all wait in all_reduce #" not in text  # one phrase for them all
+    assert "ranks 0-3 on nodeA, nodeB all wait in all_reduce #" in text, text
+    assert "fix: the collective itself does not finish, not the order of your code's collectives" in text
+    assert "ddpdoctor bench --pairs" in text and "if rank ==" not in text
+    assert link_shaped.written_after_fault_s["nodeA"] <= BOUND_S, link_shaped.why()

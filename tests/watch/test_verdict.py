@@ -168,6 +168,11 @@ def test_the_cut_off_hosts_own_verdict_names_the_lost_host_and_its_ranks() -> No
                    "hosts": failure["hosts"], "ranks": []})
     assert text.startswith("ddpdoctor watch on nodeB: LOST CONTACT: lost contact with nodeA")
     assert "no word from nodeA's watch supervisor since" in text and "ip -s link" in text
+    assert f"since {clock(1000.0)} (8 s before this verdict); ranks 2-3 on nodeB were still running" in text
+    # One rank: "was"; and the wait is not called "--hang-timeout" (a closed connection decides within a second).
+    one = lost_contact("nodeC", [4], "10.77.0.1", {"nodeA": [0, 1], "nodeC": [4]}, 1000.0, 1.2)
+    assert one["evidence"] == [f"no word from nodeA's watch supervisor since {clock(1000.0)} (1 s before this "
+                               "verdict); rank 4 on nodeC was still running"]
 
 
 def test_a_rank_calls_its_lost_contact_verdict_when_the_supervisors_pings_stop() -> None:
