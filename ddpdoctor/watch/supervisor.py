@@ -147,6 +147,7 @@ def join_other_evidence(result: dict[str, Any]) -> None:
     from ddpdoctor.fr import to_json as fr_json
     from ddpdoctor.ras import probe
     from ddpdoctor.ras import to_json as ras_json
+    from ddpdoctor.watch.verdict import weigh_flight_recorder
 
     folder = result.get("evidence")
     dumps = os.path.join(folder, evidence.FR_FOLDER) if folder else None
@@ -160,6 +161,7 @@ def join_other_evidence(result: dict[str, Any]) -> None:
         except Exception as exc:  # a dump cut short by the teardown, a format we do not know
             result["fr"] = {"status": "error", "summary": f"could not read the dumps: {short_error(exc)}",
                             "missing_ranks": [], "path": dumps}
+    weigh_flight_recorder(result.get("failure"), result.get("fr"))
     ras = probe(deadline_s=1.0)
     if ras is not None:
         result["ras"] = ras_json(ras)

@@ -84,6 +84,8 @@ HANG_CLASS, STALL, INIT_CONFLICT_CLASS, LOST_CONTACT = "hang", "stall", "init_co
 EARLY_EXIT = "early_exit"
 # Not a class of its own (a hang): the key of the next step when every rank waits in one and the same collective.
 SAME_CALL = "same_call"
+# ... and when the Flight Recorder, which counts DDP's own collectives too, says the ranks' collectives differ.
+SAME_CALL_FR = "same_call_fr"
 # Ranks of a lost host that closed this far apart or more may be one rank's death and its launcher's teardown of
 # the others (torchrun's --monitor-interval, 0.1 s by default in torch/distributed/run.py, then SIGTERM): said so.
 LAUNCHER_FOLLOW_S = 0.01
@@ -114,7 +116,12 @@ NEXT_STEP = {
                "link between them (`ddpdoctor bench --pairs` names a slow or shaped link; `ip -s link`, `tc qdisc "
                "show` on each host), the interface NCCL/gloo chose (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); on GPUs "
                "a kernel or an NVLink/PCIe fault (the Flight Recorder dumps in the bundle); if a call this large "
-               "legitimately takes longer than {timeout:g} s on this network, raise --hang-timeout",
+               "legitimately takes longer than {timeout:g} s on this network, raise --hang-timeout (watch counts the "
+               "collectives your script calls; DDP's own gradient all_reduces are compared by the Flight Recorder "
+               "line below, when there is one)",
+    SAME_CALL_FR: "`ddpdoctor fr {path}` names the first collective the ranks issued differently: a collective "
+                  "issued on some ranks only (a backward, or a call inside a rank-dependent branch) shifted the "
+                  "sequence under the call every rank now waits in; make it run on every rank",
 }
 
 
@@ -349,6 +356,25 @@ def same_call(agg: Aggregator) -> dict[str, Any] | None:
     first = states[0].cur
     return {"op": first["op"], "seq": first["seq"], "group": first.get("group") or "WORLD",
             "desc": first.get("desc", ""), "site": first.get("site"), "ranks": sorted(agg.ranks)}
+
+
+def weigh_flight_recorder(failure: dict[str, Any] | None, fr: dict[str, Any] | None) -> None:
+    """A same-call hang (:func:`same_call`) rests on watch's own count of the collectives the script calls; the
+    Flight Recorder also counts those watch never sees (DDP's gradient all_reduces, issued from C++). When its
+    dumps, from every rank, say the ranks' collectives differ (a backward skipped on one rank shifts NCCL's
+    sequence under an all_reduce every rank then calls alike), the code is in question after all: the failure
+    says so, in place (``failure`` is the ``failure`` object of the result; ``fr`` its ``fr`` entry)."""
+    if not failure or not failure.get("same_call") or not fr:
+        return
+    if fr.get("status") != "fail" or fr.get("missing_ranks"):
+        return
+    same = failure["same_call"]
+    failure["user_code"] = True
+    failure["evidence"].append(f"the Flight Recorder, which also counts the collectives watch does not see (DDP's "
+                               f"gradient all_reduces), found the ranks' collectives differ: {fr.get('summary', '')}")
+    failure["summary"] = (f"every rank is in the same {same['op']} #{same['seq']} by watch's count, but the Flight "
+                          "Recorder found the ranks' collectives differ")
+    failure["next_step"] = NEXT_STEP[SAME_CALL_FR].format(path=fr.get("path") or "FOLDER")
 
 
 def early_exit_text(early: dict[str, Any]) -> str:

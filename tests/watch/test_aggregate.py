@@ -594,6 +594,29 @@ def test_every_rank_waiting_in_the_same_collective_blames_the_transport_not_the_
     assert "fix: the collective itself does not finish, not the order of your code's collectives" in text
     assert "`ddpdoctor bench --pairs` names a slow or shaped link" in text and "longer than 8 s" in text
     assert "if rank ==" not in text
+    # The Flight Recorder also counts DDP's gradient all_reduces, which watch does not see: when its dumps (from
+    # every rank) say the collectives differ, the code is in question after all. Agreeing, or missing a rank's
+    # dump, it changes nothing.
+    from copy import deepcopy
+
+    from ddpdoctor.watch.verdict import weigh_flight_recorder
+
+    for fr in ({"status": "pass", "summary": "every rank issued the same collectives", "missing_ranks": []},
+               {"status": "fail", "summary": "no dump from rank 1", "missing_ranks": [1]}):
+        kept = deepcopy(failure)
+        weigh_flight_recorder(kept, fr)
+        assert kept == failure
+    path = "/tmp/bundle/flight_recorder"
+    weigh_flight_recorder(failure, {"status": "fail", "summary": "rank 1 never issued collective #10 (all_reduce)",
+                                    "missing_ranks": [], "path": path})
+    assert failure["user_code"] is True
+    assert failure["evidence"][-1].endswith("found the ranks' collectives differ: rank 1 never issued collective #10 "
+                                            "(all_reduce)")
+    text = render(result)
+    assert ("conclusion: every rank is in the same all_reduce #9 by watch's count, but the Flight Recorder found the "
+            "ranks' collectives differ") in text
+    assert f"fix: `ddpdoctor fr {path}` names the first collective the ranks issued differently" in text
+    assert "bench --pairs" not in text
     # One rank elsewhere (another call, or its own code) is not this case: the code's order is in question again.
     agg.feed(1, {"t": "beat", "progress": 19, "done": 9, "cur": rec("barrier", 10, "train.py:40"),
                  "last": None, "seqs": {"WORLD": 10}}, 9.7)
