@@ -346,7 +346,9 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
 def same_call(agg: Aggregator) -> dict[str, Any] | None:
     """Every rank alive and inside one and the same collective (group, number, op, shapes): the code issued it
     alike everywhere, so a hang there is the collective not finishing (a slow or shaped link, a transport on the
-    wrong interface, a GPU fault), never a skipped or reordered call. None otherwise."""
+    wrong interface, a GPU fault), not a skipped or reordered call of the script's: by watch's count, which does
+    not see DDP's own gradient all_reduces (the Flight Recorder does: :func:`weigh_flight_recorder`). None
+    otherwise."""
     states = list(agg.ranks.values())
     if len(states) < 2 or any(s.finished or not s.connected or s.cur is None for s in states):
         return None
