@@ -53,7 +53,7 @@ def detect_format(path: Path) -> str:
         head = fh.read(16)
     if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
         return FORMAT_ZIP
-    if safetensors_file.looks_like_safetensors(head):
+    if safetensors_file.looks_like_safetensors(head, named=path.name.lower().endswith(".safetensors")):
         return FORMAT_SAFETENSORS
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return FORMAT_LEGACY

@@ -142,7 +142,11 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], object] | None, str]] = {
     "dcp_directory": (_dcp_dir, "torch.distributed.checkpoint"),
     "empty": (lambda p: p.write_bytes(b""), "is empty"),
     "truncated_zip": (_truncated, "damaged zip"),
-    "random_bytes": (lambda p: p.write_bytes(os.urandom(4096).replace(b"PK", b"pk")), "not a checkpoint"),
+    # Random bytes, the first fixed so that they cannot start a legacy pickle (\x80 then a protocol byte).
+    "random_bytes": (lambda p: p.write_bytes(b"\x01" + os.urandom(4095).replace(b"PK", b"pk")), "not a checkpoint"),
+    # ... with a '{' ninth (one file in 256 of the case above): an absurd header length, not a safetensors file.
+    "random_bytes_brace": (lambda p: p.write_bytes(b"\x01" + os.urandom(7) + b"{" + os.urandom(4087).replace(b"PK", b"pk")),
+                           "not a checkpoint"),
     "not_a_checkpoint_zip": (_zip_of({"docs/readme.txt": b"hello"}), "not a PyTorch checkpoint"),
     "corrupt_pickle": (_zip_of({"a/data.pkl": b"\x80\x02}q\x00(X\x01", "a/version": b"3"}), "data.pkl is damaged"),
     # BYTEARRAY8 announcing 1 TiB: pickle's own handler allocates it before reading.
