@@ -175,6 +175,18 @@ def test_the_cut_off_hosts_own_verdict_names_the_lost_host_and_its_ranks() -> No
                                "verdict); rank 4 on nodeC was still running"]
 
 
+def _armed_watchdog(server: Server, lost_after_s: float, on_lost: Any) -> Watchdog:
+    """Rank 2's watchdog, connected to ``server`` and armed by one ping naming two hosts (nodeA: ranks 0-1)."""
+    dog = Watchdog(Recorder(2, 4), None, f"127.0.0.1:{server.port}", exit_on_lost=False, lost_after_s=lost_after_s,
+                   on_lost=on_lost)
+    dog.start()
+    deadline = time.monotonic() + 30
+    while 2 not in server.ranks and time.monotonic() < deadline:
+        server.poll(0.05)
+    server.keepalive({"nodeA": [0, 1], socket.gethostname(): [2, 3]}, decided=False)
+    return dog
+
+
 def test_a_rank_calls_its_lost_contact_verdict_when_the_supervisors_pings_stop() -> None:
     """Real sockets: the supervisor pings once (arming the rank), then goes silent with its connection open
     (as behind a cut link); the rank's watchdog calls on_lost after lost_after_s, with the rank map."""
@@ -186,14 +198,8 @@ def test_a_rank_calls_its_lost_contact_verdict_when_the_supervisors_pings_stop()
         called.append((since, silent, hosts))
         done.set()
 
-    dog = Watchdog(Recorder(2, 4), None, f"127.0.0.1:{server.port}", exit_on_lost=False, lost_after_s=1.0,
-                   on_lost=on_lost)
-    dog.start()
+    dog = _armed_watchdog(server, 1.0, on_lost)
     try:
-        deadline = time.monotonic() + 30
-        while 2 not in server.ranks and time.monotonic() < deadline:
-            server.poll(0.05)
-        server.keepalive({"nodeA": [0, 1], socket.gethostname(): [2, 3]}, decided=False)
         started = time.monotonic()
         assert done.wait(30), "on_lost was never called"
         assert time.monotonic() - started >= 0.9
@@ -226,14 +232,9 @@ def test_a_rank_the_supervisor_ended_after_its_verdict_does_not_report_it_lost()
     2 of 4 three-host runs). Real sockets; the closing sequence as the supervisor does it."""
     server = Server("127.0.0.1", 0)
     called: list[float] = []
-    dog = Watchdog(Recorder(2, 4), None, f"127.0.0.1:{server.port}", exit_on_lost=False, lost_after_s=30.0,
-                   on_lost=lambda since, silent, hosts: called.append(silent))
-    dog.start()
+    dog = _armed_watchdog(server, 30.0, lambda since, silent, hosts: called.append(silent))
     try:
         deadline = time.monotonic() + 30
-        while 2 not in server.ranks and time.monotonic() < deadline:
-            server.poll(0.05)
-        server.keepalive({"nodeA": [0, 1], socket.gethostname(): [2, 3]}, decided=False)
         while dog.sup_heard is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert dog.sup_heard is not None, "the ping never armed the watchdog"
