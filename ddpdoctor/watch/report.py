@@ -401,16 +401,13 @@ def render(result: dict[str, Any], bundle: list[str] | None = None) -> str:
             lines += ["", f"fix: if this phase is expected to take longer than {result['hang_timeout_s']:g} s (an "
                       "evaluation, a checkpoint, loading data), raise --hang-timeout above its duration; otherwise "
                       "the lines above are where each rank is stuck"]
-        elif result["status"] == "hang" and (result.get("failure") or {}).get("same_call"):
-            lines += ["", f"fix: {result['failure']['next_step']}"]
+        elif result["status"] == "hang" and failure.get("same_call"):
+            lines += ["", f"fix: {failure['next_step']}"]
         elif result["status"] == "hang" and not user_code:
             lines += ["", "next step: the ranks that stopped reporting first (above): their host and its link, before "
                       "any code; their last report is older than the verdict"]
-        elif result["status"] == "hang" and div and busy_only(div):
-            busy = sorted({entry["busy"] for entry in div["behind"]})
-            lines += ["", f"fix: if the phase at {', '.join(busy)} (an evaluation, a checkpoint, loading data) is expected "
-                      f"to take longer than {result['hang_timeout_s']:g} s, raise --hang-timeout above its duration; "
-                      "otherwise that line is the hang (what keeps it from reaching the call the others wait in)"]
+        elif result["status"] == "hang" and div and busy_only(div) and failure.get("next_step"):
+            lines += ["", f"fix: {failure['next_step']}"]  # the classification's words (verdict.classify)
         elif result["status"] == "hang" and div and div.get("behind"):
             lines += ["", "fix: every rank must issue the same collectives: make the branch that skips one the same "
                       "on every rank (decide it with an all_reduce of a flag), or still call the collective"]

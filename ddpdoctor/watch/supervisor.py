@@ -598,8 +598,9 @@ def _published_channel_port(info: LaunchInfo) -> int | None:
     display.begin(f"rank {info.rank}: waiting for rank 0's watch to publish its channel in torchrun's store at "
                   f"{info.master_addr}:{info.master_port} (if rank 0's watch did not start, its host's output says "
                   "why)", total_s=STORE_WAIT_S)
+    deadline = time.monotonic() + STORE_WAIT_S  # one deadline for reaching the store and for the key in it
     try:
-        value = ControlPlane(_store_client(info)).wait_get(_channel_key(info), time.monotonic() + STORE_WAIT_S)
+        value = ControlPlane(_store_client(info)).wait_get(_channel_key(info), deadline)
     except Exception as exc:  # as above: the store's own errors
         value, why = None, str(exc)
     else:

@@ -316,8 +316,10 @@ def classify(agg: Aggregator, status: str, now: float, here: str | None = None,
         return {**base, "class": HANG_CLASS, "user_code": True,
                 "summary": f"{rank_phrase(late)} has not reached the collective the others wait in: busy in its own "
                            f"code at {', '.join(busy)}",
-                "next_step": "if that phase is expected to take this long, raise --hang-timeout; otherwise that line "
-                             "is the hang"}
+                "next_step": f"if the phase at {', '.join(busy)} (an evaluation, a checkpoint, loading data) is "
+                             f"expected to take longer than {agg.hang_timeout_s:g} s, raise --hang-timeout above its "
+                             "duration; otherwise that line is the hang (what keeps it from reaching the call the "
+                             "others wait in)"}
     if status == _MISMATCH or (divergence and alive and not stall):
         if silent:
             evidence.append("no report from " + "; ".join(
